@@ -1,0 +1,57 @@
+"""homoglens: token homogenization under positional bias, measured on TransformerLens models.
+
+The public face: everything a researcher needs is importable from here.
+
+    >>> from homoglens import load_model, homogenization_profile
+"""
+
+from homoglens.architectures import ARCHITECTURES, ArchitectureSpec, architecture_of
+from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
+from homoglens.errors import (
+    HomoglensError,
+    IncompatibleResultsError,
+    InvalidInputError,
+    MissingDependencyError,
+    ModelFolderNotFoundError,
+    SequenceTooLongError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+)
+from homoglens.models import EMBEDDED_MODELS, ModelInfo, load_model, model_info
+from homoglens.profile import (
+    NonFiniteActivationError,
+    cosine_homogenization,
+    homogenization_profile,
+    resid_hook_name,
+)
+from homoglens.results import HomogenizationProfile, Provenance
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ARCHITECTURES",
+    "ArchitectureSpec",
+    "EMBEDDED_MODELS",
+    "HomogenizationProfile",
+    "HomoglensError",
+    "IncompatibleResultsError",
+    "InvalidInputError",
+    "MissingDependencyError",
+    "ModelFolderNotFoundError",
+    "ModelInfo",
+    "NonFiniteActivationError",
+    "Provenance",
+    "SequenceTooLongError",
+    "TokenBatch",
+    "UnknownModelError",
+    "UnsupportedArchitectureError",
+    "architecture_of",
+    "corpus_windows",
+    "cosine_homogenization",
+    "homogenization_profile",
+    "load_corpus",
+    "load_model",
+    "model_info",
+    "resid_hook_name",
+    "to_token_batch",
+]

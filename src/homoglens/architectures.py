@@ -1,0 +1,114 @@
+"""How position enters each supported model family: one declarative table, no ``if`` chains.
+
+Each row says which Hugging Face architectures belong to the family, how positional
+information enters (learned absolute embedding added to the residual stream, or rotary
+embedding applied to queries and keys, to part or all of ``d_head``), and which residual hook
+points exist. Later modules (positional interventions, sinks) read the same table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from homoglens.errors import UnsupportedArchitectureError
+
+__all__ = ["ArchitectureSpec", "ARCHITECTURES", "architecture_of", "spec_for_hf_architecture"]
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """One model family.
+
+    Attributes:
+        family: Short name used in results (``"gpt2"``, ``"neox"``, ``"llama"``).
+        hf_architectures: Hugging Face ``config.architectures`` entries of this family.
+        positional: ``"learned_absolute"`` (a ``[n_ctx d_model]`` table added at
+            ``hook_pos_embed``) or ``"rotary"`` (queries and keys rotated per position).
+        rotary: ``"none"``, ``"partial"`` (only ``rotary_dim < d_head`` channels rotate, e.g.
+            Pythia's ``rotary_pct=0.25``) or ``"full"`` (all ``d_head`` channels, Llama).
+        has_resid_mid: Whether ``blocks.{i}.hook_resid_mid`` exists; GPT-NeoX runs attention
+            and MLP in parallel and has none.
+        examples: Hub names of models of this family.
+    """
+
+    family: str
+    hf_architectures: tuple[str, ...]
+    positional: Literal["learned_absolute", "rotary"]
+    rotary: Literal["none", "partial", "full"]
+    has_resid_mid: bool
+    examples: tuple[str, ...]
+
+
+ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    "gpt2": ArchitectureSpec(
+        family="gpt2",
+        hf_architectures=("GPT2LMHeadModel",),
+        positional="learned_absolute",
+        rotary="none",
+        has_resid_mid=True,
+        examples=("gpt2", "gpt2-medium", "distilgpt2"),
+    ),
+    "neox": ArchitectureSpec(
+        family="neox",
+        hf_architectures=("GPTNeoXForCausalLM",),
+        positional="rotary",
+        rotary="partial",
+        has_resid_mid=False,
+        examples=("EleutherAI/pythia-70m", "EleutherAI/pythia-160m"),
+    ),
+    "llama": ArchitectureSpec(
+        family="llama",
+        hf_architectures=("LlamaForCausalLM",),
+        positional="rotary",
+        rotary="full",
+        has_resid_mid=True,
+        examples=("smollm2-135m-instruct", "meta-llama/Llama-3.2-1B"),
+    ),
+}
+
+
+def _supported() -> str:
+    return ", ".join(
+        f"{spec.family} ({'/'.join(spec.hf_architectures)})" for spec in ARCHITECTURES.values()
+    )
+
+
+def spec_for_hf_architecture(hf_architecture: str | None) -> ArchitectureSpec:
+    """Return the table row for a Hugging Face architecture name.
+
+    Args:
+        hf_architecture: e.g. ``"GPT2LMHeadModel"`` (from ``config.architectures[0]``).
+
+    Returns:
+        The matching :class:`ArchitectureSpec`.
+
+    Raises:
+        UnsupportedArchitectureError: the architecture is not in the table; the message lists
+            the supported ones.
+    """
+    for spec in ARCHITECTURES.values():
+        if hf_architecture in spec.hf_architectures:
+            return spec
+    raise UnsupportedArchitectureError(
+        f"architecture {hf_architecture!r} is not supported by homoglens; supported: "
+        f"{_supported()}. Convert the model to one of these, or open an issue."
+    )
+
+
+def architecture_of(model: Any) -> ArchitectureSpec:
+    """Return the table row for a loaded TransformerLens model (either backend).
+
+    Args:
+        model: A ``HookedTransformer`` (reads ``cfg.original_architecture``) or a
+            ``TransformerBridge`` (reads ``cfg.architecture``).
+
+    Returns:
+        The matching :class:`ArchitectureSpec`.
+
+    Raises:
+        UnsupportedArchitectureError: the model's architecture is not in the table.
+    """
+    cfg = model.cfg
+    name = getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
+    return spec_for_hf_architecture(name)

@@ -1,0 +1,442 @@
+"""Data for homogenization measurements: corpora, token windows, BOS policy, padding, masks.
+
+Everything a measurement consumes becomes a :class:`TokenBatch`: tokens, an attention mask
+(1 = real token, 0 = pad), and whether position 0 of each sequence holds a BOS token. Positions
+are later counted from each sequence's first non-pad token, whatever the padding side.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Int
+
+from homoglens.errors import InvalidInputError, SequenceTooLongError
+from homoglens.types import BosPolicy, HookedModel
+
+__all__ = [
+    "CORPORA",
+    "TokenBatch",
+    "load_corpus",
+    "corpus_windows",
+    "to_token_batch",
+    "right_aligned",
+]
+
+CORPORA: dict[str, str] = {
+    "austen": "Six novels of Jane Austen (Project Gutenberg text via the R package janeaustenr, "
+    "MIT packaging, public-domain novels): Emma, Mansfield Park, Northanger Abbey, Persuasion, "
+    "Pride and Prejudice, Sense and Sensibility.",
+}
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Token sequences ready for a forward pass.
+
+    Attributes:
+        tokens: ``[batch pos]`` int64 token ids; pad positions hold any valid id.
+        attention_mask: ``[batch pos]`` int64, 1 on real tokens, 0 on pads. Real tokens of a
+            row form one contiguous block (left or right padding).
+        bos: Whether the first real token of every sequence is the tokenizer's BOS token
+            (``None`` if some sequences have one and others do not).
+        description: Human-readable provenance of the data (corpus, window settings).
+    """
+
+    tokens: Int[torch.Tensor, "batch pos"]
+    attention_mask: Int[torch.Tensor, "batch pos"]
+    bos: bool | None
+    description: str
+
+    def __post_init__(self) -> None:
+        if self.tokens.shape != self.attention_mask.shape:
+            raise InvalidInputError(
+                f"tokens {tuple(self.tokens.shape)} and attention_mask "
+                f"{tuple(self.attention_mask.shape)} must have the same [batch pos] shape"
+            )
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def lengths(self) -> Int[torch.Tensor, " batch"]:
+        """Number of real (non-pad) tokens of each sequence."""
+        return self.attention_mask.sum(dim=1)
+
+    @property
+    def n_tokens(self) -> int:
+        """Total number of real tokens."""
+        return int(self.attention_mask.sum())
+
+    def __getitem__(self, index: slice | list[int] | torch.Tensor) -> TokenBatch:
+        """Select sequences (a slice or index list) as a new batch."""
+        if isinstance(index, int):
+            index = slice(index, index + 1)
+        return TokenBatch(self.tokens[index], self.attention_mask[index], self.bos,
+                          self.description)
+
+    def __repr__(self) -> str:
+        return (f"TokenBatch(n_seq={len(self)}, max_len={self.tokens.shape[1]}, "
+                f"n_tokens={self.n_tokens}, bos={self.bos}, data={self.description!r})")
+
+
+# --------------------------------------------------------------------------- corpora
+
+
+@lru_cache(maxsize=4)
+def load_corpus(name: str = "austen") -> str:
+    """Return a vendored corpus as plain text, hard-wrapped lines joined into paragraphs.
+
+    Args:
+        name: A key of :data:`CORPORA` (``"austen"``: ~4 MB, six novels).
+
+    Returns:
+        The text; paragraphs separated by a blank line.
+
+    Raises:
+        InvalidInputError: unknown corpus name (the message lists the known ones).
+    """
+    if name not in CORPORA:
+        raise InvalidInputError(f"unknown corpus {name!r}; known corpora: {sorted(CORPORA)}")
+    raw = (files("homoglens") / "assets" / "corpora" / f"{name}.txt.gz").read_bytes()
+    text = gzip.decompress(raw).decode("utf-8")
+    paragraphs = (re.sub(r"\s*\n\s*", " ", p).strip() for p in re.split(r"\n\s*\n", text))
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+def _tokenizer(model: HookedModel) -> Any:
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise InvalidInputError(
+            "the model has no tokenizer, so text cannot be tokenized; pass token ids "
+            "(an integer [batch pos] tensor) instead, or attach one with model.set_tokenizer(tok)"
+        )
+    return tok
+
+
+def _resolve_bos(model: HookedModel, bos: BosPolicy | bool) -> bool:
+    if bos is True or bos is False:
+        return bool(bos)
+    if bos == "auto":
+        return bool(getattr(model.cfg, "default_prepend_bos", True))
+    if bos == "always":
+        return True
+    if bos == "never":
+        return False
+    raise InvalidInputError(f"bos={bos!r} must be 'auto', 'always', 'never' or a bool")
+
+
+def _bos_id(model: HookedModel) -> int:
+    tok = _tokenizer(model)
+    bos_id = tok.bos_token_id
+    if bos_id is None:
+        raise InvalidInputError(
+            "a BOS token was requested but the tokenizer has none; use bos='never'"
+        )
+    return int(bos_id)
+
+
+def _encode(model: HookedModel, text: str) -> list[int]:
+    return list(_tokenizer(model)(text, add_special_tokens=False)["input_ids"])
+
+
+def _n_ctx(model: HookedModel) -> int:
+    return int(model.cfg.n_ctx)
+
+
+def corpus_windows(
+    model: HookedModel,
+    corpus: str | os.PathLike[str] = "austen",
+    *,
+    n_seq: int = 64,
+    seq_len: int = 256,
+    bos: BosPolicy | bool = "auto",
+) -> TokenBatch:
+    """Cut a corpus into ``n_seq`` fixed-length token windows spread evenly over the text.
+
+    The text is divided into ``n_seq`` equal stretches; each window starts at the first
+    paragraph boundary of its stretch and holds ``seq_len`` tokens, a BOS (when used) counting
+    inside ``seq_len``. Windows never overlap; the result has no padding.
+
+    Args:
+        model: Supplies the tokenizer, ``cfg.n_ctx`` and the default BOS policy.
+        corpus: A name in :data:`CORPORA` or the path of a UTF-8 text file.
+        n_seq: Number of windows (sequences), >= 1.
+        seq_len: Tokens per window, BOS included; 2 <= seq_len <= ``cfg.n_ctx``.
+        bos: ``"auto"`` (the model's ``cfg.default_prepend_bos``), ``"always"``, ``"never"``.
+
+    Returns:
+        A :class:`TokenBatch` of shape ``[n_seq seq_len]``.
+
+    Raises:
+        InvalidInputError: bad ``n_seq``/``seq_len``, unknown corpus, empty file, or a corpus too
+            small for ``n_seq`` windows.
+        SequenceTooLongError: ``seq_len`` exceeds ``cfg.n_ctx``.
+    """
+    if isinstance(n_seq, bool) or not isinstance(n_seq, int) or n_seq < 1:
+        raise InvalidInputError(f"n_seq={n_seq!r} must be a positive integer")
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+        raise InvalidInputError(f"seq_len={seq_len!r} must be an integer >= 2")
+    if seq_len > _n_ctx(model):
+        raise SequenceTooLongError(
+            f"seq_len={seq_len} exceeds the model's context window n_ctx={_n_ctx(model)}; "
+            f"use seq_len <= {_n_ctx(model)}"
+        )
+    if isinstance(corpus, os.PathLike) or (isinstance(corpus, str) and corpus not in CORPORA
+                                            and Path(corpus).is_file()):
+        path = Path(corpus)
+        if not path.is_file():
+            raise InvalidInputError(f"text file {str(path)!r} does not exist")
+        text = path.read_text(encoding="utf-8")
+        label = f"text file {path.name}"
+    else:
+        text = load_corpus(str(corpus))
+        label = f"corpus {corpus}"
+    if not text.strip():
+        raise InvalidInputError(f"{label} is empty; give a file with some text")
+    use_bos = _resolve_bos(model, bos)
+    prefix = [_bos_id(model)] if use_bos else []
+    content = seq_len - len(prefix)
+    stretch = len(text) // n_seq
+    rows: list[list[int]] = []
+    for i in range(n_seq):
+        start = i * stretch
+        if i > 0:
+            boundary = text.find("\n\n", start, start + stretch)
+            start = boundary + 2 if boundary >= 0 else start
+        # ~4 characters per token in English: take generously, never past this stretch.
+        end = min((i + 1) * stretch if i < n_seq - 1 else len(text), start + 8 * content + 64)
+        ids = _encode(model, text[start:end])
+        if len(ids) < content:
+            raise InvalidInputError(
+                f"{label} is too small for n_seq={n_seq} windows of seq_len={seq_len} tokens "
+                f"(window {i} found only {len(ids)} tokens); lower n_seq or seq_len"
+            )
+        rows.append(prefix + ids[:content])
+    tokens = torch.tensor(rows, dtype=torch.long)
+    return TokenBatch(
+        tokens=tokens,
+        attention_mask=torch.ones_like(tokens),
+        bos=use_bos,
+        description=f"{label}: {n_seq} windows x {seq_len} tokens, evenly spaced, "
+        f"bos={'yes' if use_bos else 'no'}",
+    )
+
+
+# --------------------------------------------------------------------------- generic input
+
+
+def _text_batch(model: HookedModel, texts: list[str], bos: BosPolicy | bool, label: str) -> TokenBatch:
+    use_bos = _resolve_bos(model, bos)
+    prefix = [_bos_id(model)] if use_bos else []
+    rows = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InvalidInputError(f"text {i} is a {type(text).__name__}, not a str")
+        if not text.strip():
+            raise InvalidInputError(f"text {i} is empty; every text needs at least one token")
+        rows.append(prefix + _encode(model, text))
+    longest = max(len(r) for r in rows)
+    if longest > _n_ctx(model):
+        worst = max(range(len(rows)), key=lambda i: len(rows[i]))
+        raise SequenceTooLongError(
+            f"text {worst} has {longest} tokens (BOS included), more than the model's context "
+            f"window n_ctx={_n_ctx(model)}; shorten it or cut it with corpus_windows()"
+        )
+    tokens = torch.zeros(len(rows), longest, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return TokenBatch(tokens, mask, use_bos, f"{label}, bos={'yes' if use_bos else 'no'}")
+
+
+def _file_batch(model: HookedModel, path: Path, bos: BosPolicy | bool) -> TokenBatch:
+    if not path.is_file():
+        raise InvalidInputError(f"text file {str(path)!r} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise InvalidInputError(f"text file {str(path)!r} is empty")
+    use_bos = _resolve_bos(model, bos)
+    prefix = [_bos_id(model)] if use_bos else []
+    ids = _encode(model, text)
+    width = min(_n_ctx(model), 256) - len(prefix)
+    chunks = [ids[i: i + width] for i in range(0, len(ids), width)]
+    if len(chunks) > 1 and len(chunks[-1]) < width:
+        chunks.pop()  # equal-length windows; the tail shorter than a window is dropped
+    return _text_batch_from_ids(chunks, prefix, use_bos,
+                                f"text file {path.name}: {len(chunks)} consecutive windows")
+
+
+def _text_batch_from_ids(chunks: list[list[int]], prefix: list[int], use_bos: bool,
+                         label: str) -> TokenBatch:
+    longest = max(len(c) for c in chunks) + len(prefix)
+    tokens = torch.zeros(len(chunks), longest, dtype=torch.long)
+    mask = torch.zeros_like(tokens)
+    for i, chunk in enumerate(chunks):
+        row = prefix + chunk
+        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return TokenBatch(tokens, mask, use_bos, f"{label}, bos={'yes' if use_bos else 'no'}")
+
+
+def _check_mask(tokens: torch.Tensor, attention_mask: Any) -> torch.Tensor:
+    if attention_mask is None:
+        return torch.ones_like(tokens)
+    if not isinstance(attention_mask, torch.Tensor):
+        raise InvalidInputError(
+            f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}"
+        )
+    if attention_mask.ndim == 1 and tokens.shape[0] == 1:
+        attention_mask = attention_mask.unsqueeze(0)
+    if tuple(attention_mask.shape) != tuple(tokens.shape):
+        raise InvalidInputError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but tokens have shape "
+            f"{tuple(tokens.shape)}; give one 0/1 entry per token ([batch pos])"
+        )
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        if not torch.isin(attention_mask, torch.tensor([0.0, 1.0], dtype=attention_mask.dtype,
+                                                       device=attention_mask.device)).all():
+            raise InvalidInputError("attention_mask must hold only 0 and 1")
+    mask = attention_mask.to(torch.long).cpu()
+    if not ((mask == 0) | (mask == 1)).all():
+        raise InvalidInputError("attention_mask must hold only 0 and 1 (1 = real token, 0 = pad)")
+    lengths = mask.sum(1)
+    if (lengths == 0).any():
+        rows = torch.nonzero(lengths == 0).flatten().tolist()
+        raise InvalidInputError(f"sequences {rows} are all padding; drop them")
+    starts = mask.argmax(dim=1)
+    pos = torch.arange(mask.shape[1])
+    contiguous = ((pos >= starts[:, None]) & (pos < (starts + lengths)[:, None])).long()
+    if not torch.equal(contiguous, mask):
+        rows = torch.nonzero((contiguous != mask).any(1)).flatten().tolist()
+        raise InvalidInputError(
+            f"attention_mask rows {rows} have pads between real tokens; homoglens needs each "
+            "sequence's real tokens in one block (left or right padding)"
+        )
+    return mask
+
+
+def _tensor_batch(model: HookedModel, tokens: torch.Tensor, attention_mask: Any) -> TokenBatch:
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise InvalidInputError(
+            f"tokens must be an integer tensor of token ids, got dtype {tokens.dtype}; "
+            "if they are ids stored as floats, convert with tokens.long()"
+        )
+    if tokens.ndim == 1:
+        tokens = tokens.unsqueeze(0)
+    if tokens.ndim != 2:
+        raise InvalidInputError(f"tokens must be [batch pos], got shape {tuple(tokens.shape)}")
+    if tokens.numel() == 0:
+        raise InvalidInputError(f"tokens are empty (shape {tuple(tokens.shape)})")
+    tokens = tokens.to(torch.long).cpu()
+    mask = _check_mask(tokens, attention_mask)
+    d_vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+    real = tokens[mask.bool()]
+    if (real < 0).any() or (d_vocab and (real >= d_vocab).any()):
+        raise InvalidInputError(
+            f"token ids must lie in [0, {d_vocab}); got min {int(real.min())}, max {int(real.max())}"
+        )
+    longest = int(mask.sum(1).max())
+    if longest > _n_ctx(model):
+        raise SequenceTooLongError(
+            f"a sequence has {longest} real tokens, more than the model's context window "
+            f"n_ctx={_n_ctx(model)}; cut it to at most {_n_ctx(model)} tokens"
+        )
+    first = tokens.gather(1, mask.argmax(1, keepdim=True)).flatten()
+    bos_id = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
+    has_bos = (first == bos_id) if bos_id is not None else torch.zeros_like(first, dtype=torch.bool)
+    bos: bool | None = bool(has_bos.all()) if has_bos.all() or not has_bos.any() else None
+    return TokenBatch(tokens.clone(), mask, bos,
+                      f"token tensor {tuple(tokens.shape)} used as given")
+
+
+def to_token_batch(
+    model: HookedModel,
+    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    *,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+) -> TokenBatch:
+    """Turn any supported input into a validated :class:`TokenBatch`.
+
+    * ``TokenBatch``: used as is.
+    * ``Int[Tensor, "batch pos"]`` token ids: used exactly as given (no BOS added), with an
+      optional ``attention_mask`` (left or right padding); ``bos`` is recorded by looking at the
+      first real token.
+    * ``str`` / ``list[str]``: tokenized with the model's tokenizer without special tokens; a
+      BOS is prepended per ``bos``; right-padded with a mask.
+    * a path (``pathlib.Path``): a UTF-8 text file, cut into consecutive windows of
+      ``min(n_ctx, 256)`` tokens.
+
+    Args:
+        model: Supplies the tokenizer, ``cfg.n_ctx``, ``cfg.d_vocab`` and the BOS default.
+        data: The input, see above.
+        attention_mask: ``[batch pos]`` 0/1 mask for token input only.
+        bos: ``"auto"`` (``model.cfg.default_prepend_bos``), ``"always"`` or ``"never"``; for
+            text input only.
+
+    Returns:
+        The validated batch (tokens and mask on the CPU).
+
+    Raises:
+        InvalidInputError: empty input, empty string, float tokens, ids outside the vocabulary,
+            a mask of the wrong shape or with gaps, all-padding rows, a mask given with text.
+        SequenceTooLongError: a sequence longer than ``cfg.n_ctx``.
+    """
+    if isinstance(data, TokenBatch):
+        if attention_mask is not None:
+            raise InvalidInputError("a TokenBatch already carries its attention_mask")
+        checked = _tensor_batch(model, data.tokens, data.attention_mask)
+        return replace(checked, bos=data.bos, description=data.description)
+    if isinstance(data, torch.Tensor):
+        return _tensor_batch(model, data, attention_mask)
+    if attention_mask is not None:
+        raise InvalidInputError(
+            "attention_mask is only for token input; text is padded and masked by homoglens"
+        )
+    if isinstance(data, str):
+        return _text_batch(model, [data], bos, "1 text")
+    if isinstance(data, os.PathLike):
+        return _file_batch(model, Path(data), bos)
+    if isinstance(data, (list, tuple)):
+        if len(data) == 0:
+            raise InvalidInputError("the list of texts is empty; give at least one text")
+        return _text_batch(model, list(data), bos, f"{len(data)} texts")
+    raise InvalidInputError(
+        f"data of type {type(data).__name__} is not supported; give a str, a list of str, a text "
+        "file path, an integer [batch pos] tensor of token ids, or a TokenBatch"
+    )
+
+
+def right_aligned(
+    tokens: Int[torch.Tensor, "batch pos"], attention_mask: Int[torch.Tensor, "batch pos"]
+) -> tuple[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "batch pos"]]:
+    """Move every sequence's real tokens to the start of its row (right padding), trimmed.
+
+    With right padding a causal model's real tokens never see a pad, so the activations at
+    real positions do not depend on how a backend treats masks or position ids for left pads.
+
+    Args:
+        tokens: ``[batch pos]`` ids with a contiguous block of real tokens per row.
+        attention_mask: ``[batch pos]`` 0/1.
+
+    Returns:
+        ``(tokens, attention_mask)`` of shape ``[batch max_len]``, real tokens first.
+    """
+    lengths = attention_mask.sum(1)
+    starts = attention_mask.argmax(1)
+    width = int(lengths.max())
+    pos = torch.arange(width, device=tokens.device)
+    index = (starts[:, None] + pos).clamp(max=tokens.shape[1] - 1)
+    mask = (pos < lengths[:, None]).to(attention_mask.dtype)
+    out = tokens.gather(1, index) * mask + tokens[:, :1] * (1 - mask)  # pads: a valid id
+    return out, mask

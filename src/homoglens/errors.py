@@ -1,0 +1,51 @@
+"""Typed errors raised by homoglens.
+
+Every error subclasses :class:`HomoglensError` and the built-in exception that fits, so
+``except ValueError`` keeps working for callers that do not know homoglens. Each message names
+what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HomoglensError",
+    "InvalidInputError",
+    "SequenceTooLongError",
+    "UnknownModelError",
+    "ModelFolderNotFoundError",
+    "UnsupportedArchitectureError",
+    "MissingDependencyError",
+    "IncompatibleResultsError",
+]
+
+
+class HomoglensError(Exception):
+    """Base class of every error homoglens raises on purpose."""
+
+
+class InvalidInputError(HomoglensError, ValueError):
+    """Input data (text, tokens, masks, options) is malformed: empty, wrong dtype or shape."""
+
+
+class SequenceTooLongError(InvalidInputError):
+    """A sequence has more tokens than the model's context window (``cfg.n_ctx``)."""
+
+
+class UnknownModelError(HomoglensError, ValueError):
+    """A model name is neither an embedded model, a local folder, nor a TransformerLens name."""
+
+
+class ModelFolderNotFoundError(HomoglensError, FileNotFoundError):
+    """A path given as a model does not exist or holds no Hugging Face ``config.json``."""
+
+
+class UnsupportedArchitectureError(HomoglensError, ValueError):
+    """The model's architecture is not in homoglens' architecture table."""
+
+
+class MissingDependencyError(HomoglensError, ImportError):
+    """An optional package is needed for this call; the message gives the install command."""
+
+
+class IncompatibleResultsError(HomoglensError, ValueError):
+    """Result objects cannot be merged or loaded (different layers, model or settings)."""

@@ -1,0 +1,84 @@
+"""Figure builders (matplotlib), imported lazily by the result objects and the CLI."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from homoglens.results import HomogenizationProfile
+
+__all__ = ["profile_figure", "curves_figure", "heatmap_figure"]
+
+
+def _layers(profile: HomogenizationProfile) -> np.ndarray:
+    return np.asarray(profile.layers)
+
+
+def curves_figure(profile: HomogenizationProfile, *, ax=None, title: str | None = None) -> Figure:
+    """Per-layer mean pairwise cosine (raw), anisotropy baseline, and adjusted = raw - baseline.
+
+    Returns:
+        The matplotlib ``Figure`` holding the axes.
+    """
+    from matplotlib.figure import Figure
+
+    if ax is None:
+        fig = Figure(figsize=(6, 4), layout="constrained")
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
+    x = _layers(profile)
+    ax.plot(x, profile.mean_pairwise.numpy(), "o-", label="mean pairwise cosine (raw)")
+    ax.plot(x, profile.baseline.numpy(), "s--", label="baseline (across sequences)")
+    ax.plot(x, profile.adjusted.numpy(), "^-", label="adjusted = raw - baseline")
+    ax.axhline(0.0, color="grey", lw=0.5)
+    ax.set_xlabel("layer (0 = embeddings, l = output of block l-1)")
+    ax.set_ylabel("cosine")
+    ax.set_title(title or "Homogenization by layer")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def heatmap_figure(profile: HomogenizationProfile, *, ax=None, metric: str = "to_others",
+                   title: str | None = None) -> Figure:
+    """Layer x position heatmap of a per-position metric (default ``to_others``).
+
+    Returns:
+        The matplotlib ``Figure`` holding the axes.
+    """
+    from matplotlib.figure import Figure
+
+    if ax is None:
+        fig = Figure(figsize=(7, 4), layout="constrained")
+        ax = fig.add_subplot()
+    else:
+        fig = ax.figure
+    values = getattr(profile, metric).numpy()
+    image = ax.imshow(values, aspect="auto", origin="lower", interpolation="nearest",
+                      cmap="viridis", extent=(-0.5, profile.n_pos - 0.5, -0.5, len(values) - 0.5))
+    ax.set_yticks(range(len(values)), [str(layer) for layer in profile.layers])
+    if len(values) > 16:
+        ax.yaxis.set_major_locator(__import__("matplotlib").ticker.MaxNLocator(12, integer=True))
+    ax.set_xlabel("position (from the first real token)")
+    ax.set_ylabel("layer")
+    ax.set_title(title or f"{metric} by layer and position")
+    fig.colorbar(image, ax=ax, label="cosine" if metric != "norm" else "norm")
+    return fig
+
+
+def profile_figure(profile: HomogenizationProfile, *, title: str | None = None) -> Figure:
+    """Two panels: per-layer curves (raw, baseline, adjusted) and the to_others heatmap."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 4.5), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[1, 1.3])
+    curves_figure(profile, ax=left)
+    heatmap_figure(profile, ax=right)
+    p = profile.provenance
+    fig.suptitle(title or f"{p.model} ({p.backend}, {p.weights} weights): "
+                 f"{profile.n_sequences} sequences, {profile.n_tokens} tokens")
+    return fig

@@ -1,0 +1,307 @@
+"""``homogenization_profile``: stream a corpus through a model, reduce each batch in hooks.
+
+Each batch's residual stream is reduced inside the forward hooks to per-(layer, position)
+sums (:func:`homoglens.homogenization.homogenization_sums`); no activation outlives its hook,
+and nothing caches every layer's ``[batch pos d_model]`` at once. Peak memory therefore depends
+on ``batch_size``, not on the number of sequences.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _pkg_version
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+
+from homoglens.data import TokenBatch, right_aligned, to_token_batch
+from homoglens.errors import HomoglensError, InvalidInputError
+from homoglens.homogenization import homogenization_sums, positions_from_mask
+from homoglens.models import model_info
+from homoglens.results import HomogenizationProfile, Provenance
+from homoglens.types import BosPolicy, HookedModel
+
+__all__ = [
+    "homogenization_profile",
+    "cosine_homogenization",
+    "resid_hook_name",
+    "NonFiniteActivationError",
+]
+
+
+class NonFiniteActivationError(HomoglensError, ArithmeticError):
+    """The residual stream held NaN or inf; nothing was averaged in."""
+
+
+def _version(package: str) -> str:
+    try:
+        return _pkg_version(package)
+    except PackageNotFoundError:
+        return ""
+
+
+def resid_hook_name(layer: int) -> str:
+    """TransformerLens hook name of entry ``layer`` of the ``n_layers + 1`` residual axis.
+
+    Entry 0 is the input of block 0 (``blocks.0.hook_resid_pre``: token plus positional
+    embeddings); entry l >= 1 is the output of block l - 1 (``blocks.{l-1}.hook_resid_post``).
+    This is the Hugging Face ``output_hidden_states`` convention, without the final norm.
+    """
+    return "blocks.0.hook_resid_pre" if layer == 0 else f"blocks.{layer - 1}.hook_resid_post"
+
+
+def _check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
+    if layers is None:
+        return tuple(range(n_layers + 1))
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        layers = [layers]
+    try:
+        chosen = list(layers)
+    except TypeError as err:
+        raise InvalidInputError(f"layers={layers!r} must be a list of ints") from err
+    if not chosen:
+        raise InvalidInputError("layers is empty; give entries in 0..n_layers or None for all")
+    bad = [layer for layer in chosen
+           if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers]
+    if bad:
+        raise InvalidInputError(
+            f"layers {bad} are out of range: entries of the residual axis are 0..{n_layers} "
+            f"(0 = embeddings, l = output of block l-1; this model has {n_layers} blocks)"
+        )
+    if len(set(chosen)) != len(chosen):
+        raise InvalidInputError(f"layers={chosen} has repeats")
+    return tuple(sorted(chosen))
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{name}={value!r} must be a positive integer")
+    return value
+
+
+class _Accumulator:
+    """Float64 running sums for a profile, on the model's device."""
+
+    def __init__(self, n_layer: int, n_pos: int, d_model: int, device: torch.device,
+                 effective_rank: bool) -> None:
+        f64 = {"dtype": torch.float64, "device": device}
+        self.layer_pos = {name: torch.zeros(n_layer, n_pos, **f64) for name in
+                          ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")}
+        self.layer = {name: torch.zeros(n_layer, **f64) for name in
+                      ("mean_pairwise_sum", "relative_residual_sum", "unit_sum_sq")
+                      + (("effective_rank_sum",) if effective_rank else ())}
+        self.unit_sum = torch.zeros(n_layer, d_model, **f64)
+        self.pos = {name: torch.zeros(n_pos, **f64) for name in ("count", "prefix_count")}
+        self.scalars = {"n_sequences": 0, "n_tokens": 0, "n_tokens_sq": 0}
+
+    def add(self, i: int, sums: dict[str, torch.Tensor], first: bool) -> None:
+        for name, acc in self.layer_pos.items():
+            acc[i] += sums[name]
+        for name, acc in self.layer.items():
+            acc[i] += sums[name]
+        self.unit_sum[i] += sums["unit_sum"]
+        if first:  # layer-independent quantities, counted once per batch
+            for name, acc in self.pos.items():
+                acc += sums[name]
+            for name in self.scalars:
+                self.scalars[name] += int(round(float(sums[name])))
+
+    def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
+        cpu = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer, **self.pos}.items()}
+        return HomogenizationProfile(layers=layers, unit_sum=self.unit_sum.cpu(),
+                                     provenance=provenance, **self.scalars, **cpu)
+
+
+def _check_min_tokens(batch: TokenBatch, exclude_first: bool) -> None:
+    need = 3 if exclude_first else 2
+    short = torch.nonzero(batch.lengths < need).flatten().tolist()
+    if short:
+        raise InvalidInputError(
+            f"sequences {short[:10]} have fewer than {need} tokens; homogenization compares "
+            f"tokens with each other, so each sequence needs at least {need}"
+            + (" (position 0 is excluded)" if exclude_first else "")
+        )
+
+
+def _model_device(model: HookedModel) -> torch.device:
+    return next(model.parameters()).device
+
+
+def homogenization_profile(
+    model: HookedModel,
+    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    *,
+    layers: list[int] | tuple[int, ...] | int | None = None,
+    batch_size: int = 8,
+    exclude_first: bool = False,
+    effective_rank: bool = False,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+    progress: bool = True,
+) -> HomogenizationProfile:
+    """Measure how alike the residual-stream token vectors are, per layer and position.
+
+    Streams ``data`` through ``model`` in batches; each batch is reduced inside forward hooks
+    to sums per (layer, position), so memory does not grow with the number of sequences.
+    Pads never enter any statistic; positions count from each sequence's first real token
+    (left and right padding give the same result); statistics are accumulated in float64
+    whatever the model dtype.
+
+    Metrics (see :class:`HomogenizationProfile` and SCIENCE.md): ``to_others[layer pos]``
+    (mean cosine of a token to the other tokens of its sequence), ``to_prefix``, ``to_mean``,
+    ``mean_pairwise[layer]``, ``baseline[layer]`` (anisotropy: mean cosine across sequences,
+    exact), ``adjusted = mean_pairwise - baseline``, ``relative_residual``, ``norm``,
+    ``count[pos]``, and ``effective_rank`` on request. Cosines lie in [-1, 1].
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge`` (see :func:`load_model`).
+        data: Token ids ``[batch pos]`` (used as given, no BOS added), a
+            :class:`~homoglens.data.TokenBatch`, a ``str``, a ``list[str]`` or a text-file path
+            (see :func:`~homoglens.data.to_token_batch`).
+        layers: Entries of the ``n_layers + 1`` residual axis to measure: 0 = input of block 0
+            (embeddings, positional included), l = output of block l - 1. Default: all.
+        batch_size: Sequences per forward pass (memory scales with it).
+        exclude_first: Leave position 0 (the first real token, often BOS, which carries massive
+            activations) out of every statistic; its row is NaN.
+        effective_rank: Also compute each sequence's effective rank (one SVD per sequence and
+            layer).
+        attention_mask: ``[batch pos]`` 0/1 mask for token input (left or right padding).
+        bos: For text input: ``"auto"`` (``model.cfg.default_prepend_bos``), ``"always"``,
+            ``"never"``.
+        progress: Show a tqdm progress bar.
+
+    Returns:
+        A :class:`HomogenizationProfile` with provenance (model, backend, raw or processed
+        weights, BOS, data, counts, versions).
+
+    Raises:
+        InvalidInputError: empty input, empty strings, float tokens, a mask of the wrong shape,
+            sequences with fewer than 2 counted tokens, bad ``layers``/``batch_size``.
+        SequenceTooLongError: a sequence longer than ``cfg.n_ctx``.
+        UnsupportedArchitectureError: the model's architecture is not supported.
+        NonFiniteActivationError: NaN/inf in the residual stream (nothing is averaged in).
+
+    References:
+        Yusupov et al. 2025, "Token Homogenization under Positional Bias", arXiv 2508.17126.
+        Ethayarajh 2019 (anisotropy, IntraSim). Dong, Cordonnier, Loukas 2021, arXiv 2103.03404.
+
+    Examples:
+        >>> from homoglens import load_model, homogenization_profile
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+        >>> prof = homogenization_profile(model, ["The cat sat.", "A dog ran far away."],
+        ...                               progress=False)
+        >>> tuple(prof.to_others.shape), tuple(prof.mean_pairwise.shape)
+        ((3, 6), (3,))
+    """
+    info = model_info(model)
+    n_layers = int(model.cfg.n_layers)
+    chosen = _check_layers(layers, n_layers)
+    batch_size = _check_positive_int("batch_size", batch_size)
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    _check_min_tokens(batch, exclude_first)
+
+    device = _model_device(model)
+    names = [resid_hook_name(layer) for layer in chosen]
+    n_pos = int(batch.lengths.max())
+    acc = _Accumulator(len(chosen), n_pos, int(model.cfg.d_model), device, effective_rank)
+    stop_at_layer = max(1, max(chosen))
+    state: dict[str, torch.Tensor] = {}
+
+    def make_hook(i: int, name: str) -> Any:
+        def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+            if not bool(torch.isfinite(resid).all()):
+                raise NonFiniteActivationError(
+                    f"{name} holds NaN or inf values ({int((~torch.isfinite(resid)).sum())} "
+                    "entries); check the model dtype (float16 overflows) or the weights"
+                )
+            sums = homogenization_sums(resid, state["pos_index"], n_pos,
+                                       effective_rank=effective_rank)
+            acc.add(i, sums, first=(i == 0))
+
+        return hook
+
+    fwd_hooks = [(name, make_hook(i, name)) for i, name in enumerate(names)]
+    bar = tqdm(total=len(batch), unit="seq", desc="homogenization", disable=not progress)
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(batch), batch_size):
+                tokens, mask = right_aligned(batch.tokens[start:start + batch_size],
+                                             batch.attention_mask[start:start + batch_size])
+                state["pos_index"] = positions_from_mask(mask, exclude_first=exclude_first).to(
+                    device)
+                model.run_with_hooks(tokens.to(device), attention_mask=mask.to(device),
+                                     return_type=None, stop_at_layer=stop_at_layer,
+                                     fwd_hooks=fwd_hooks)
+                bar.update(int(tokens.shape[0]))
+    finally:
+        bar.close()
+        state.clear()
+
+    provenance = Provenance(
+        model=info.name, family=info.family, backend=info.backend, weights=info.weights,
+        dtype=info.dtype, model_source=info.source, hook_points=tuple(names), bos=batch.bos,
+        data=batch.description, exclude_first=exclude_first,
+        homoglens_version=_version("homoglens"),
+        transformer_lens_version=_version("transformer-lens"),
+    )
+    return acc.profile(chosen, provenance)
+
+
+def cosine_homogenization(
+    resid: Float[torch.Tensor, "batch pos d_model"],
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    *,
+    exclude_first: bool = False,
+    effective_rank: bool = False,
+) -> HomogenizationProfile:
+    """Homogenization of given residual vectors (one hook point), no model needed.
+
+    The same statistics as :func:`homogenization_profile`, for activations you already have
+    (e.g. from ``run_with_cache``); the result has a single entry on its layer axis (0).
+
+    Args:
+        resid: ``[batch pos d_model]`` vectors of one hook point.
+        attention_mask: ``[batch pos]`` 0/1, real tokens contiguous per row; default all real.
+        exclude_first: Leave each sequence's position 0 out of every statistic.
+        effective_rank: Also compute the effective rank per sequence.
+
+    Returns:
+        A :class:`HomogenizationProfile` with ``layers == (0,)``.
+
+    Raises:
+        InvalidInputError: wrong shapes, or a sequence with fewer than 2 counted tokens.
+
+    Examples:
+        >>> import torch
+        >>> from homoglens import cosine_homogenization
+        >>> same = torch.ones(1, 5, 8)                       # identical vectors
+        >>> cosine_homogenization(same).mean_pairwise.item()
+        1.0
+        >>> round(cosine_homogenization(torch.eye(4)[None]).mean_pairwise.item(), 6)
+        0.0
+    """
+    if not isinstance(resid, torch.Tensor) or resid.ndim != 3 or not resid.is_floating_point():
+        raise InvalidInputError(
+            "resid must be a float tensor [batch pos d_model], got "
+            f"{getattr(resid, 'shape', type(resid).__name__)}"
+        )
+    if attention_mask is None:
+        mask = torch.ones(resid.shape[:2], dtype=torch.long, device=resid.device)
+    else:
+        if tuple(attention_mask.shape) != tuple(resid.shape[:2]):
+            raise InvalidInputError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}, resid needs "
+                f"{tuple(resid.shape[:2])}"
+            )
+        mask = attention_mask.to(torch.long)
+    pos_index = positions_from_mask(mask, exclude_first=exclude_first)
+    n_pos = int(mask.sum(1).max())
+    sums = homogenization_sums(resid, pos_index, n_pos, effective_rank=effective_rank)
+    acc = _Accumulator(1, n_pos, int(resid.shape[-1]), resid.device, effective_rank)
+    acc.add(0, sums, first=True)
+    return acc.profile((0,), Provenance(exclude_first=exclude_first, data="given activations",
+                                        homoglens_version=_version("homoglens")))
