@@ -195,7 +195,7 @@ def homogenization_profile(
         >>> prof = homogenization_profile(model, ["The cat sat.", "A dog ran far away."],
         ...                               progress=False)
         >>> tuple(prof.to_others.shape), tuple(prof.mean_pairwise.shape)
-        ((3, 6), (3,))
+        ((3, 7), (3,))
     """
     info = model_info(model)
     n_layers = int(model.cfg.n_layers)
@@ -279,7 +279,7 @@ def cosine_homogenization(
         >>> import torch
         >>> from homoglens import cosine_homogenization
         >>> same = torch.ones(1, 5, 8)                       # identical vectors
-        >>> cosine_homogenization(same).mean_pairwise.item()
+        >>> round(cosine_homogenization(same).mean_pairwise.item(), 6)
         1.0
         >>> round(cosine_homogenization(torch.eye(4)[None]).mean_pairwise.item(), 6)
         0.0

@@ -1,0 +1,71 @@
+"""The `homoglens profile` command end to end on a tiny offline model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from homoglens import HomogenizationProfile
+from homoglens.cli import main
+from homoglens.testing import tiny_model_folder
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_profile_writes_report(tmp_path) -> None:
+    out = tmp_path / "report"
+    result = run("profile", "--model", str(tiny_model_folder("gpt2")), "--n-seq", "6",
+                 "--seq-len", "32", "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output
+    for name in ("report.html", "profile.csv", "edge_summary.csv", "profile/profile.json",
+                 "profile/profile.safetensors", "figures/curves.png", "figures/heatmap.png",
+                 "figures/curves_adjusted.png"):
+        assert (out / name).is_file(), name
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "Edge versus middle" in html
+    assert "Provenance" in html and "raw" in html
+    prof = HomogenizationProfile.load(out / "profile")
+    assert prof.n_sequences == 6 and prof.n_tokens == 6 * 32
+    assert prof.effective_rank is not None
+    meta = json.loads((out / "profile" / "profile.json").read_text())
+    assert meta["provenance"]["bos"] is True
+
+
+def test_profile_refuses_non_empty_out_unless_overwrite(tmp_path) -> None:
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    args = ["profile", "--model", str(tiny_model_folder("neox")), "--n-seq", "2", "--seq-len",
+            "16", "--out", str(out), "--no-progress", "--no-effective-rank"]
+    result = run(*args)
+    assert result.exit_code != 0 and "--overwrite" in result.output
+    assert (out / "keep.txt").exists()
+    result = run(*args, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert not (out / "keep.txt").exists() and (out / "report.html").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "no-such-model"], "unknown model"),
+    (["--seq-len", "5000"], "n_ctx"),
+])
+def test_profile_errors_are_clean(tmp_path, args, message) -> None:
+    base = ["profile", "--model", str(tiny_model_folder("gpt2")), "--n-seq", "2",
+            "--out", str(tmp_path / "o"), "--no-progress"]
+    result = run(*base, *args)
+    assert result.exit_code == 1 and message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_text_option(tmp_path) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    result = run("profile", "--model", str(tiny_model_folder("llama")), "--text", str(text),
+                 "--n-seq", "3", "--seq-len", "20", "--out", str(tmp_path / "o"),
+                 "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "text file t.txt" in (tmp_path / "o" / "report.html").read_text()

@@ -1,0 +1,73 @@
+"""The embedded real model, SmolLM2-135M-Instruct (Llama architecture, GGUF Q4_1 -> float32):
+converted once, then checked against Hugging Face hidden states on both backends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import BACKENDS
+
+from homoglens import corpus_windows, homogenization_profile, load_model, model_info
+from homoglens.models import embedded_model_folder
+
+pytestmark = pytest.mark.smollm2
+
+N_SEQ, SEQ_LEN, LAYERS = 3, 48, [0, 1, 2, 15, 29, 30]
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return embedded_model_folder("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def reference(folder):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager").eval()
+    model = load_model(folder, backend=BACKENDS[-1])
+    batch = corpus_windows(model, n_seq=N_SEQ, seq_len=SEQ_LEN)
+    with torch.no_grad():
+        hidden = hf(batch.tokens, output_hidden_states=True).hidden_states
+    return batch, hidden
+
+
+def test_conversion_records_provenance(folder) -> None:
+    prov = json.loads((folder / "homoglens_provenance.json").read_text())
+    assert prov["quantization"].startswith("GGUF Q4_1")
+    assert prov["gguf_header"]["n_layers"] == 30 and prov["gguf_header"]["d_model"] == 576
+    assert len(prov["gguf_sha256"]) == 64
+    assert (folder / "model.safetensors").is_file()
+    assert embedded_model_folder("smollm2-135m-instruct") == folder  # cached, not redone
+
+
+@pytest.mark.parametrize("be", BACKENDS)
+def test_smollm2_matches_hf_hidden_states(be, reference) -> None:
+    batch, hidden = reference
+    model = load_model("smollm2-135m-instruct", backend=be)
+    info = model_info(model)
+    assert (info.family, info.weights) == ("llama", "raw") and "Q4_1" in info.source
+    assert model.cfg.n_layers == 30 and model.cfg.d_model == 576
+    prof = homogenization_profile(model, batch, layers=LAYERS[:-1], progress=False)
+    for i, layer in enumerate(prof.layers):
+        x = hidden[layer].double()
+        u = x / x.norm(dim=-1, keepdim=True)
+        gram = u @ u.transpose(1, 2)
+        off = gram.sum(-1) - gram.diagonal(dim1=1, dim2=2)
+        want_others = (off / (SEQ_LEN - 1)).mean(0)
+        want_pairwise = (off.sum(-1) / (SEQ_LEN * (SEQ_LEN - 1))).mean()
+        assert torch.allclose(prof.to_others[i], want_others, atol=1e-4), layer
+        assert prof.mean_pairwise[i].item() == pytest.approx(want_pairwise.item(), abs=1e-4)
+    assert prof.provenance.bos is True and batch.tokens[0, 0].item() == model.tokenizer.bos_token_id
+
+
+@pytest.mark.skipif(len(BACKENDS) < 2, reason="HookedTransformer needs TransformerLens < 4")
+def test_smollm2_backends_agree(reference) -> None:
+    batch, _ = reference
+    profs = [homogenization_profile(load_model("smollm2-135m-instruct", backend=be), batch,
+                                    layers=LAYERS, progress=False) for be in BACKENDS]
+    for name in ("to_others", "mean_pairwise", "baseline", "to_mean", "relative_residual"):
+        assert torch.allclose(getattr(profs[0], name), getattr(profs[1], name), atol=1e-5,
+                              equal_nan=True), name
