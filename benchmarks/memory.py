@@ -24,7 +24,8 @@ import torch
 torch.set_num_threads(2)
 from homoglens import corpus_windows, homogenization_profile, load_model
 from homoglens.testing import tiny_model_folder
-model_name, n_seq, seq_len, batch_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+model_name = sys.argv[1]
+n_seq, seq_len, batch_size = (int(a) for a in sys.argv[2:5])
 if model_name == "tiny":
     model_name = str(tiny_model_folder("gpt2", n_layers=4, d_model=256, n_ctx=256))
 model = load_model(model_name, backend="bridge", device="cpu")
@@ -44,8 +45,12 @@ print(json.dumps({"n_seq": n_seq, "peak_before_mib": before / 1024, "peak_after_
 
 
 def measure(model: str, n_seq: int, seq_len: int, batch_size: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, model, str(n_seq), str(seq_len),
-                          str(batch_size)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, model, str(n_seq), str(seq_len), str(batch_size)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -65,8 +70,10 @@ def main() -> None:
     print(f"model={args.model} seq_len={args.seq_len} batch_size={args.batch_size}")
     print(f"{'n_seq':>6} {'peak MiB':>9} {'growth MiB':>11} {'cache-all would add MiB':>24}")
     for r in rows:
-        print(f"{r['n_seq']:>6} {r['peak_after_mib']:>9.1f} {r['growth_mib']:>11.1f} "
-              f"{r['cache_all_mib']:>24.1f}")
+        print(
+            f"{r['n_seq']:>6} {r['peak_after_mib']:>9.1f} {r['growth_mib']:>11.1f} "
+            f"{r['cache_all_mib']:>24.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 def pytest_report_header(config: Any) -> str:
     from importlib.metadata import version
 
-    return (f"transformer-lens {version('transformer-lens')}, backends under test: {BACKENDS}, "
-            f"torch {torch.__version__}")
+    return (
+        f"transformer-lens {version('transformer-lens')}, backends under test: {BACKENDS}, "
+        f"torch {torch.__version__}"
+    )
 
 
 _MODELS: dict[tuple[str, str], Any] = {}

@@ -18,12 +18,29 @@ def run(*args: str):
 
 def test_profile_writes_report(tmp_path) -> None:
     out = tmp_path / "report"
-    result = run("profile", "--model", str(tiny_model_folder("gpt2")), "--n-seq", "6",
-                 "--seq-len", "32", "--out", str(out), "--no-progress")
+    result = run(
+        "profile",
+        "--model",
+        str(tiny_model_folder("gpt2")),
+        "--n-seq",
+        "6",
+        "--seq-len",
+        "32",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
-    for name in ("report.html", "profile.csv", "edge_summary.csv", "profile/profile.json",
-                 "profile/profile.safetensors", "figures/curves.png", "figures/heatmap.png",
-                 "figures/curves_adjusted.png"):
+    for name in (
+        "report.html",
+        "profile.csv",
+        "edge_summary.csv",
+        "profile/profile.json",
+        "profile/profile.safetensors",
+        "figures/curves.png",
+        "figures/heatmap.png",
+        "figures/curves_adjusted.png",
+    ):
         assert (out / name).is_file(), name
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "Edge versus middle" in html
@@ -39,8 +56,19 @@ def test_profile_refuses_non_empty_out_unless_overwrite(tmp_path) -> None:
     out = tmp_path / "busy"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    args = ["profile", "--model", str(tiny_model_folder("neox")), "--n-seq", "2", "--seq-len",
-            "16", "--out", str(out), "--no-progress", "--no-effective-rank"]
+    args = [
+        "profile",
+        "--model",
+        str(tiny_model_folder("neox")),
+        "--n-seq",
+        "2",
+        "--seq-len",
+        "16",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--no-effective-rank",
+    ]
     result = run(*args)
     assert result.exit_code != 0 and "--overwrite" in result.output
     assert (out / "keep.txt").exists()
@@ -49,13 +77,24 @@ def test_profile_refuses_non_empty_out_unless_overwrite(tmp_path) -> None:
     assert not (out / "keep.txt").exists() and (out / "report.html").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "no-such-model"], "unknown model"),
-    (["--seq-len", "5000"], "n_ctx"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "no-such-model"], "unknown model"),
+        (["--seq-len", "5000"], "n_ctx"),
+    ],
+)
 def test_profile_errors_are_clean(tmp_path, args, message) -> None:
-    base = ["profile", "--model", str(tiny_model_folder("gpt2")), "--n-seq", "2",
-            "--out", str(tmp_path / "o"), "--no-progress"]
+    base = [
+        "profile",
+        "--model",
+        str(tiny_model_folder("gpt2")),
+        "--n-seq",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+        "--no-progress",
+    ]
     result = run(*base, *args)
     assert result.exit_code == 1 and message in result.output
     assert "Traceback" not in result.output
@@ -64,8 +103,19 @@ def test_profile_errors_are_clean(tmp_path, args, message) -> None:
 def test_text_option(tmp_path) -> None:
     text = tmp_path / "t.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
-    result = run("profile", "--model", str(tiny_model_folder("llama")), "--text", str(text),
-                 "--n-seq", "3", "--seq-len", "20", "--out", str(tmp_path / "o"),
-                 "--no-progress")
+    result = run(
+        "profile",
+        "--model",
+        str(tiny_model_folder("llama")),
+        "--text",
+        str(text),
+        "--n-seq",
+        "3",
+        "--seq-len",
+        "20",
+        "--out",
+        str(tmp_path / "o"),
+        "--no-progress",
+    )
     assert result.exit_code == 0, result.output
     assert "text file t.txt" in (tmp_path / "o" / "report.html").read_text()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BACKENDS, hook_count
 
+from conftest import BACKENDS, hook_count
 from homoglens import (
     InvalidInputError,
     SequenceTooLongError,
@@ -75,28 +75,73 @@ BAD_INPUTS = [
     ("empty string", lambda m: ("",), {}, InvalidInputError, "empty"),
     ("blank string in list", lambda m: (["fine text", "   "],), {}, InvalidInputError, "text 1"),
     ("too long", lambda m: ("word " * 400,), {}, SequenceTooLongError, "n_ctx=128"),
-    ("too long tokens", lambda m: (torch.ones(1, 129, dtype=torch.long),), {},
-     SequenceTooLongError, "n_ctx=128"),
-    ("mask wrong shape", lambda m: (torch.ones(2, 5, dtype=torch.long),),
-     {"attention_mask": torch.ones(2, 4)}, InvalidInputError, "shape"),
-    ("mask not 0/1", lambda m: (torch.ones(1, 5, dtype=torch.long),),
-     {"attention_mask": torch.full((1, 5), 2)}, InvalidInputError, "0 and 1"),
-    ("mask with a gap", lambda m: (torch.ones(1, 5, dtype=torch.long),),
-     {"attention_mask": torch.tensor([[1, 0, 1, 1, 1]])}, InvalidInputError, "one block"),
-    ("all padding row", lambda m: (torch.ones(2, 5, dtype=torch.long),),
-     {"attention_mask": torch.tensor([[1] * 5, [0] * 5])}, InvalidInputError, "all padding"),
+    (
+        "too long tokens",
+        lambda m: (torch.ones(1, 129, dtype=torch.long),),
+        {},
+        SequenceTooLongError,
+        "n_ctx=128",
+    ),
+    (
+        "mask wrong shape",
+        lambda m: (torch.ones(2, 5, dtype=torch.long),),
+        {"attention_mask": torch.ones(2, 4)},
+        InvalidInputError,
+        "shape",
+    ),
+    (
+        "mask not 0/1",
+        lambda m: (torch.ones(1, 5, dtype=torch.long),),
+        {"attention_mask": torch.full((1, 5), 2)},
+        InvalidInputError,
+        "0 and 1",
+    ),
+    (
+        "mask with a gap",
+        lambda m: (torch.ones(1, 5, dtype=torch.long),),
+        {"attention_mask": torch.tensor([[1, 0, 1, 1, 1]])},
+        InvalidInputError,
+        "one block",
+    ),
+    (
+        "all padding row",
+        lambda m: (torch.ones(2, 5, dtype=torch.long),),
+        {"attention_mask": torch.tensor([[1] * 5, [0] * 5])},
+        InvalidInputError,
+        "all padding",
+    ),
     ("float tokens", lambda m: (torch.ones(1, 5),), {}, InvalidInputError, "integer tensor"),
-    ("token id out of vocab", lambda m: (torch.tensor([[1, 2, 99999]]),), {}, InvalidInputError,
-     "token ids must lie"),
-    ("3-d tokens", lambda m: (torch.ones(1, 2, 3, dtype=torch.long),), {}, InvalidInputError,
-     "batch pos"),
+    (
+        "token id out of vocab",
+        lambda m: (torch.tensor([[1, 2, 99999]]),),
+        {},
+        InvalidInputError,
+        "token ids must lie",
+    ),
+    (
+        "3-d tokens",
+        lambda m: (torch.ones(1, 2, 3, dtype=torch.long),),
+        {},
+        InvalidInputError,
+        "batch pos",
+    ),
     ("one token", lambda m: (torch.tensor([[5]]),), {}, InvalidInputError, "at least 2"),
     ("unsupported type", lambda m: (3.14,), {}, InvalidInputError, "not supported"),
-    ("mask with text", lambda m: ("hello there",), {"attention_mask": torch.ones(1, 2)},
-     InvalidInputError, "only for token input"),
+    (
+        "mask with text",
+        lambda m: ("hello there",),
+        {"attention_mask": torch.ones(1, 2)},
+        InvalidInputError,
+        "only for token input",
+    ),
     ("bad bos", lambda m: ("hello there",), {"bos": "sometimes"}, InvalidInputError, "bos="),
-    ("bad batch size", lambda m: ("hello there",), {"batch_size": 0}, InvalidInputError,
-     "batch_size"),
+    (
+        "bad batch size",
+        lambda m: ("hello there",),
+        {"batch_size": 0},
+        InvalidInputError,
+        "batch_size",
+    ),
 ]
 
 

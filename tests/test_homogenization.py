@@ -16,14 +16,20 @@ def brute(x: torch.Tensor) -> dict[str, torch.Tensor]:
     t = x.shape[0]
     cos = torch.nn.functional.cosine_similarity(x[:, None, :], x[None, :, :], dim=-1)
     others = torch.stack([(cos[p].sum() - cos[p, p]) / (t - 1) for p in range(t)])
-    prefix = torch.stack([cos[p, :p].mean() if p > 0 else torch.tensor(math.nan)
-                          for p in range(t)]).double()
+    prefix = torch.stack(
+        [cos[p, :p].mean() if p > 0 else torch.tensor(math.nan) for p in range(t)]
+    ).double()
     mean = x.mean(0)
     to_mean = torch.nn.functional.cosine_similarity(x, mean[None], dim=-1)
     pairwise = (cos.sum() - cos.diagonal().sum()) / (t * (t - 1))
     rel = torch.linalg.norm(x - mean) / torch.linalg.norm(x)
-    return {"to_others": others, "to_prefix": prefix, "to_mean": to_mean,
-            "mean_pairwise": pairwise, "relative_residual": rel}
+    return {
+        "to_others": others,
+        "to_prefix": prefix,
+        "to_mean": to_mean,
+        "mean_pairwise": pairwise,
+        "relative_residual": rel,
+    }
 
 
 def test_identical_vectors_give_one() -> None:
@@ -46,11 +52,13 @@ def test_orthonormal_set_gives_zero() -> None:
 
 
 def test_effective_rank_identity_and_rank_one() -> None:
-    assert cosine_homogenization(torch.eye(6)[None], effective_rank=True).effective_rank.item() \
-        == pytest.approx(6.0, abs=1e-9)
+    assert cosine_homogenization(
+        torch.eye(6)[None], effective_rank=True
+    ).effective_rank.item() == pytest.approx(6.0, abs=1e-9)
     rank1 = torch.outer(torch.arange(1.0, 6.0), torch.randn(8))[None]
-    assert cosine_homogenization(rank1, effective_rank=True).effective_rank.item() \
-        == pytest.approx(1.0, abs=1e-6)
+    assert cosine_homogenization(rank1, effective_rank=True).effective_rank.item() == pytest.approx(
+        1.0, abs=1e-6
+    )
 
 
 def test_statistics_match_brute_force_per_position() -> None:

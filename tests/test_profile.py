@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from conftest import BACKENDS, hook_count, state_hash
 from transformers import AutoModelForCausalLM
 
+from conftest import BACKENDS, hook_count, state_hash
 from homoglens import (
     HomogenizationProfile,
     InvalidInputError,
@@ -52,8 +52,9 @@ def test_matches_hf_hidden_states(arch: str, backend: str, get_model) -> None:
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_folder(arch))).eval()
     batch = to_token_batch(model, TEXTS)
     with torch.no_grad():
-        hidden = hf(batch.tokens, attention_mask=batch.attention_mask,
-                    output_hidden_states=True).hidden_states
+        hidden = hf(
+            batch.tokens, attention_mask=batch.attention_mask, output_hidden_states=True
+        ).hidden_states
     prof = homogenization_profile(model, batch, progress=False)
     assert prof.layers == tuple(range(model.cfg.n_layers + 1))
     for layer in range(model.cfg.n_layers):  # the last HF hidden state has the final norm
@@ -65,11 +66,20 @@ def test_matches_hf_hidden_states(arch: str, backend: str, get_model) -> None:
 @pytest.mark.skipif(len(BACKENDS) < 2, reason="HookedTransformer needs TransformerLens < 4")
 @pytest.mark.parametrize("arch", ["gpt2", "neox", "llama"])
 def test_hooked_and_bridge_agree(arch: str, get_model) -> None:
-    profs = [homogenization_profile(get_model(arch, be), TEXTS, progress=False,
-                                    effective_rank=True) for be in BACKENDS]
+    profs = [
+        homogenization_profile(get_model(arch, be), TEXTS, progress=False, effective_rank=True)
+        for be in BACKENDS
+    ]
     a, b = profs
-    for name in ("to_others", "to_prefix", "to_mean", "mean_pairwise", "baseline",
-                 "relative_residual", "effective_rank"):
+    for name in (
+        "to_others",
+        "to_prefix",
+        "to_mean",
+        "mean_pairwise",
+        "baseline",
+        "relative_residual",
+        "effective_rank",
+    ):
         assert torch.allclose(getattr(a, name), getattr(b, name), atol=1e-5, equal_nan=True), name
     assert torch.allclose(a.norm, b.norm, rtol=1e-5, atol=1e-5)
 
@@ -78,39 +88,64 @@ def test_hooked_and_bridge_agree(arch: str, get_model) -> None:
 def test_padding_left_right_equals_each_text_alone(arch: str, backend: str, get_model) -> None:
     model = get_model(arch, backend)
     alone = HomogenizationProfile.merge(
-        *[homogenization_profile(model, text, progress=False) for text in TEXTS])
+        *[homogenization_profile(model, text, progress=False) for text in TEXTS]
+    )
     right = to_token_batch(model, TEXTS)
     assert (right.attention_mask == 0).any(), "the texts must have unequal lengths"
     width = right.tokens.shape[1]
     left_tokens = torch.full_like(right.tokens, 0)
     left_mask = torch.zeros_like(right.attention_mask)
     for i, n in enumerate(right.lengths.tolist()):
-        left_tokens[i, width - n:] = right.tokens[i, :n]
-        left_mask[i, width - n:] = 1
+        left_tokens[i, width - n :] = right.tokens[i, :n]
+        left_mask[i, width - n :] = 1
     for tokens, mask in ((right.tokens, right.attention_mask), (left_tokens, left_mask)):
-        prof = homogenization_profile(model, tokens, attention_mask=mask, batch_size=3,
-                                      progress=False)
-        for name in ("to_others", "to_prefix", "to_mean", "norm", "mean_pairwise", "baseline",
-                     "relative_residual"):
-            assert torch.allclose(getattr(prof, name), getattr(alone, name), atol=1e-5,
-                                  equal_nan=True), name
+        prof = homogenization_profile(
+            model, tokens, attention_mask=mask, batch_size=3, progress=False
+        )
+        for name in (
+            "to_others",
+            "to_prefix",
+            "to_mean",
+            "norm",
+            "mean_pairwise",
+            "baseline",
+            "relative_residual",
+        ):
+            assert torch.allclose(
+                getattr(prof, name), getattr(alone, name), atol=1e-5, equal_nan=True
+            ), name
         assert torch.equal(prof.count, alone.count)
 
 
 def test_merge_of_uneven_splits_equals_one_pass(backend: str, get_model) -> None:
     model = get_model("gpt2", backend)
     windows = corpus_windows(model, n_seq=64, seq_len=24)
-    whole = homogenization_profile(model, windows, batch_size=16, progress=False,
-                                   effective_rank=True)
+    whole = homogenization_profile(
+        model, windows, batch_size=16, progress=False, effective_rank=True
+    )
     cuts = [0, 5, 22, 23, 64]
-    parts = [homogenization_profile(model, windows[a:b], batch_size=7, progress=False,
-                                    effective_rank=True) for a, b in zip(cuts, cuts[1:])]
+    parts = [
+        homogenization_profile(
+            model, windows[a:b], batch_size=7, progress=False, effective_rank=True
+        )
+        for a, b in zip(cuts, cuts[1:], strict=False)
+    ]
     merged = HomogenizationProfile.merge(*parts)
     assert merged.n_sequences == 64 and merged.n_tokens == 64 * 24
-    for name in ("to_others", "to_prefix", "to_mean", "norm", "mean_pairwise", "baseline",
-                 "adjusted", "relative_residual", "effective_rank"):
-        assert torch.allclose(getattr(merged, name), getattr(whole, name), atol=1e-6,
-                              equal_nan=True), name
+    for name in (
+        "to_others",
+        "to_prefix",
+        "to_mean",
+        "norm",
+        "mean_pairwise",
+        "baseline",
+        "adjusted",
+        "relative_residual",
+        "effective_rank",
+    ):
+        assert torch.allclose(
+            getattr(merged, name), getattr(whole, name), atol=1e-6, equal_nan=True
+        ), name
 
 
 def test_batch_size_does_not_change_result(get_model) -> None:
@@ -153,8 +188,9 @@ def test_provenance_records_model_and_weights(get_model) -> None:
     assert prof.n_sequences == 4 and prof.n_tokens == int(to_token_batch(model, TEXTS).n_tokens)
 
 
-def test_error_inside_forward_leaves_no_hook_and_same_weights(arch: str, backend: str,
-                                                              get_model, monkeypatch) -> None:
+def test_error_inside_forward_leaves_no_hook_and_same_weights(
+    arch: str, backend: str, get_model, monkeypatch
+) -> None:
     model = get_model(arch, backend)
     before = state_hash(model)
     assert hook_count(model) == 0
@@ -172,7 +208,8 @@ def test_error_inside_forward_leaves_no_hook_and_same_weights(arch: str, backend
 def test_non_finite_activations_are_reported(get_model) -> None:
     model = get_model("gpt2", BACKENDS[-1])
     handle = model.hook_dict["blocks.0.hook_resid_post"].register_forward_hook(
-        lambda module, inputs, output: output * math.inf)
+        lambda module, inputs, output: output * math.inf
+    )
     try:
         with pytest.raises(NonFiniteActivationError, match="blocks.0.hook_resid_post"):
             homogenization_profile(model, TEXTS, progress=False)
@@ -187,16 +224,24 @@ def test_save_load_round_trip_and_exports(tmp_path, get_model) -> None:
     loaded = HomogenizationProfile.load(prof.save(tmp_path / "p"))
     assert loaded.provenance == prof.provenance
     for name in ("to_others", "baseline", "effective_rank", "count"):
-        assert torch.equal(getattr(loaded, name), getattr(prof, name), ) or torch.allclose(
-            getattr(loaded, name), getattr(prof, name), equal_nan=True)
+        assert torch.equal(
+            getattr(loaded, name),
+            getattr(prof, name),
+        ) or torch.allclose(getattr(loaded, name), getattr(prof, name), equal_nan=True)
     frame = prof.to_pandas()
     cell = frame[(frame.metric == "to_others") & (frame.layer == 1) & (frame.pos == 3)]
     assert cell.value.item() == pytest.approx(prof.to_others[1, 3].item())
     per_layer = frame[frame.metric == "baseline"]
     assert per_layer.pos.isna().all() and len(per_layer) == 3
     edge = prof.edge_summary(k=3)
-    assert list(edge.columns) == ["layer", "first", "middle", "last", "first_minus_middle",
-                                  "last_minus_middle"]
+    assert list(edge.columns) == [
+        "layer",
+        "first",
+        "middle",
+        "last",
+        "first_minus_middle",
+        "last_minus_middle",
+    ]
     fig = prof.plot()
     assert len(fig.axes) >= 2
     assert "HomogenizationProfile(" in repr(prof)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from conftest import BACKENDS
 
+from conftest import BACKENDS
 from homoglens import corpus_windows, homogenization_profile, load_model, model_info
 from homoglens.models import embedded_model_folder
 
@@ -66,8 +66,13 @@ def test_smollm2_matches_hf_hidden_states(be, reference) -> None:
 @pytest.mark.skipif(len(BACKENDS) < 2, reason="HookedTransformer needs TransformerLens < 4")
 def test_smollm2_backends_agree(reference) -> None:
     batch, _ = reference
-    profs = [homogenization_profile(load_model("smollm2-135m-instruct", backend=be), batch,
-                                    layers=LAYERS, progress=False) for be in BACKENDS]
+    profs = [
+        homogenization_profile(
+            load_model("smollm2-135m-instruct", backend=be), batch, layers=LAYERS, progress=False
+        )
+        for be in BACKENDS
+    ]
     for name in ("to_others", "mean_pairwise", "baseline", "to_mean", "relative_residual"):
-        assert torch.allclose(getattr(profs[0], name), getattr(profs[1], name), atol=1e-5,
-                              equal_nan=True), name
+        assert torch.allclose(
+            getattr(profs[0], name), getattr(profs[1], name), atol=1e-5, equal_nan=True
+        ), name

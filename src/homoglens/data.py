@@ -80,12 +80,15 @@ class TokenBatch:
         """Select sequences (a slice or index list) as a new batch."""
         if isinstance(index, int):
             index = slice(index, index + 1)
-        return TokenBatch(self.tokens[index], self.attention_mask[index], self.bos,
-                          self.description)
+        return TokenBatch(
+            self.tokens[index], self.attention_mask[index], self.bos, self.description
+        )
 
     def __repr__(self) -> str:
-        return (f"TokenBatch(n_seq={len(self)}, max_len={self.tokens.shape[1]}, "
-                f"n_tokens={self.n_tokens}, bos={self.bos}, data={self.description!r})")
+        return (
+            f"TokenBatch(n_seq={len(self)}, max_len={self.tokens.shape[1]}, "
+            f"n_tokens={self.n_tokens}, bos={self.bos}, data={self.description!r})"
+        )
 
 
 # --------------------------------------------------------------------------- corpora
@@ -190,8 +193,9 @@ def corpus_windows(
             f"seq_len={seq_len} exceeds the model's context window n_ctx={_n_ctx(model)}; "
             f"use seq_len <= {_n_ctx(model)}"
         )
-    if isinstance(corpus, os.PathLike) or (isinstance(corpus, str) and corpus not in CORPORA
-                                            and Path(corpus).is_file()):
+    if isinstance(corpus, os.PathLike) or (
+        isinstance(corpus, str) and corpus not in CORPORA and Path(corpus).is_file()
+    ):
         path = Path(corpus)
         if not path.is_file():
             raise InvalidInputError(f"text file {str(path)!r} does not exist")
@@ -234,7 +238,9 @@ def corpus_windows(
 # --------------------------------------------------------------------------- generic input
 
 
-def _text_batch(model: HookedModel, texts: list[str], bos: BosPolicy | bool, label: str) -> TokenBatch:
+def _text_batch(
+    model: HookedModel, texts: list[str], bos: BosPolicy | bool, label: str
+) -> TokenBatch:
     use_bos = _resolve_bos(model, bos)
     prefix = [_bos_id(model)] if use_bos else []
     rows = []
@@ -269,15 +275,17 @@ def _file_batch(model: HookedModel, path: Path, bos: BosPolicy | bool) -> TokenB
     prefix = [_bos_id(model)] if use_bos else []
     ids = _encode(model, text)
     width = min(_n_ctx(model), 256) - len(prefix)
-    chunks = [ids[i: i + width] for i in range(0, len(ids), width)]
+    chunks = [ids[i : i + width] for i in range(0, len(ids), width)]
     if len(chunks) > 1 and len(chunks[-1]) < width:
         chunks.pop()  # equal-length windows; the tail shorter than a window is dropped
-    return _text_batch_from_ids(chunks, prefix, use_bos,
-                                f"text file {path.name}: {len(chunks)} consecutive windows")
+    return _text_batch_from_ids(
+        chunks, prefix, use_bos, f"text file {path.name}: {len(chunks)} consecutive windows"
+    )
 
 
-def _text_batch_from_ids(chunks: list[list[int]], prefix: list[int], use_bos: bool,
-                         label: str) -> TokenBatch:
+def _text_batch_from_ids(
+    chunks: list[list[int]], prefix: list[int], use_bos: bool, label: str
+) -> TokenBatch:
     longest = max(len(c) for c in chunks) + len(prefix)
     tokens = torch.zeros(len(chunks), longest, dtype=torch.long)
     mask = torch.zeros_like(tokens)
@@ -303,8 +311,10 @@ def _check_mask(tokens: torch.Tensor, attention_mask: Any) -> torch.Tensor:
             f"{tuple(tokens.shape)}; give one 0/1 entry per token ([batch pos])"
         )
     if attention_mask.is_floating_point() or attention_mask.is_complex():
-        if not torch.isin(attention_mask, torch.tensor([0.0, 1.0], dtype=attention_mask.dtype,
-                                                       device=attention_mask.device)).all():
+        if not torch.isin(
+            attention_mask,
+            torch.tensor([0.0, 1.0], dtype=attention_mask.dtype, device=attention_mask.device),
+        ).all():
             raise InvalidInputError("attention_mask must hold only 0 and 1")
     mask = attention_mask.to(torch.long).cpu()
     if not ((mask == 0) | (mask == 1)).all():
@@ -343,7 +353,8 @@ def _tensor_batch(model: HookedModel, tokens: torch.Tensor, attention_mask: Any)
     real = tokens[mask.bool()]
     if (real < 0).any() or (d_vocab and (real >= d_vocab).any()):
         raise InvalidInputError(
-            f"token ids must lie in [0, {d_vocab}); got min {int(real.min())}, max {int(real.max())}"
+            f"token ids must lie in [0, {d_vocab}); got min {int(real.min())}, "
+            f"max {int(real.max())}"
         )
     longest = int(mask.sum(1).max())
     if longest > _n_ctx(model):
@@ -355,8 +366,9 @@ def _tensor_batch(model: HookedModel, tokens: torch.Tensor, attention_mask: Any)
     bos_id = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
     has_bos = (first == bos_id) if bos_id is not None else torch.zeros_like(first, dtype=torch.bool)
     bos: bool | None = bool(has_bos.all()) if has_bos.all() or not has_bos.any() else None
-    return TokenBatch(tokens.clone(), mask, bos,
-                      f"token tensor {tuple(tokens.shape)} used as given")
+    return TokenBatch(
+        tokens.clone(), mask, bos, f"token tensor {tuple(tokens.shape)} used as given"
+    )
 
 
 def to_token_batch(

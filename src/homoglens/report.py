@@ -21,12 +21,14 @@ if TYPE_CHECKING:
 __all__ = ["prepare_output_dir", "write_profile_report"]
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
-padding:0 1em;color:#222;line-height:1.45}
-h1{font-size:1.6em}h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
+color:#222;line-height:1.45}
+h1{font-size:1.6em}
+h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f4f4f4}
-td:first-child,th:first-child{text-align:left}img{max-width:100%}.note{color:#555;font-size:.9em}
+td:first-child,th:first-child{text-align:left}img{max-width:100%}
+.note{color:#555;font-size:.9em}
 """
 
 
@@ -34,7 +36,7 @@ def prepare_output_dir(out: str | Path, *, overwrite: bool) -> Path:
     """Create ``out``; refuse a non-empty folder unless ``overwrite`` (then clear it).
 
     Raises:
-        InvalidInputError: ``out`` exists, is not empty, and ``overwrite`` is False; or it is a file.
+        InvalidInputError: ``out`` is a file, or is not empty and ``overwrite`` is False.
     """
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
@@ -58,8 +60,9 @@ def _png(fig: Figure, path: Path) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def write_profile_report(profile: HomogenizationProfile, out: Path, *, edge_k: int = 8,
-                         title: str | None = None) -> Path:
+def write_profile_report(
+    profile: HomogenizationProfile, out: Path, *, edge_k: int = 8, title: str | None = None
+) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
 
     Files: ``profile/profile.safetensors`` + ``profile/profile.json`` (reload with
@@ -98,16 +101,19 @@ def write_profile_report(profile: HomogenizationProfile, out: Path, *, edge_k: i
     edge = profile.edge_summary(k)
     edge.to_csv(out / "edge_summary.csv", index=False)
     per_layer = profile.to_pandas()
-    per_layer = per_layer[per_layer["pos"].isna()].pivot(index="layer", columns="metric",
-                                                          values="value")
+    per_layer = per_layer[per_layer["pos"].isna()].pivot(
+        index="layer", columns="metric", values="value"
+    )
 
     prov = asdict(profile.provenance)
-    prov["hook_points"] = f"{prov['hook_points'][0]} ... {prov['hook_points'][-1]}" if prov[
-        "hook_points"] else ""
-    prov.update(n_sequences=profile.n_sequences, n_tokens=profile.n_tokens,
-                positions=profile.n_pos)
-    prov_rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-                        for k, v in prov.items())
+    prov["hook_points"] = (
+        f"{prov['hook_points'][0]} ... {prov['hook_points'][-1]}" if prov["hook_points"] else ""
+    )
+    prov.update(n_sequences=profile.n_sequences, n_tokens=profile.n_tokens, positions=profile.n_pos)
+    prov_rows = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+        for k, v in prov.items()
+    )
     p = profile.provenance
     heading = title or f"Token homogenization: {p.model}"
     page = f"""<!DOCTYPE html>

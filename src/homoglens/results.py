@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 
 from homoglens.errors import IncompatibleResultsError
 
@@ -121,21 +121,27 @@ class HomogenizationProfile:
     def __post_init__(self) -> None:
         n_layer, n_pos = len(self.layers), int(self.count.shape[0])
         expected = {
-            "to_others_sum": (n_layer, n_pos), "to_prefix_sum": (n_layer, n_pos),
-            "to_mean_sum": (n_layer, n_pos), "norm_sum": (n_layer, n_pos),
-            "prefix_count": (n_pos,), "mean_pairwise_sum": (n_layer,),
-            "relative_residual_sum": (n_layer,), "unit_sum_sq": (n_layer,),
+            "to_others_sum": (n_layer, n_pos),
+            "to_prefix_sum": (n_layer, n_pos),
+            "to_mean_sum": (n_layer, n_pos),
+            "norm_sum": (n_layer, n_pos),
+            "prefix_count": (n_pos,),
+            "mean_pairwise_sum": (n_layer,),
+            "relative_residual_sum": (n_layer,),
+            "unit_sum_sq": (n_layer,),
         }
         if self.effective_rank_sum is not None:
             expected["effective_rank_sum"] = (n_layer,)
         for name, shape in expected.items():
             got = tuple(getattr(self, name).shape)
             if got != shape:
-                raise ValueError(f"{name} has shape {got}, expected {shape} "
-                                 f"(layers={n_layer}, pos={n_pos})")
+                raise ValueError(
+                    f"{name} has shape {got}, expected {shape} (layers={n_layer}, pos={n_pos})"
+                )
         if self.unit_sum.ndim != 2 or self.unit_sum.shape[0] != n_layer:
-            raise ValueError(f"unit_sum has shape {tuple(self.unit_sum.shape)}, "
-                             f"expected ({n_layer}, d_model)")
+            raise ValueError(
+                f"unit_sum has shape {tuple(self.unit_sum.shape)}, expected ({n_layer}, d_model)"
+            )
 
     # ----------------------------------------------------------------- derived values
     @cached_property
@@ -280,15 +286,19 @@ class HomogenizationProfile:
         """
         missing = [layer for layer in layers if layer not in self.layers]
         if missing:
-            raise IncompatibleResultsError(f"layers {missing} are not in this profile "
-                                           f"(it has {list(self.layers)})")
+            raise IncompatibleResultsError(
+                f"layers {missing} are not in this profile (it has {list(self.layers)})"
+            )
         idx = torch.tensor([self.layers.index(layer) for layer in layers])
-        per_layer = {f.name: getattr(self, f.name).index_select(0, idx)
-                     for f in fields(self) if f.name in _PER_LAYER
-                     and getattr(self, f.name) is not None}
+        per_layer = {
+            f.name: getattr(self, f.name).index_select(0, idx)
+            for f in fields(self)
+            if f.name in _PER_LAYER and getattr(self, f.name) is not None
+        }
         hooks = self.provenance.hook_points
-        prov = replace(self.provenance, hook_points=tuple(hooks[i] for i in idx.tolist())
-                       if hooks else ())
+        prov = replace(
+            self.provenance, hook_points=tuple(hooks[i] for i in idx.tolist()) if hooks else ()
+        )
         return replace(self, layers=tuple(layers), provenance=prov, **per_layer)
 
     # ----------------------------------------------------------------- reports
@@ -312,17 +322,21 @@ class HomogenizationProfile:
         """
         import pandas as pd
 
-        sums = {"to_others": (self.to_others_sum, self.count),
-                "to_prefix": (self.to_prefix_sum, self.prefix_count),
-                "to_mean": (self.to_mean_sum, self.count),
-                "norm": (self.norm_sum, self.count)}
+        sums = {
+            "to_others": (self.to_others_sum, self.count),
+            "to_prefix": (self.to_prefix_sum, self.prefix_count),
+            "to_mean": (self.to_mean_sum, self.count),
+            "norm": (self.norm_sum, self.count),
+        }
         if metric not in sums:
             raise ValueError(f"metric={metric!r} must be one of {sorted(sums)}")
         total, count = sums[metric]
         counted = torch.nonzero(count > 0).flatten()
         if not isinstance(k, int) or k < 1 or 2 * k >= len(counted):
-            raise ValueError(f"k={k!r} must be a positive int with 2k < {len(counted)} "
-                             "(the number of counted positions)")
+            raise ValueError(
+                f"k={k!r} must be a positive int with 2k < {len(counted)} "
+                "(the number of counted positions)"
+            )
         groups = {"first": counted[:k], "middle": counted[k:-k], "last": counted[-k:]}
         out: dict[str, Any] = {"layer": list(self.layers)}
         for name, pos in groups.items():
@@ -347,23 +361,38 @@ class HomogenizationProfile:
         for name in ("to_others", "to_prefix", "to_mean", "norm"):
             values = getattr(self, name)
             count = self.prefix_count if name == "to_prefix" else self.count
-            frames.append(pd.DataFrame({
-                "metric": name,
-                "layer": layer_col.repeat_interleave(self.n_pos).numpy(),
-                "pos": pd.array(pos.repeat(len(self.layers)).numpy(), dtype="Int64"),
-                "value": values.flatten().numpy(),
-                "count": count.repeat(len(self.layers)).numpy().astype("int64"),
-            }))
-        for name in ("mean_pairwise", "baseline", "adjusted", "relative_residual",
-                     "effective_rank"):
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "metric": name,
+                        "layer": layer_col.repeat_interleave(self.n_pos).numpy(),
+                        "pos": pd.array(pos.repeat(len(self.layers)).numpy(), dtype="Int64"),
+                        "value": values.flatten().numpy(),
+                        "count": count.repeat(len(self.layers)).numpy().astype("int64"),
+                    }
+                )
+            )
+        for name in (
+            "mean_pairwise",
+            "baseline",
+            "adjusted",
+            "relative_residual",
+            "effective_rank",
+        ):
             values = getattr(self, name)
             if values is None:
                 continue
-            frames.append(pd.DataFrame({
-                "metric": name, "layer": layer_col.numpy(),
-                "pos": pd.array([None] * len(self.layers), dtype="Int64"),
-                "value": values.numpy(), "count": self.n_sequences,
-            }))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "metric": name,
+                        "layer": layer_col.numpy(),
+                        "pos": pd.array([None] * len(self.layers), dtype="Int64"),
+                        "value": values.numpy(),
+                        "count": self.n_sequences,
+                    }
+                )
+            )
         return pd.concat(frames, ignore_index=True)
 
     def plot(self, *, title: str | None = None) -> Figure:
@@ -390,8 +419,11 @@ class HomogenizationProfile:
 
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {f.name: getattr(self, f.name).contiguous() for f in fields(self)
-                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        tensors = {
+            f.name: getattr(self, f.name).contiguous()
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
         save_file(tensors, str(folder / "profile.safetensors"))
         meta = {
             "format": _FORMAT,
@@ -425,8 +457,9 @@ class HomogenizationProfile:
                 f"{folder} holds format {meta.get('format')!r}, expected {_FORMAT!r}"
             )
         tensors = load_file(str(folder / "profile.safetensors"))
-        expected = set(_TENSOR_FIELDS) | ({"effective_rank_sum"} if meta["has_effective_rank"]
-                                          else set())
+        expected = set(_TENSOR_FIELDS) | (
+            {"effective_rank_sum"} if meta["has_effective_rank"] else set()
+        )
         if set(tensors) != expected:
             raise IncompatibleResultsError(
                 f"{folder}/profile.safetensors has tensors {sorted(tensors)}, expected "
@@ -435,20 +468,45 @@ class HomogenizationProfile:
             )
         prov = dict(meta["provenance"])
         prov["hook_points"] = tuple(prov.get("hook_points", ()))
-        return cls(layers=tuple(meta["layers"]), n_sequences=meta["n_sequences"],
-                   n_tokens=meta["n_tokens"], n_tokens_sq=meta["n_tokens_sq"],
-                   provenance=Provenance(**prov), **tensors)
+        return cls(
+            layers=tuple(meta["layers"]),
+            n_sequences=meta["n_sequences"],
+            n_tokens=meta["n_tokens"],
+            n_tokens_sq=meta["n_tokens_sq"],
+            provenance=Provenance(**prov),
+            **tensors,
+        )
 
     def __repr__(self) -> str:
         p = self.provenance
-        return (f"HomogenizationProfile(model={p.model!r}, backend={p.backend}, "
-                f"weights={p.weights}, layers={len(self.layers)}, pos={self.n_pos}, "
-                f"n_sequences={self.n_sequences}, n_tokens={self.n_tokens}, bos={p.bos}, "
-                f"exclude_first={p.exclude_first})")
+        return (
+            f"HomogenizationProfile(model={p.model!r}, backend={p.backend}, "
+            f"weights={p.weights}, layers={len(self.layers)}, pos={self.n_pos}, "
+            f"n_sequences={self.n_sequences}, n_tokens={self.n_tokens}, bos={p.bos}, "
+            f"exclude_first={p.exclude_first})"
+        )
 
 
-_TENSOR_FIELDS = ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum", "count",
-                  "prefix_count", "mean_pairwise_sum", "relative_residual_sum", "unit_sum",
-                  "unit_sum_sq")
-_PER_LAYER = ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum", "mean_pairwise_sum",
-              "relative_residual_sum", "unit_sum", "unit_sum_sq", "effective_rank_sum")
+_TENSOR_FIELDS = (
+    "to_others_sum",
+    "to_prefix_sum",
+    "to_mean_sum",
+    "norm_sum",
+    "count",
+    "prefix_count",
+    "mean_pairwise_sum",
+    "relative_residual_sum",
+    "unit_sum",
+    "unit_sum_sq",
+)
+_PER_LAYER = (
+    "to_others_sum",
+    "to_prefix_sum",
+    "to_mean_sum",
+    "norm_sum",
+    "mean_pairwise_sum",
+    "relative_residual_sum",
+    "unit_sum",
+    "unit_sum_sq",
+    "effective_rank_sum",
+)

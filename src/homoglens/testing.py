@@ -24,8 +24,9 @@ _BOS = 50256
 _VERSION = 1  # bump when the recipe below changes, so cached folders are rebuilt
 
 
-def tiny_hf_config(arch: TinyArch, *, n_layers: int = 2, d_model: int = 64, n_heads: int = 4,
-                   n_ctx: int = 128) -> Any:
+def tiny_hf_config(
+    arch: TinyArch, *, n_layers: int = 2, d_model: int = 64, n_heads: int = 4, n_ctx: int = 128
+) -> Any:
     """Return a small Hugging Face config of the given family (GPT-2 vocabulary).
 
     Args:
@@ -47,24 +48,50 @@ def tiny_hf_config(arch: TinyArch, *, n_layers: int = 2, d_model: int = 64, n_he
 
     common: dict[str, Any] = {"vocab_size": _GPT2_VOCAB, "bos_token_id": _BOS, "eos_token_id": _BOS}
     if arch == "gpt2":
-        return GPT2Config(n_positions=n_ctx, n_ctx=n_ctx, n_embd=d_model, n_layer=n_layers,
-                          n_head=n_heads, **common)
+        return GPT2Config(
+            n_positions=n_ctx,
+            n_ctx=n_ctx,
+            n_embd=d_model,
+            n_layer=n_layers,
+            n_head=n_heads,
+            **common,
+        )
     if arch == "neox":
-        return GPTNeoXConfig(hidden_size=d_model, num_hidden_layers=n_layers,
-                             num_attention_heads=n_heads, intermediate_size=4 * d_model,
-                             rotary_pct=0.25, max_position_embeddings=n_ctx,
-                             use_parallel_residual=True, hidden_act="gelu",
-                             tie_word_embeddings=False, **common)
+        return GPTNeoXConfig(
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            intermediate_size=4 * d_model,
+            rotary_pct=0.25,
+            max_position_embeddings=n_ctx,
+            use_parallel_residual=True,
+            hidden_act="gelu",
+            tie_word_embeddings=False,
+            **common,
+        )
     if arch == "llama":
-        return LlamaConfig(hidden_size=d_model, num_hidden_layers=n_layers,
-                           num_attention_heads=n_heads, num_key_value_heads=max(1, n_heads // 2),
-                           intermediate_size=2 * d_model, max_position_embeddings=n_ctx,
-                           tie_word_embeddings=True, rope_theta=10000.0, **common)
+        return LlamaConfig(
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            num_key_value_heads=max(1, n_heads // 2),
+            intermediate_size=2 * d_model,
+            max_position_embeddings=n_ctx,
+            tie_word_embeddings=True,
+            rope_theta=10000.0,
+            **common,
+        )
     raise ValueError(f"unknown tiny architecture {arch!r}; use 'gpt2', 'neox' or 'llama'")
 
 
-def tiny_model_folder(arch: TinyArch = "gpt2", *, seed: int = 0, tokenizer: bool = True,
-                      root: str | Path | None = None, **config: Any) -> Path:
+def tiny_model_folder(
+    arch: TinyArch = "gpt2",
+    *,
+    seed: int = 0,
+    tokenizer: bool = True,
+    root: str | Path | None = None,
+    **config: Any,
+) -> Path:
     """Build (once) and return a tiny random-weight Hugging Face model folder.
 
     Args:
@@ -85,8 +112,10 @@ def tiny_model_folder(arch: TinyArch = "gpt2", *, seed: int = 0, tokenizer: bool
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    key = "-".join([arch, f"s{seed}", "tok" if tokenizer else "notok", f"v{_VERSION}"]
-                   + [f"{k}{v}" for k, v in sorted(config.items())])
+    key = "-".join(
+        [arch, f"s{seed}", "tok" if tokenizer else "notok", f"v{_VERSION}"]
+        + [f"{k}{v}" for k, v in sorted(config.items())]
+    )
     target = Path(root) if root is not None else cache_dir() / "tiny"
     target = target / key
     if (target / "config.json").exists():
