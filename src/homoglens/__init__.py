@@ -17,6 +17,12 @@ from homoglens.errors import (
     UnknownModelError,
     UnsupportedArchitectureError,
 )
+from homoglens.hooks import PositionAblation, PositionPlan
+from homoglens.interventions import (
+    POSITION_ABLATIONS,
+    ablated_positions,
+    position_ablation_hooks,
+)
 from homoglens.models import EMBEDDED_MODELS, ModelInfo, load_model, model_info
 from homoglens.profile import (
     NonFiniteActivationError,
@@ -24,7 +30,8 @@ from homoglens.profile import (
     homogenization_profile,
     resid_hook_name,
 )
-from homoglens.results import HomogenizationProfile, Provenance
+from homoglens.results import HomogenizationProfile, PositionAblationStudy, Provenance
+from homoglens.studies import default_ablation_modes, position_ablation_study
 
 __version__ = "0.1.0"
 
@@ -39,19 +46,27 @@ __all__ = [
     "MissingDependencyError",
     "ModelFolderNotFoundError",
     "ModelInfo",
+    "POSITION_ABLATIONS",
+    "PositionAblation",
+    "PositionAblationStudy",
+    "PositionPlan",
     "NonFiniteActivationError",
     "Provenance",
     "SequenceTooLongError",
     "TokenBatch",
     "UnknownModelError",
     "UnsupportedArchitectureError",
+    "ablated_positions",
     "architecture_of",
     "corpus_windows",
     "cosine_homogenization",
+    "default_ablation_modes",
     "homogenization_profile",
     "load_corpus",
     "load_model",
     "model_info",
+    "position_ablation_hooks",
+    "position_ablation_study",
     "resid_hook_name",
     "to_token_batch",
 ]

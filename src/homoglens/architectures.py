@@ -30,6 +30,13 @@ class ArchitectureSpec:
         has_resid_mid: Whether ``blocks.{i}.hook_resid_mid`` exists; GPT-NeoX runs attention
             and MLP in parallel and has none.
         examples: Hub names of models of this family.
+        hooked_position_hooks: Where position enters on ``HookedTransformer`` (``{i}`` = block):
+            ``hook_pos_embed`` for learned tables; for rotary, the pre-rotation queries/keys
+            ``hook_q``/``hook_k`` and their rotated versions ``hook_rot_q``/``hook_rot_k``.
+        bridge_position_hooks: The same on ``TransformerBridge``: ``hook_pos_embed``, or the
+            per-block rotary tables ``hook_cos``/``hook_sin`` (``hook_rot_q/k`` never fire there).
+        hf_position_module: Attribute path, inside the Hugging Face model, of the module that
+            makes the positional signal (the ``wpe`` table or the rotary-embedding module).
     """
 
     family: str
@@ -38,7 +45,18 @@ class ArchitectureSpec:
     rotary: Literal["none", "partial", "full"]
     has_resid_mid: bool
     examples: tuple[str, ...]
+    hooked_position_hooks: tuple[str, ...]
+    bridge_position_hooks: tuple[str, ...]
+    hf_position_module: str
 
+
+_HOOKED_ROTARY = (
+    "blocks.{i}.attn.hook_q",
+    "blocks.{i}.attn.hook_k",
+    "blocks.{i}.attn.hook_rot_q",
+    "blocks.{i}.attn.hook_rot_k",
+)
+_BRIDGE_ROTARY = ("blocks.{i}.attn.hook_cos", "blocks.{i}.attn.hook_sin")
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "gpt2": ArchitectureSpec(
@@ -48,6 +66,9 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
         rotary="none",
         has_resid_mid=True,
         examples=("gpt2", "gpt2-medium", "distilgpt2"),
+        hooked_position_hooks=("hook_pos_embed",),
+        bridge_position_hooks=("hook_pos_embed",),
+        hf_position_module="transformer.wpe",
     ),
     "neox": ArchitectureSpec(
         family="neox",
@@ -56,6 +77,9 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
         rotary="partial",
         has_resid_mid=False,
         examples=("EleutherAI/pythia-70m", "EleutherAI/pythia-160m"),
+        hooked_position_hooks=_HOOKED_ROTARY,
+        bridge_position_hooks=_BRIDGE_ROTARY,
+        hf_position_module="gpt_neox.rotary_emb",
     ),
     "llama": ArchitectureSpec(
         family="llama",
@@ -64,6 +88,9 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
         rotary="full",
         has_resid_mid=True,
         examples=("smollm2-135m-instruct", "meta-llama/Llama-3.2-1B"),
+        hooked_position_hooks=_HOOKED_ROTARY,
+        bridge_position_hooks=_BRIDGE_ROTARY,
+        hf_position_module="model.rotary_emb",
     ),
 }
 

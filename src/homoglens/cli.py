@@ -2,12 +2,16 @@
 
     homoglens profile --model smollm2-135m-instruct --corpus austen --n-seq 64 --seq-len 256 \\
         --out homoglens-report
+    homoglens ablate --modes none,zero,permute --out ablation-report
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,133 +26,112 @@ def main() -> None:
     """Measure token homogenization under positional bias on TransformerLens models."""
 
 
-@main.command()
-@click.option(
-    "--model",
-    default="smollm2-135m-instruct",
-    show_default=True,
-    help="Embedded model name, local Hugging Face folder, or TransformerLens name.",
-)
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "hooked", "bridge"]),
-    default="auto",
-    show_default=True,
-    help="HookedTransformer (TL < 4) or TransformerBridge.",
-)
-@click.option("--corpus", default="austen", show_default=True, help="Vendored corpus name.")
-@click.option(
-    "--text",
-    "text_file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="Use this UTF-8 text file instead of --corpus.",
-)
-@click.option(
-    "--n-seq",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Number of token windows.",
-)
-@click.option(
-    "--seq-len",
-    type=click.IntRange(min=2),
-    default=256,
-    show_default=True,
-    help="Tokens per window (a BOS counts inside it).",
-)
-@click.option(
-    "--bos",
-    type=click.Choice(["auto", "always", "never"]),
-    default="auto",
-    show_default=True,
-    help="BOS at position 0 ('auto': the model's default).",
-)
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--exclude-first", is_flag=True, help="Leave position 0 out of every statistic.")
-@click.option(
-    "--effective-rank/--no-effective-rank",
-    default=True,
-    show_default=True,
-    help="Also compute the effective rank per layer.",
-)
-@click.option(
-    "--process-weights",
-    is_flag=True,
-    help="Apply TransformerLens weight processing (changes every cosine).",
-)
-@click.option("--device", default=None, help="Torch device (default: cuda if available).")
-@click.option(
-    "--edge-k",
-    type=click.IntRange(min=1),
-    default=8,
-    show_default=True,
-    help="Positions per edge in the edge-versus-middle table.",
-)
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=Path("homoglens-report"),
-    show_default=True,
-    help="Output folder (must be empty or absent).",
-)
-@click.option("--overwrite", is_flag=True, help="Replace the contents of a non-empty --out.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
-def profile(
-    model: str,
-    backend: str,
-    corpus: str,
-    text_file: Path | None,
-    n_seq: int,
-    seq_len: int,
-    bos: str,
-    batch_size: int,
-    exclude_first: bool,
-    effective_rank: bool,
-    process_weights: bool,
-    device: str | None,
-    edge_k: int,
-    out: Path,
-    overwrite: bool,
-    progress: bool,
-) -> None:
-    """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV)."""
+def _data_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by every command that profiles a model on a corpus."""
+    options = [
+        click.option("--model", default="smollm2-135m-instruct", show_default=True,
+                     help="Embedded model name, local Hugging Face folder, or TL model name."),
+        click.option("--backend", type=click.Choice(["auto", "hooked", "bridge"]),
+                     default="auto", show_default=True,
+                     help="HookedTransformer (TL < 4) or TransformerBridge."),
+        click.option("--corpus", default="austen", show_default=True,
+                     help="Vendored corpus name."),
+        click.option("--text", "text_file",
+                     type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     default=None, help="Use this UTF-8 text file instead of --corpus."),
+        click.option("--n-seq", type=click.IntRange(min=1), default=64, show_default=True,
+                     help="Number of token windows."),
+        click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True,
+                     help="Tokens per window (a BOS counts inside it)."),
+        click.option("--bos", type=click.Choice(["auto", "always", "never"]), default="auto",
+                     show_default=True, help="BOS at position 0 ('auto': the model's default)."),
+        click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True),
+        click.option("--exclude-first", is_flag=True,
+                     help="Leave position 0 out of every statistic."),
+        click.option("--effective-rank/--no-effective-rank", default=True, show_default=True,
+                     help="Also compute the effective rank per layer."),
+        click.option("--process-weights", is_flag=True,
+                     help="Apply TransformerLens weight processing (changes every cosine)."),
+        click.option("--device", default=None, help="Torch device (default: cuda if available)."),
+        click.option("--edge-k", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="Positions per edge in the edge-versus-middle table."),
+        click.option("--out", type=click.Path(path_type=Path), default=None,
+                     help="Output folder (must be empty or absent)."),
+        click.option("--overwrite", is_flag=True,
+                     help="Replace the contents of a non-empty --out."),
+        click.option("--progress/--no-progress", default=True, show_default=True),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def _run(opts: dict[str, Any], *, modes: list[str] | None, default_out: str,
+         ablation: dict[str, Any]) -> None:
     from homoglens.data import corpus_windows
     from homoglens.models import load_model
     from homoglens.profile import homogenization_profile
     from homoglens.report import prepare_output_dir, write_profile_report
+    from homoglens.studies import default_ablation_modes, position_ablation_study
 
     try:
-        folder = prepare_output_dir(out, overwrite=overwrite)
+        folder = prepare_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
         start = time.perf_counter()
-        click.echo(f"loading {model} ({backend} backend) ...", err=True)
-        lm = load_model(
-            model,
-            backend=backend,
-            device=device,  # type: ignore[arg-type]
-            process_weights=process_weights,
-        )
-        windows = corpus_windows(
-            lm,
-            text_file if text_file is not None else corpus,
-            n_seq=n_seq,
-            seq_len=seq_len,
-            bos=bos,
-        )  # type: ignore[arg-type]
-        result = homogenization_profile(
-            lm,
-            windows,
-            batch_size=batch_size,
-            exclude_first=exclude_first,
-            effective_rank=effective_rank,
-            progress=progress,
-        )
-        report = write_profile_report(result, folder, edge_k=edge_k)
+        click.echo(f"loading {opts['model']} ({opts['backend']} backend) ...", err=True)
+        model = load_model(opts["model"], backend=opts["backend"], device=opts["device"],
+                           process_weights=opts["process_weights"])
+        source = opts["text_file"] if opts["text_file"] is not None else opts["corpus"]
+        windows = corpus_windows(model, source, n_seq=opts["n_seq"], seq_len=opts["seq_len"],
+                                 bos=opts["bos"])
+        common = {"batch_size": opts["batch_size"], "exclude_first": opts["exclude_first"],
+                  "effective_rank": opts["effective_rank"], "progress": opts["progress"]}
+        study = None
+        if modes is None:
+            profile = homogenization_profile(model, windows, **common)
+        else:
+            study = position_ablation_study(
+                model, windows, modes=modes or default_ablation_modes(model), **ablation,
+                **common)
+            profile = study.profiles["none"]
+        report = write_profile_report(profile, folder, edge_k=opts["edge_k"], study=study)
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
-    click.echo(f"{result!r}", err=True)
+    click.echo(repr(study if study is not None else profile), err=True)
     click.echo(f"wrote {report} in {time.perf_counter() - start:.1f} s")
+
+
+@main.command()
+@_data_options
+@click.option("--ablation/--no-ablation", default=True, show_default=True,
+              help="Add the positional-ablation section (the model's default modes).")
+def profile(ablation: bool, **opts: Any) -> None:
+    """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV).
+
+    With --ablation (default) the report also compares the model's default positional
+    ablations (learned: none, zero, permute, shift; rotary: none, zero, permute) on the same
+    windows: homogenization by layer and next-token loss, with bootstrap CIs.
+    """
+    _run(opts, modes=[] if ablation else None, default_out="homoglens-report",
+         ablation={"seed": 0, "shift": 1})
+
+
+@main.command()
+@_data_options
+@click.option("--modes", default=None,
+              help="Comma-separated ablations from none,zero,permute,shift,mean "
+                   "(default: the model's default modes).")
+@click.option("--positions", default=None,
+              help="Comma-separated positions to ablate (default: all).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Permutation seed.")
+@click.option("--shift", type=int, default=1, show_default=True, help="Offset for 'shift'.")
+def ablate(modes: str | None, positions: str | None, seed: int, shift: int,
+           **opts: Any) -> None:
+    """Run a positional-ablation study and write its report."""
+    try:
+        chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else []
+        where = [int(p) for p in positions.split(",")] if positions else None
+    except ValueError as err:
+        raise click.BadParameter(f"--positions must be comma-separated ints ({err})") from err
+    _run(opts, modes=chosen, default_out="homoglens-ablation",
+         ablation={"seed": seed, "shift": shift, "positions": where})
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -53,6 +53,7 @@ def homogenization_sums(
     n_pos: int,
     *,
     effective_rank: bool = False,
+    per_sequence: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Reduce one batch at one hook point to mergeable homogenization sums (float64).
 
@@ -62,6 +63,9 @@ def homogenization_sums(
             token, -1 for tokens that enter no statistic (pads, an excluded first token).
         n_pos: Length of the position axis of the returned per-position sums (> max position).
         effective_rank: Also sum each sequence's effective rank (one SVD per sequence).
+        per_sequence: Also return ``seq_to_others`` ``[batch pos]`` (NaN where not counted;
+            columns are positions, so rows must be right-aligned) and ``seq_mean_pairwise``
+            ``[batch]``, for paired statistics over sequences.
 
     Returns:
         Dict of float64 tensors on ``resid``'s device:
@@ -138,6 +142,10 @@ def homogenization_sums(
         "n_tokens": t.sum(),
         "n_tokens_sq": (t * t).sum(),
     }
+    if per_sequence:
+        nan = torch.full_like(to_others, float("nan"))
+        out["seq_to_others"] = torch.where(inc, to_others, nan)[:, :n_pos]
+        out["seq_mean_pairwise"] = mean_pairwise
     if effective_rank:
         sigma = torch.linalg.svdvals(x * w[..., None])  # zero rows add no singular value
         p = sigma / sigma.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)

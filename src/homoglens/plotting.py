@@ -92,3 +92,31 @@ def profile_figure(profile: HomogenizationProfile, *, title: str | None = None) 
         f"{profile.n_sequences} sequences, {profile.n_tokens} tokens"
     )
     return fig
+
+
+def study_figure(study, *, title: str | None = None) -> Figure:
+    """Left: mean pairwise cosine by layer for each mode with CI bands; right: loss per mode
+    with CIs (a positional-ablation study)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[1.6, 1])
+    table = study.layer_table()
+    for mode in study.modes:
+        rows = table[table["mode"] == mode]
+        left.plot(rows["layer"], rows["mean_pairwise"], "o-", ms=3, label=mode)
+        left.fill_between(rows["layer"], rows["ci_low"], rows["ci_high"], alpha=0.2)
+    left.set_xlabel("layer (0 = embeddings, l = output of block l-1)")
+    left.set_ylabel("mean pairwise cosine")
+    left.set_title("Homogenization by layer under positional ablations")
+    left.legend(fontsize="small")
+    loss = study.loss_table()
+    x = np.arange(len(loss))
+    err = np.vstack([loss["loss"] - loss["ci_low"], loss["ci_high"] - loss["loss"]])
+    right.bar(x, loss["loss"], yerr=err, capsize=4, color=[f"C{i}" for i in x])
+    right.set_xticks(x, list(loss["mode"]))
+    right.set_ylabel("next-token loss (nats/token)")
+    right.set_title("Loss per mode (95% CI)" if study.ci == 0.95 else "Loss per mode")
+    fig.suptitle(title or f"{study.profiles['none'].provenance.model}: positional ablations, "
+                 f"{study.loss.shape[1]} sequences")
+    return fig

@@ -211,18 +211,69 @@ def homogenization_profile(
         ((3, 7), (3,))
     """
     info = model_info(model)
-    n_layers = int(model.cfg.n_layers)
-    chosen = _check_layers(layers, n_layers)
+    chosen = _check_layers(layers, int(model.cfg.n_layers))
     batch_size = _check_positive_int("batch_size", batch_size)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     _check_min_tokens(batch, exclude_first)
+    run = _stream(model, batch, chosen, batch_size=batch_size, exclude_first=exclude_first,
+                  effective_rank=effective_rank, progress=progress)
+    return run.accumulator.profile(chosen, _provenance(info, batch, chosen, exclude_first))
 
+
+def _provenance(info: Any, batch: TokenBatch, chosen: tuple[int, ...],
+                exclude_first: bool) -> Provenance:
+    return Provenance(
+        model=info.name, family=info.family, backend=info.backend, weights=info.weights,
+        dtype=info.dtype, model_source=info.source,
+        hook_points=tuple(resid_hook_name(layer) for layer in chosen), bos=batch.bos,
+        data=batch.description, exclude_first=exclude_first,
+        homoglens_version=_version("homoglens"),
+        transformer_lens_version=_version("transformer-lens"),
+    )
+
+
+class _StreamResult:
+    """What one streamed pass produced: summed statistics, and optional per-sequence values."""
+
+    def __init__(self, accumulator: _Accumulator) -> None:
+        self.accumulator = accumulator
+        self.seq_to_others: list[torch.Tensor] = []  # [batch layer pos] float32, CPU
+        self.seq_mean_pairwise: list[torch.Tensor] = []  # [batch layer]
+        self.seq_loss: list[torch.Tensor] = []  # [batch] mean next-token loss, nats
+
+
+def _next_token_loss(logits: torch.Tensor, tokens: torch.Tensor,
+                     mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) per sequence over real target tokens."""
+    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    target = tokens[:, 1:]
+    nll = -logprobs.gather(-1, target[..., None]).squeeze(-1)
+    valid = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
+    return (nll * valid).sum(1) / valid.sum(1).clamp_min(1)
+
+
+def _stream(
+    model: HookedModel,
+    batch: TokenBatch,
+    chosen: tuple[int, ...],
+    *,
+    batch_size: int,
+    exclude_first: bool,
+    effective_rank: bool,
+    progress: bool,
+    extra_hooks: list[tuple[str, Any]] | None = None,
+    per_sequence: bool = False,
+    loss: bool = False,
+    desc: str = "homogenization",
+) -> _StreamResult:
+    """Run ``batch`` through ``model`` once, reducing the residual stream inside hooks."""
     device = _model_device(model)
     names = [resid_hook_name(layer) for layer in chosen]
     n_pos = int(batch.lengths.max())
-    acc = _Accumulator(len(chosen), n_pos, int(model.cfg.d_model), device, effective_rank)
-    stop_at_layer = max(1, max(chosen))
-    state: dict[str, torch.Tensor] = {}
+    result = _StreamResult(
+        _Accumulator(len(chosen), n_pos, int(model.cfg.d_model), device, effective_rank)
+    )
+    state: dict[str, Any] = {}
 
     def make_hook(i: int, name: str) -> Any:
         def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
@@ -231,52 +282,49 @@ def homogenization_profile(
                     f"{name} holds NaN or inf values ({int((~torch.isfinite(resid)).sum())} "
                     "entries); check the model dtype (float16 overflows) or the weights"
                 )
-            sums = homogenization_sums(
-                resid, state["pos_index"], n_pos, effective_rank=effective_rank
-            )
-            acc.add(i, sums, first=(i == 0))
+            sums = homogenization_sums(resid, state["pos_index"], n_pos,
+                                       effective_rank=effective_rank, per_sequence=per_sequence)
+            result.accumulator.add(i, sums, first=(i == 0))
+            if per_sequence:
+                state["to_others"][:, i, : sums["seq_to_others"].shape[1]] = sums["seq_to_others"]
+                state["mean_pairwise"][:, i] = sums["seq_mean_pairwise"]
 
         return hook
 
-    fwd_hooks = [(name, make_hook(i, name)) for i, name in enumerate(names)]
-    bar = tqdm(total=len(batch), unit="seq", desc="homogenization", disable=not progress)
+    fwd_hooks = list(extra_hooks or []) + [
+        (name, make_hook(i, name)) for i, name in enumerate(names)
+    ]
+    bar = tqdm(total=len(batch), unit="seq", desc=desc, disable=not progress)
     try:
         with torch.inference_mode():
             for start in range(0, len(batch), batch_size):
-                tokens, mask = right_aligned(
-                    batch.tokens[start : start + batch_size],
-                    batch.attention_mask[start : start + batch_size],
-                )
-                state["pos_index"] = positions_from_mask(mask, exclude_first=exclude_first).to(
-                    device
-                )
-                model.run_with_hooks(
-                    tokens.to(device),
-                    attention_mask=mask.to(device),
-                    return_type=None,
-                    stop_at_layer=stop_at_layer,
-                    fwd_hooks=fwd_hooks,
-                )
+                tokens, mask = right_aligned(batch.tokens[start:start + batch_size],
+                                             batch.attention_mask[start:start + batch_size])
+                tokens, mask = tokens.to(device), mask.to(device)
+                state["pos_index"] = positions_from_mask(mask, exclude_first=exclude_first)
+                if per_sequence:
+                    shape = (tokens.shape[0], len(chosen))
+                    state["to_others"] = torch.full((*shape, n_pos), float("nan"),
+                                                    dtype=torch.float64, device=device)
+                    state["mean_pairwise"] = torch.zeros(shape, dtype=torch.float64,
+                                                         device=device)
+                if loss:
+                    logits = model.run_with_hooks(tokens, attention_mask=mask,
+                                                  return_type="logits", fwd_hooks=fwd_hooks)
+                    result.seq_loss.append(_next_token_loss(logits, tokens, mask).cpu())
+                    del logits
+                else:
+                    model.run_with_hooks(tokens, attention_mask=mask, return_type=None,
+                                         stop_at_layer=max(1, max(chosen)),
+                                         fwd_hooks=fwd_hooks)
+                if per_sequence:
+                    result.seq_to_others.append(state["to_others"].float().cpu())
+                    result.seq_mean_pairwise.append(state["mean_pairwise"].float().cpu())
                 bar.update(int(tokens.shape[0]))
     finally:
         bar.close()
         state.clear()
-
-    provenance = Provenance(
-        model=info.name,
-        family=info.family,
-        backend=info.backend,
-        weights=info.weights,
-        dtype=info.dtype,
-        model_source=info.source,
-        hook_points=tuple(names),
-        bos=batch.bos,
-        data=batch.description,
-        exclude_first=exclude_first,
-        homoglens_version=_version("homoglens"),
-        transformer_lens_version=_version("transformer-lens"),
-    )
-    return acc.profile(chosen, provenance)
+    return result
 
 
 def cosine_homogenization(

@@ -9,14 +9,14 @@ import io
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from homoglens.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from homoglens.results import HomogenizationProfile
+    from homoglens.results import HomogenizationProfile, PositionAblationStudy
 
 __all__ = ["prepare_output_dir", "write_profile_report"]
 
@@ -60,15 +60,56 @@ def _png(fig: Figure, path: Path) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+def _study_section(study: PositionAblationStudy, out: Path) -> str:
+    """Save the study and return its HTML section (figure, loss table, per-layer table)."""
+    from homoglens.plotting import study_figure
+
+    study.save(out / "study")
+    figure = _png(study_figure(study), out / "figures" / "ablation.png")
+    loss = study.loss_table()
+    loss.to_csv(out / "ablation_loss.csv", index=False)
+    layers = study.layer_table()
+    layers.to_csv(out / "ablation_layers.csv", index=False)
+
+    def cell(row: Any) -> str:
+        return (f"{row.mean_pairwise:.4f} ({row.diff_vs_none:+.4f} [{row.diff_ci_low:+.4f}, "
+                f"{row.diff_ci_high:+.4f}])")
+
+    layers["cell"] = [cell(r) for r in layers.itertuples()]
+    wide = layers.pivot(index="layer", columns="mode", values="cell")[list(study.modes)]
+    pct = int(round(study.ci * 100))
+    settings = html.escape(", ".join(f"{k}={v}" for k, v in study.settings.items()))
+    return f"""
+<h2>Positional ablations: homogenization and loss</h2>
+<p class="note">Same sequences under each mode ({", ".join(study.modes)}); {settings}.
+'zero' removes the explicit positional signal (learned: zero embedding; rotary: no rotation),
+'permute' gives token i the signal of a random position, 'shift' of position i + shift.
+NoPE models still infer position from the causal mask (Kazemnejad et al. 2023), so this removes
+explicit positional information only. Intervals: {pct}% paired bootstrap over sequences
+({study.n_boot} resamples).</p>
+<img alt="ablation" src="data:image/png;base64,{figure}">
+<h3>Next-token loss (nats/token)</h3>
+{loss.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
+<h3>Mean pairwise cosine by layer: value (difference to none [{pct}% CI])</h3>
+{wide.to_html()}
+"""
+
+
 def write_profile_report(
-    profile: HomogenizationProfile, out: Path, *, edge_k: int = 8, title: str | None = None
+    profile: HomogenizationProfile,
+    out: Path,
+    *,
+    edge_k: int = 8,
+    title: str | None = None,
+    study: PositionAblationStudy | None = None,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
 
     Files: ``profile/profile.safetensors`` + ``profile/profile.json`` (reload with
     ``HomogenizationProfile.load``), ``profile.csv`` (tidy), ``edge_summary.csv``,
     ``figures/curves.png``, ``figures/curves_adjusted.png``, ``figures/heatmap.png``,
-    ``report.html``.
+    ``report.html``; with a ``study``: ``study/``, ``ablation_loss.csv``,
+    ``ablation_layers.csv``, ``figures/ablation.png`` and a report section.
 
     Returns:
         The path of ``report.html``.
@@ -114,6 +155,7 @@ def write_profile_report(
         f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
         for k, v in prov.items()
     )
+    ablation = _study_section(study, out) if study is not None else ""
     p = profile.provenance
     heading = title or f"Token homogenization: {p.model}"
     page = f"""<!DOCTYPE html>
@@ -135,6 +177,7 @@ read them against the baseline (mean cosine between tokens of different sequence
 {edge.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
 <h2>Per-layer values</h2>
 {per_layer.to_html(float_format=lambda v: f"{v:.4f}")}
+{ablation}
 <h2>Provenance</h2>
 <table>{prov_rows}</table>
 <p class="note">Files beside this report: profile/ (safetensors + JSON, reload with

@@ -1,0 +1,215 @@
+"""Pure hook factories: ``(activation, hook) -> activation``; no model access here.
+
+A :class:`PositionPlan` says, for a sequence of T positions, which source position each token
+takes its positional signal from, and which tokens change at all. The factories below apply a
+plan at the hook points where position enters (see :mod:`homoglens.architectures`): a learned
+absolute table (``hook_pos_embed``), the rotary tables of the bridge (``hook_cos``/``hook_sin``),
+or the rotated queries/keys of ``HookedTransformer`` (``hook_rot_q``/``hook_rot_k``).
+
+Positions are column indices: the hooks assume position i of a row is its i-th token, which
+holds for unpadded and right-padded batches (homoglens always runs right-padded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal, TypeAlias
+
+import torch
+from jaxtyping import Float
+
+from homoglens.errors import InvalidInputError
+from homoglens.types import HookFn
+
+__all__ = [
+    "PositionAblation",
+    "PositionPlan",
+    "learned_position_hook",
+    "rotary_table_hook",
+    "capture_hook",
+    "rerotate_hook",
+]
+
+PositionAblation: TypeAlias = Literal["none", "zero", "permute", "shift", "mean"]
+"""How to change the positional signal: ``"none"`` (unchanged), ``"zero"`` (no positional
+signal: a zero embedding, or no rotation = every token at index 0), ``"permute"`` (token i gets
+the signal of ``perm[i]``), ``"shift"`` (token i gets the signal of i + shift), ``"mean"``
+(learned absolute only: every token gets the mean positional embedding)."""
+
+
+@dataclass(frozen=True)
+class PositionPlan:
+    """Which positional signal each token receives, for any sequence length.
+
+    Attributes:
+        how: The ablation mode.
+        n_ctx: The model's context length (source positions must lie in ``[0, n_ctx)``).
+        positions: Only these positions change (``None``: all).
+        perm: For ``"permute"``: a permutation of ``0..T-1`` (T = sequence length).
+        shift: For ``"shift"``: the offset added to each position.
+        seed: For ``"permute"`` without ``perm``: seed of the random permutation (of the chosen
+            positions among themselves when ``positions`` is given).
+    """
+
+    how: PositionAblation
+    n_ctx: int
+    positions: tuple[int, ...] | None = None
+    perm: tuple[int, ...] | None = None
+    shift: int | None = None
+    seed: int | None = None
+
+    def source(self, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(source [pos] int64, changed [pos] bool)`` for a sequence of ``n_pos``.
+
+        Raises:
+            InvalidInputError: ``perm`` does not match the sequence length, or a shifted
+                position leaves ``[0, n_ctx)``.
+        """
+        return _source(self, n_pos)
+
+
+@lru_cache(maxsize=256)
+def _source(plan: PositionPlan, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    own = torch.arange(n_pos)
+    changed = torch.ones(n_pos, dtype=torch.bool)
+    if plan.positions is not None:
+        changed = torch.zeros(n_pos, dtype=torch.bool)
+        chosen = [p for p in plan.positions if p < n_pos]
+        changed[chosen] = True
+    if plan.how in ("none", "mean"):
+        return own, changed & (plan.how == "mean")
+    if plan.how == "zero":
+        return torch.where(changed, torch.zeros_like(own), own), changed
+    if plan.how == "permute":
+        if plan.perm is not None:
+            if len(plan.perm) != n_pos:
+                raise InvalidInputError(
+                    f"perm has length {len(plan.perm)} but the sequence has {n_pos} positions; "
+                    "give a permutation of 0..T-1 for the T you run, or use seed="
+                )
+            source = torch.tensor(plan.perm, dtype=torch.long)
+        else:
+            gen = torch.Generator().manual_seed(int(plan.seed or 0))
+            idx = torch.nonzero(changed).flatten()
+            source = own.clone()
+            source[idx] = idx[torch.randperm(len(idx), generator=gen)]
+        return torch.where(changed, source, own), changed
+    if plan.how == "shift":
+        shifted = own + int(plan.shift or 0)
+        bad = changed & ((shifted < 0) | (shifted >= plan.n_ctx))
+        if bool(bad.any()):
+            first = int(torch.nonzero(bad)[0])
+            raise InvalidInputError(
+                f"shift={plan.shift} moves position {first} to {first + int(plan.shift or 0)}, "
+                f"outside the context window [0, {plan.n_ctx}); use a smaller shift or restrict "
+                "positions="
+            )
+        return torch.where(changed, shifted, own), changed
+    raise InvalidInputError(f"unknown position ablation {plan.how!r}")
+
+
+def learned_position_hook(
+    table: Float[torch.Tensor, "n_ctx d_model"], plan: PositionPlan
+) -> HookFn:
+    """Hook for ``hook_pos_embed`` ``[batch pos d_model]`` of a learned absolute table.
+
+    Args:
+        table: The model's positional embedding table ``W_pos`` (as the model uses it).
+        plan: What each token receives: zeros (``"zero"``), ``table[source]``, or the mean of
+            ``table[:T]`` over the T positions of the sequence (``"mean"``).
+
+    Returns:
+        A TransformerLens hook function returning the changed positional embeddings.
+    """
+
+    def hook(pos_embed: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> torch.Tensor:
+        n_pos = pos_embed.shape[1]
+        source, changed = plan.source(n_pos)
+        rows = table.to(device=pos_embed.device, dtype=pos_embed.dtype)
+        if plan.how == "zero":
+            new = torch.zeros_like(pos_embed[0])
+        elif plan.how == "mean":
+            new = rows[:n_pos].mean(0, keepdim=True).expand(n_pos, -1)
+        else:
+            new = rows[source.to(pos_embed.device)]
+        mask = changed.to(pos_embed.device)[None, :, None]
+        return torch.where(mask, new[None], pos_embed)
+
+    return hook
+
+
+def rotary_table_hook(
+    rotary: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    which: Literal["cos", "sin"],
+    plan: PositionPlan,
+) -> HookFn:
+    """Hook for a rotary table ``[1|batch pos rotary_dim]`` (``hook_cos`` / ``hook_sin``).
+
+    Args:
+        rotary: The model's own rotary function: source positions ``[pos]`` -> ``(cos, sin)``
+            each ``[1 pos rotary_dim]``; so "zero" equals every token at index 0 exactly.
+        which: Which of the two tables this hook point carries.
+        plan: Source position of each token.
+
+    Returns:
+        A TransformerLens hook function returning the replaced table.
+    """
+    pick = 0 if which == "cos" else 1
+
+    def hook(table: Float[torch.Tensor, "batch pos rotary_dim"], hook: Any) -> torch.Tensor:
+        source, changed = plan.source(table.shape[1])
+        new = rotary(source.to(table.device))[pick].to(table.dtype)
+        mask = changed.to(table.device)[None, :, None]
+        return torch.where(mask, new, table)
+
+    return hook
+
+
+def capture_hook(store: dict[str, torch.Tensor], key: str) -> HookFn:
+    """Hook that stores the activation under ``key`` and leaves it unchanged."""
+
+    def hook(activation: torch.Tensor, hook: Any) -> None:
+        store[key] = activation
+
+    return hook
+
+
+def rerotate_hook(
+    store: dict[str, torch.Tensor],
+    key: str,
+    cos: Float[torch.Tensor, "n_ctx rotary_dim"],
+    sin: Float[torch.Tensor, "n_ctx rotary_dim"],
+    rotate: Callable[[torch.Tensor], torch.Tensor],
+    plan: PositionPlan,
+) -> HookFn:
+    """Hook for ``hook_rot_q``/``hook_rot_k`` ``[batch pos head_index d_head]`` of a
+    ``HookedTransformer``: re-rotate the pre-rotation vectors captured at ``hook_q``/``hook_k``
+    with the model's own tables at the plan's source positions.
+
+    Args:
+        store: Where :func:`capture_hook` put the pre-rotation activation.
+        key: Its key in ``store`` (consumed).
+        cos: The attention layer's ``rotary_cos`` buffer (rows = positions).
+        sin: The attention layer's ``rotary_sin`` buffer.
+        rotate: The layer's own ``rotate_every_two`` (handles both pairing conventions).
+        plan: Source position of each token.
+
+    Returns:
+        A TransformerLens hook function returning the re-rotated queries or keys.
+    """
+    rotary_dim = int(cos.shape[-1])
+
+    def hook(rotated: Float[torch.Tensor, "batch pos head d_head"], hook: Any) -> torch.Tensor:
+        x = store.pop(key)
+        source, changed = plan.source(x.shape[1])
+        source = source.to(x.device)
+        c = cos[source].to(x.dtype)[None, :, None, :]
+        s = sin[source].to(x.dtype)[None, :, None, :]
+        x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+        new = torch.cat([x_rot * c + rotate(x_rot) * s, x_pass], dim=-1)
+        mask = changed.to(x.device)[None, :, None, None]
+        return torch.where(mask, new.to(rotated.dtype), rotated)
+
+    return hook

@@ -1,0 +1,283 @@
+"""Remove or scramble positional information: hook specs and a context manager.
+
+``position_ablation_hooks`` builds ``(hook_name, hook_fn)`` pairs from the architecture table
+and the model's own positional machinery (its ``W_pos`` table or rotary function), ready for
+``model.run_with_hooks(..., fwd_hooks=...)`` or ``model.hooks(...)``;
+``ablated_positions`` attaches them through TransformerLens' level-scoped ``model.hooks()``,
+which removes them on exit, normally or by an exception.
+
+One meaning on every architecture and backend (checked against Hugging Face ``position_ids``):
+
+* ``"zero"``: no positional signal. Learned absolute: the positional embedding is zero.
+  Rotary: every token is rotated as position 0 (no rotation), so attention scores are the
+  unrotated q.k / sqrt(d_head).
+* ``"permute"``: token i receives the positional signal of ``perm[i]`` (== ``position_ids=perm``).
+* ``"shift"``: token i receives the signal of i + shift (== ``position_ids=arange + shift``). A
+  shift of every position changes nothing in a rotary model (scores depend only on i - j).
+* ``"mean"`` (learned absolute only): every token receives the mean of the positional
+  embeddings of the sequence's T positions.
+
+NoPE still knows position: the causal mask lets a model count (Kazemnejad et al. 2023,
+arXiv 2305.19466), so these ablations remove the *explicit* positional signal only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from homoglens.architectures import ArchitectureSpec, architecture_of
+from homoglens.errors import InvalidInputError
+from homoglens.hooks import (
+    PositionAblation,
+    PositionPlan,
+    capture_hook,
+    learned_position_hook,
+    rerotate_hook,
+    rotary_table_hook,
+)
+from homoglens.models import _is_hooked_transformer
+from homoglens.types import FwdHooks, HookedModel
+
+__all__ = ["POSITION_ABLATIONS", "position_ablation_hooks", "ablated_positions"]
+
+POSITION_ABLATIONS: tuple[str, ...] = ("none", "zero", "permute", "shift", "mean")
+
+
+def _int_list(name: str, values: Any, n_ctx: int) -> tuple[int, ...]:
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.ndim != 1:
+            raise InvalidInputError(f"{name} must be a 1-d integer tensor or list of ints")
+        values = values.tolist()
+    try:
+        out = tuple(values)
+    except TypeError as err:
+        raise InvalidInputError(f"{name}={values!r} must be a list of ints") from err
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in out):
+        raise InvalidInputError(f"{name} must hold ints, got {list(out)[:8]}")
+    if not out:
+        raise InvalidInputError(f"{name} is empty")
+    bad = [v for v in out if not 0 <= v < n_ctx]
+    if bad:
+        raise InvalidInputError(
+            f"{name} {bad[:8]} lie outside the context window [0, {n_ctx}) of this model"
+        )
+    if len(set(out)) != len(out):
+        repeats = sorted({v for v in out if out.count(v) > 1})
+        raise InvalidInputError(f"{name} has repeated entries {repeats[:8]}")
+    return out
+
+
+def _plan(
+    model: HookedModel,
+    spec: ArchitectureSpec,
+    how: str,
+    positions: Any,
+    perm: Any,
+    shift: Any,
+    seed: Any,
+) -> PositionPlan:
+    if how not in POSITION_ABLATIONS:
+        raise InvalidInputError(f"how={how!r} must be one of {list(POSITION_ABLATIONS)}")
+    if how == "mean" and spec.positional != "learned_absolute":
+        raise InvalidInputError(
+            f"how='mean' needs a learned absolute positional table; {spec.family} models use "
+            "rotary embeddings (there is no embedding to average). Use 'zero' or 'permute'."
+        )
+    n_ctx = int(model.cfg.n_ctx)
+    chosen = None if positions is None else tuple(sorted(_int_list("positions", positions, n_ctx)))
+    perm_t = None
+    if how == "permute":
+        if perm is not None and seed is not None:
+            raise InvalidInputError("give perm= or seed=, not both")
+        if perm is None and seed is None:
+            raise InvalidInputError("how='permute' needs perm= (a permutation) or seed= (random)")
+        if perm is not None:
+            perm_t = _int_list("perm", perm, n_ctx)
+            if sorted(perm_t) != list(range(len(perm_t))):
+                raise InvalidInputError(
+                    f"perm must be a permutation of 0..{len(perm_t) - 1}; got {list(perm_t)[:8]}"
+                )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise InvalidInputError(f"seed={seed!r} must be an int")
+    elif perm is not None or seed is not None:
+        raise InvalidInputError(f"perm=/seed= only apply to how='permute', not {how!r}")
+    if how == "shift":
+        if isinstance(shift, bool) or not isinstance(shift, int):
+            raise InvalidInputError(f"how='shift' needs an int shift=, got {shift!r}")
+        if not -n_ctx < shift < n_ctx:
+            raise InvalidInputError(f"shift={shift} lies outside the context window (n_ctx={n_ctx})")
+        if chosen is not None:
+            bad = [p for p in chosen if not 0 <= p + shift < n_ctx]
+            if bad:
+                raise InvalidInputError(
+                    f"shift={shift} moves positions {bad[:8]} outside [0, {n_ctx})"
+                )
+    elif shift is not None:
+        raise InvalidInputError(f"shift= only applies to how='shift', not {how!r}")
+    return PositionPlan(how=how, n_ctx=n_ctx, positions=chosen, perm=perm_t,  # type: ignore[arg-type]
+                        shift=shift, seed=seed)
+
+
+def _blocks(model: HookedModel, layers: Any, spec: ArchitectureSpec) -> list[int]:
+    n_layers = int(model.cfg.n_layers)
+    if layers is None:
+        return list(range(n_layers))
+    if spec.positional != "rotary":
+        raise InvalidInputError(
+            "layers= restricts rotary changes to chosen blocks; in a learned-absolute model "
+            f"({spec.family}) position enters once, at hook_pos_embed. Use positions= instead."
+        )
+    chosen = _int_list("layers", [layers] if isinstance(layers, int) else layers, n_layers)
+    return sorted(chosen)
+
+
+def _hf_module(model: HookedModel, path: str) -> Any:
+    module = model.original_model
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _bridge_rotary(model: HookedModel, spec: ArchitectureSpec) -> Any:
+    module = _hf_module(model, spec.hf_position_module)
+    dtype = next(model.parameters()).dtype
+
+    def rotary(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dummy = torch.zeros(1, dtype=dtype, device=source.device)
+        with torch.no_grad():
+            return module(dummy, source[None])
+
+    return rotary
+
+
+def _learned_table(model: HookedModel, spec: ArchitectureSpec) -> torch.Tensor:
+    if _is_hooked_transformer(model):
+        return model.W_pos.detach()
+    return _hf_module(model, spec.hf_position_module).weight.detach()
+
+
+def position_ablation_hooks(
+    model: HookedModel,
+    how: PositionAblation,
+    *,
+    positions: Sequence[int] | torch.Tensor | None = None,
+    layers: Sequence[int] | int | None = None,
+    perm: Sequence[int] | torch.Tensor | None = None,
+    shift: int | None = None,
+    seed: int | None = None,
+) -> FwdHooks:
+    """Build forward hooks that zero, permute, shift or mean-ablate positional information.
+
+    Learned absolute models (GPT-2) are changed at ``hook_pos_embed``. Rotary models (GPT-NeoX /
+    Pythia, partial rotary; Llama, full rotary) are changed per block: on ``TransformerBridge``
+    the rotary tables ``blocks.{i}.attn.hook_cos/hook_sin`` are recomputed by the model's own
+    rotary module at the new positions; on ``HookedTransformer`` the queries/keys captured at
+    ``hook_q/hook_k`` are re-rotated with the layer's own ``rotary_cos/sin`` tables and returned
+    at ``hook_rot_q/hook_rot_k``. Both equal Hugging Face with the corresponding ``position_ids``.
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge`` of a supported architecture.
+        how: ``"none"``, ``"zero"``, ``"permute"``, ``"shift"`` or ``"mean"`` (see module doc).
+        positions: Only these positions (counted from the first token, each in
+            ``[0, n_ctx)``) change; others keep their own signal. Positions beyond a sequence's
+            length are ignored for that sequence.
+        layers: Rotary models only: block indices (0..n_layers-1) whose rotation changes; other
+            blocks keep theirs.
+        perm: For ``"permute"``: a permutation of 0..T-1, T being the length you will run.
+        shift: For ``"shift"``: offset k, token i gets the signal of i + k (must stay in
+            ``[0, n_ctx)``).
+        seed: For ``"permute"`` without ``perm``: draw the permutation for each length T from
+            this seed (of the chosen ``positions`` among themselves, when given).
+
+    Returns:
+        ``[(hook_name, hook_fn), ...]`` (empty for ``"none"``). Hooks assume position i is the
+        i-th column (unpadded or right-padded batches).
+
+    Raises:
+        InvalidInputError: bad mode, a ``perm`` with repeats or of the wrong length, positions or
+            a shift outside ``n_ctx``, ``"mean"`` on a rotary model, ``layers`` on a learned one.
+        UnsupportedArchitectureError: the architecture is not in the table (lists supported).
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126 (positional bias and homogenization); Su et al.
+        2021, RoFormer, arXiv 2104.09864 (rotary); Kazemnejad et al. 2023, arXiv 2305.19466.
+
+    Examples:
+        >>> import torch
+        >>> from homoglens import load_model, position_ablation_hooks
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+        >>> [name for name, _ in position_ablation_hooks(model, "zero")]
+        ['hook_pos_embed']
+    """
+    spec = architecture_of(model)
+    plan = _plan(model, spec, how, positions, perm, shift, seed)
+    blocks = _blocks(model, layers, spec)
+    if how == "none":
+        return []
+    if spec.positional == "learned_absolute":
+        return [("hook_pos_embed", learned_position_hook(_learned_table(model, spec), plan))]
+    hooks: FwdHooks = []
+    if _is_hooked_transformer(model):
+        for i in blocks:
+            attn = model.blocks[i].attn
+            store: dict[str, torch.Tensor] = {}
+            for part in ("q", "k"):
+                hooks.append((f"blocks.{i}.attn.hook_{part}", capture_hook(store, part)))
+                hooks.append((
+                    f"blocks.{i}.attn.hook_rot_{part}",
+                    rerotate_hook(store, part, attn.rotary_cos, attn.rotary_sin,
+                                  attn.rotate_every_two, plan),
+                ))
+        return hooks
+    rotary = _bridge_rotary(model, spec)
+    for i in blocks:
+        hooks.append((f"blocks.{i}.attn.hook_cos", rotary_table_hook(rotary, "cos", plan)))
+        hooks.append((f"blocks.{i}.attn.hook_sin", rotary_table_hook(rotary, "sin", plan)))
+    return hooks
+
+
+@contextlib.contextmanager
+def ablated_positions(
+    model: HookedModel,
+    how: PositionAblation,
+    *,
+    positions: Sequence[int] | torch.Tensor | None = None,
+    layers: Sequence[int] | int | None = None,
+    perm: Sequence[int] | torch.Tensor | None = None,
+    shift: int | None = None,
+    seed: int | None = None,
+) -> Iterator[HookedModel]:
+    """Context manager: run ``model`` with positional information ablated, then restore it.
+
+    The hooks of :func:`position_ablation_hooks` are attached with ``model.hooks()``
+    (level-scoped: hooks you attached before stay) and removed on exit, also when the body
+    raises.
+
+    Args:
+        model, how, positions, layers, perm, shift, seed: As in :func:`position_ablation_hooks`.
+
+    Yields:
+        The same model, with the hooks attached.
+
+    Raises:
+        InvalidInputError, UnsupportedArchitectureError: as :func:`position_ablation_hooks`,
+            before anything is attached.
+
+    Examples:
+        >>> from homoglens import ablated_positions, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("neox"), backend="bridge")
+        >>> with ablated_positions(model, "permute", seed=0):
+        ...     logits = model(model.to_tokens("Hello world, hello positions"))
+        >>> tuple(logits.shape)
+        (1, 6, 50257)
+    """
+    fwd_hooks = position_ablation_hooks(model, how, positions=positions, layers=layers, perm=perm,
+                                        shift=shift, seed=seed)
+    with model.hooks(fwd_hooks=fwd_hooks):
+        yield model

@@ -1,0 +1,140 @@
+"""Controlled experiments that run a model several ways on the same sequences."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Int
+
+from homoglens.architectures import architecture_of
+from homoglens.data import TokenBatch, to_token_batch
+from homoglens.errors import InvalidInputError
+from homoglens.interventions import POSITION_ABLATIONS, position_ablation_hooks
+from homoglens.models import model_info
+from homoglens.profile import (
+    _check_layers,
+    _check_min_tokens,
+    _check_positive_int,
+    _provenance,
+    _stream,
+)
+from homoglens.results import PositionAblationStudy
+from homoglens.types import BosPolicy, HookedModel
+
+__all__ = ["position_ablation_study", "default_ablation_modes"]
+
+
+def default_ablation_modes(model: HookedModel) -> tuple[str, ...]:
+    """``none, zero, permute, shift`` for learned absolute models; ``none, zero, permute`` for
+    rotary ones (a shift of every position changes nothing under rotary attention)."""
+    if architecture_of(model).positional == "learned_absolute":
+        return ("none", "zero", "permute", "shift")
+    return ("none", "zero", "permute")
+
+
+def position_ablation_study(
+    model: HookedModel,
+    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    *,
+    modes: Sequence[str] | None = None,
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
+    seed: int = 0,
+    shift: int = 1,
+    batch_size: int = 8,
+    exclude_first: bool = False,
+    effective_rank: bool = False,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+    progress: bool = True,
+) -> PositionAblationStudy:
+    """Measure homogenization and next-token loss with positional information ablated.
+
+    Runs the same sequences once per mode (one forward pass per batch and mode), reducing the
+    residual stream in hooks as :func:`homogenization_profile` does and computing the mean
+    next-token cross-entropy of each sequence. Results are paired by sequence, so differences
+    to the unablated model (``"none"``) get bootstrap confidence intervals over sequences.
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        data: As for :func:`homogenization_profile`.
+        modes: Ablations to run (see :func:`position_ablation_hooks`); ``"none"`` is always
+            run first. Default: :func:`default_ablation_modes`.
+        layers: Entries of the residual axis to measure (default all).
+        positions: Restrict every ablation to these positions.
+        seed: Seed of the ``"permute"`` permutation and of the bootstrap.
+        shift: Offset of the ``"shift"`` mode (sequences must fit: T - 1 + shift < n_ctx).
+        batch_size: Sequences per forward pass.
+        exclude_first: Leave position 0 out of every homogenization statistic.
+        effective_rank: Also compute effective ranks (costly).
+        n_boot: Bootstrap resamples for the confidence intervals.
+        ci: Interval coverage in (0, 1).
+        attention_mask: For token input, as in :func:`homogenization_profile`.
+        bos: For text input, as in :func:`homogenization_profile`.
+        progress: Show progress bars.
+
+    Returns:
+        A :class:`~homoglens.results.PositionAblationStudy`.
+
+    Raises:
+        InvalidInputError: bad modes (e.g. ``"mean"`` on a rotary model), data or options.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126 (claim C3); Kazemnejad et al. 2023,
+        arXiv 2305.19466 (NoPE models still infer position from the causal mask).
+    """
+    info = model_info(model)
+    chosen_modes = list(default_ablation_modes(model) if modes is None else modes)
+    unknown = [m for m in chosen_modes if m not in POSITION_ABLATIONS]
+    if unknown or not chosen_modes:
+        raise InvalidInputError(f"modes {unknown or chosen_modes} must be from "
+                                f"{list(POSITION_ABLATIONS)}")
+    chosen_modes = ["none"] + [m for m in dict.fromkeys(chosen_modes) if m != "none"]
+    if not 0 < ci < 1:
+        raise InvalidInputError(f"ci={ci!r} must lie in (0, 1)")
+    n_boot = _check_positive_int("n_boot", n_boot)
+    batch_size = _check_positive_int("batch_size", batch_size)
+    chosen = _check_layers(layers, int(model.cfg.n_layers))
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    _check_min_tokens(batch, exclude_first)
+    # Build every mode's hooks first, so a bad option fails before any forward pass.
+    options: dict[str, dict[str, Any]] = {
+        "permute": {"seed": seed}, "shift": {"shift": shift},
+    }
+    hooks = {mode: position_ablation_hooks(model, mode, positions=positions,  # type: ignore[arg-type]
+                                           **options.get(mode, {}))
+             for mode in chosen_modes}
+    if "shift" in chosen_modes and positions is None:
+        last = int(batch.lengths.max()) - 1
+        if not 0 <= last + shift < int(model.cfg.n_ctx):
+            raise InvalidInputError(
+                f"shift={shift} moves position {last} to {last + shift}, outside "
+                f"n_ctx={model.cfg.n_ctx}; use shorter sequences or a smaller shift"
+            )
+    n_pos = int(batch.lengths.max())
+    profiles, loss, pairwise, others = {}, [], [], []
+    for mode in chosen_modes:
+        run = _stream(model, batch, chosen, batch_size=batch_size, exclude_first=exclude_first,
+                      effective_rank=effective_rank, progress=progress,
+                      extra_hooks=hooks[mode], per_sequence=True, loss=True,
+                      desc=f"ablation {mode}")
+        prov = _provenance(info, batch, chosen, exclude_first)
+        profiles[mode] = run.accumulator.profile(chosen, prov)
+        loss.append(torch.cat(run.seq_loss).double())
+        pairwise.append(torch.cat(run.seq_mean_pairwise))
+        others.append(torch.cat([torch.nn.functional.pad(t, (0, n_pos - t.shape[-1]),
+                                                         value=float("nan"))
+                                 for t in run.seq_to_others]))
+    settings = {"seed": seed, "shift": shift,
+                "positions": None if positions is None else [int(p) for p in positions],
+                "data": batch.description, "exclude_first": exclude_first}
+    return PositionAblationStudy(
+        modes=tuple(chosen_modes), profiles=profiles, loss=torch.stack(loss).float(),
+        mean_pairwise=torch.stack(pairwise), to_others=torch.stack(others),
+        settings=settings, n_boot=n_boot, ci=ci, seed=seed,
+    )
