@@ -119,3 +119,63 @@ def test_text_option(tmp_path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "text file t.txt" in (tmp_path / "o" / "report.html").read_text()
+
+
+def test_ablate_command(tmp_path) -> None:
+    out = tmp_path / "abl"
+    result = run(
+        "ablate",
+        "--model",
+        str(tiny_model_folder("neox")),
+        "--modes",
+        "zero,permute",
+        "--positions",
+        "0,1,2",
+        "--n-seq",
+        "4",
+        "--seq-len",
+        "16",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--no-effective-rank",
+    )
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text()
+    assert "Positional ablations" in html and "permute" in html
+    assert (out / "study" / "study.json").is_file() and (out / "ablation_loss.csv").is_file()
+    bad = run(
+        "ablate",
+        "--model",
+        str(tiny_model_folder("neox")),
+        "--modes",
+        "mean",
+        "--n-seq",
+        "2",
+        "--seq-len",
+        "8",
+        "--out",
+        str(tmp_path / "bad"),
+        "--no-progress",
+    )
+    assert bad.exit_code == 1 and "rotary" in bad.output
+
+
+def test_profile_without_ablation(tmp_path) -> None:
+    out = tmp_path / "plain"
+    result = run(
+        "profile",
+        "--model",
+        str(tiny_model_folder("gpt2")),
+        "--no-ablation",
+        "--n-seq",
+        "3",
+        "--seq-len",
+        "16",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
+    assert result.exit_code == 0, result.output
+    assert not (out / "study").exists()
+    assert "Positional ablations" not in (out / "report.html").read_text()

@@ -33,7 +33,7 @@ def brute(x: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def test_identical_vectors_give_one() -> None:
-    x = torch.randn(1, 1, 16).expand(3, 7, 16).clone() * 3.0
+    x = torch.randn(1, 1, 16, dtype=torch.float64).expand(3, 7, 16).clone() * 3.0
     prof = cosine_homogenization(x)
     assert torch.allclose(prof.to_others[0], torch.ones(7, dtype=torch.float64))
     assert prof.mean_pairwise.item() == pytest.approx(1.0, abs=1e-12)
@@ -53,9 +53,9 @@ def test_orthonormal_set_gives_zero() -> None:
 
 def test_effective_rank_identity_and_rank_one() -> None:
     assert cosine_homogenization(
-        torch.eye(6)[None], effective_rank=True
+        torch.eye(6, dtype=torch.float64)[None], effective_rank=True
     ).effective_rank.item() == pytest.approx(6.0, abs=1e-9)
-    rank1 = torch.outer(torch.arange(1.0, 6.0), torch.randn(8))[None]
+    rank1 = torch.outer(torch.arange(1.0, 6.0), torch.randn(8)).double()[None]
     assert cosine_homogenization(rank1, effective_rank=True).effective_rank.item() == pytest.approx(
         1.0, abs=1e-6
     )
@@ -63,7 +63,7 @@ def test_effective_rank_identity_and_rank_one() -> None:
 
 def test_statistics_match_brute_force_per_position() -> None:
     torch.manual_seed(0)
-    x = torch.randn(4, 9, 12) + 0.5
+    x = torch.randn(4, 9, 12, dtype=torch.float64) + 0.5
     prof = cosine_homogenization(x)
     expected = [brute(x[b]) for b in range(4)]
     for name in ("to_others", "to_prefix", "to_mean"):
@@ -78,7 +78,7 @@ def test_statistics_match_brute_force_per_position() -> None:
 
 def test_baseline_equals_brute_force_over_cross_sequence_pairs() -> None:
     torch.manual_seed(1)
-    x = torch.randn(5, 6, 8) + 0.3
+    x = torch.randn(5, 6, 8, dtype=torch.float64) + 0.3
     mask = torch.ones(5, 6, dtype=torch.long)
     mask[1, 4:] = 0  # unequal lengths: 6, 4, 6, 6, 3
     mask[3, :3] = 0  # left padding
@@ -97,7 +97,7 @@ def test_baseline_equals_brute_force_over_cross_sequence_pairs() -> None:
 
 def test_exclude_first_drops_position_zero_everywhere() -> None:
     torch.manual_seed(2)
-    x = torch.randn(3, 7, 10)
+    x = torch.randn(3, 7, 10, dtype=torch.float64)
     x[:, 0] *= 100.0  # a massive first token
     prof = cosine_homogenization(x, exclude_first=True)
     ref = cosine_homogenization(x[:, 1:])
@@ -116,8 +116,8 @@ def test_zero_vector_is_guarded() -> None:
 
 def test_scale_invariance_and_sequence_order() -> None:
     torch.manual_seed(3)
-    x = torch.randn(4, 6, 8)
-    scale = torch.rand(4, 6, 1) * 10 + 0.1
+    x = torch.randn(4, 6, 8, dtype=torch.float64)
+    scale = torch.rand(4, 6, 1, dtype=torch.float64) * 10 + 0.1
     a, b = cosine_homogenization(x), cosine_homogenization(x * scale)
     c = cosine_homogenization(x.flip(0))
     for other in (b, c):
@@ -143,3 +143,36 @@ def test_post_init_checks_shapes() -> None:
     prof = cosine_homogenization(torch.randn(2, 4, 8))
     with pytest.raises(ValueError, match="to_others_sum has shape"):
         HomogenizationProfile(**{**prof.__dict__, "to_others_sum": torch.zeros(2, 4)})
+
+
+def test_float32_and_low_precision_inputs_agree_with_float64() -> None:
+    """Elementwise work runs in float32 for float32/bf16/fp16 inputs; sums are float64."""
+    torch.manual_seed(4)
+    x = torch.randn(6, 40, 64, dtype=torch.float64) + 0.2
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-5), (torch.float16, 1e-5)):
+        low = x.to(dtype)
+        exact = cosine_homogenization(low.double(), effective_rank=True)  # same inputs, float64
+        got = cosine_homogenization(low, effective_rank=True)
+        for name in (
+            "to_others",
+            "to_prefix",
+            "to_mean",
+            "mean_pairwise",
+            "baseline",
+            "relative_residual",
+        ):
+            diff = (getattr(got, name) - getattr(exact, name)).abs().nan_to_num().max().item()
+            assert diff < tol, (dtype, name, diff)
+        assert abs(got.effective_rank.item() - exact.effective_rank.item()) < 1e-3
+
+
+def test_non_finite_vectors_are_reported() -> None:
+    from homoglens import NonFiniteActivationError
+
+    x = torch.randn(2, 5, 4)
+    x[1, 3, 2] = float("nan")
+    with pytest.raises(NonFiniteActivationError, match="1 counted residual"):
+        cosine_homogenization(x)
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, 3:] = 0  # the NaN sits on a pad: not counted, not an error
+    assert torch.isfinite(cosine_homogenization(x, mask).mean_pairwise).all()

@@ -13,6 +13,7 @@ from homoglens.errors import (
     InvalidInputError,
     MissingDependencyError,
     ModelFolderNotFoundError,
+    NonFiniteActivationError,
     SequenceTooLongError,
     UnknownModelError,
     UnsupportedArchitectureError,
@@ -25,7 +26,6 @@ from homoglens.interventions import (
 )
 from homoglens.models import EMBEDDED_MODELS, ModelInfo, load_model, model_info
 from homoglens.profile import (
-    NonFiniteActivationError,
     cosine_homogenization,
     homogenization_profile,
     resid_hook_name,

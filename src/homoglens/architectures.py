@@ -31,8 +31,8 @@ class ArchitectureSpec:
             and MLP in parallel and has none.
         examples: Hub names of models of this family.
         hooked_position_hooks: Where position enters on ``HookedTransformer`` (``{i}`` = block):
-            ``hook_pos_embed`` for learned tables; for rotary, the pre-rotation queries/keys
-            ``hook_q``/``hook_k`` and their rotated versions ``hook_rot_q``/``hook_rot_k``.
+            ``hook_pos_embed`` for learned tables; for rotary, the rotated queries/keys
+            ``hook_rot_q``/``hook_rot_k``.
         bridge_position_hooks: The same on ``TransformerBridge``: ``hook_pos_embed``, or the
             per-block rotary tables ``hook_cos``/``hook_sin`` (``hook_rot_q/k`` never fire there).
         hf_position_module: Attribute path, inside the Hugging Face model, of the module that
@@ -50,12 +50,7 @@ class ArchitectureSpec:
     hf_position_module: str
 
 
-_HOOKED_ROTARY = (
-    "blocks.{i}.attn.hook_q",
-    "blocks.{i}.attn.hook_k",
-    "blocks.{i}.attn.hook_rot_q",
-    "blocks.{i}.attn.hook_rot_k",
-)
+_HOOKED_ROTARY = ("blocks.{i}.attn.hook_rot_q", "blocks.{i}.attn.hook_rot_k")
 _BRIDGE_ROTARY = ("blocks.{i}.attn.hook_cos", "blocks.{i}.attn.hook_sin")
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {

@@ -29,43 +29,88 @@ def main() -> None:
 def _data_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by every command that profiles a model on a corpus."""
     options = [
-        click.option("--model", default="smollm2-135m-instruct", show_default=True,
-                     help="Embedded model name, local Hugging Face folder, or TL model name."),
-        click.option("--backend", type=click.Choice(["auto", "hooked", "bridge"]),
-                     default="auto", show_default=True,
-                     help="HookedTransformer (TL < 4) or TransformerBridge."),
-        click.option("--corpus", default="austen", show_default=True,
-                     help="Vendored corpus name."),
-        click.option("--text", "text_file",
-                     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                     default=None, help="Use this UTF-8 text file instead of --corpus."),
-        click.option("--n-seq", type=click.IntRange(min=1), default=64, show_default=True,
-                     help="Number of token windows."),
-        click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True,
-                     help="Tokens per window (a BOS counts inside it)."),
-        click.option("--bos", type=click.Choice(["auto", "always", "never"]), default="auto",
-                     show_default=True, help="BOS at position 0 ('auto': the model's default)."),
+        click.option(
+            "--model",
+            default="smollm2-135m-instruct",
+            show_default=True,
+            help="Embedded model name, local Hugging Face folder, or TL model name.",
+        ),
+        click.option(
+            "--backend",
+            type=click.Choice(["auto", "hooked", "bridge"]),
+            default="auto",
+            show_default=True,
+            help="HookedTransformer (TL < 4) or TransformerBridge.",
+        ),
+        click.option("--corpus", default="austen", show_default=True, help="Vendored corpus name."),
+        click.option(
+            "--text",
+            "text_file",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            default=None,
+            help="Use this UTF-8 text file instead of --corpus.",
+        ),
+        click.option(
+            "--n-seq",
+            type=click.IntRange(min=1),
+            default=64,
+            show_default=True,
+            help="Number of token windows.",
+        ),
+        click.option(
+            "--seq-len",
+            type=click.IntRange(min=2),
+            default=256,
+            show_default=True,
+            help="Tokens per window (a BOS counts inside it).",
+        ),
+        click.option(
+            "--bos",
+            type=click.Choice(["auto", "always", "never"]),
+            default="auto",
+            show_default=True,
+            help="BOS at position 0 ('auto': the model's default).",
+        ),
         click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True),
-        click.option("--exclude-first", is_flag=True,
-                     help="Leave position 0 out of every statistic."),
-        click.option("--effective-rank/--no-effective-rank", default=True, show_default=True,
-                     help="Also compute the effective rank per layer."),
-        click.option("--process-weights", is_flag=True,
-                     help="Apply TransformerLens weight processing (changes every cosine)."),
+        click.option(
+            "--exclude-first", is_flag=True, help="Leave position 0 out of every statistic."
+        ),
+        click.option(
+            "--effective-rank/--no-effective-rank",
+            default=True,
+            show_default=True,
+            help="Also compute the effective rank per layer.",
+        ),
+        click.option(
+            "--process-weights",
+            is_flag=True,
+            help="Apply TransformerLens weight processing (changes every cosine).",
+        ),
         click.option("--device", default=None, help="Torch device (default: cuda if available)."),
-        click.option("--edge-k", type=click.IntRange(min=1), default=8, show_default=True,
-                     help="Positions per edge in the edge-versus-middle table."),
-        click.option("--out", type=click.Path(path_type=Path), default=None,
-                     help="Output folder (must be empty or absent)."),
-        click.option("--overwrite", is_flag=True,
-                     help="Replace the contents of a non-empty --out."),
+        click.option(
+            "--edge-k",
+            type=click.IntRange(min=1),
+            default=8,
+            show_default=True,
+            help="Positions per edge in the edge-versus-middle table.",
+        ),
+        click.option(
+            "--out",
+            type=click.Path(path_type=Path),
+            default=None,
+            help="Output folder (must be empty or absent).",
+        ),
+        click.option(
+            "--overwrite", is_flag=True, help="Replace the contents of a non-empty --out."
+        ),
         click.option("--progress/--no-progress", default=True, show_default=True),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
 
-def _run(opts: dict[str, Any], *, modes: list[str] | None, default_out: str,
-         ablation: dict[str, Any]) -> None:
+def _run(
+    opts: dict[str, Any], *, modes: list[str] | None, default_out: str, ablation: dict[str, Any]
+) -> None:
     from homoglens.data import corpus_windows
     from homoglens.models import load_model
     from homoglens.profile import homogenization_profile
@@ -76,20 +121,29 @@ def _run(opts: dict[str, Any], *, modes: list[str] | None, default_out: str,
         folder = prepare_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
         start = time.perf_counter()
         click.echo(f"loading {opts['model']} ({opts['backend']} backend) ...", err=True)
-        model = load_model(opts["model"], backend=opts["backend"], device=opts["device"],
-                           process_weights=opts["process_weights"])
+        model = load_model(
+            opts["model"],
+            backend=opts["backend"],
+            device=opts["device"],
+            process_weights=opts["process_weights"],
+        )
         source = opts["text_file"] if opts["text_file"] is not None else opts["corpus"]
-        windows = corpus_windows(model, source, n_seq=opts["n_seq"], seq_len=opts["seq_len"],
-                                 bos=opts["bos"])
-        common = {"batch_size": opts["batch_size"], "exclude_first": opts["exclude_first"],
-                  "effective_rank": opts["effective_rank"], "progress": opts["progress"]}
+        windows = corpus_windows(
+            model, source, n_seq=opts["n_seq"], seq_len=opts["seq_len"], bos=opts["bos"]
+        )
+        common = {
+            "batch_size": opts["batch_size"],
+            "exclude_first": opts["exclude_first"],
+            "effective_rank": opts["effective_rank"],
+            "progress": opts["progress"],
+        }
         study = None
         if modes is None:
             profile = homogenization_profile(model, windows, **common)
         else:
             study = position_ablation_study(
-                model, windows, modes=modes or default_ablation_modes(model), **ablation,
-                **common)
+                model, windows, modes=modes or default_ablation_modes(model), **ablation, **common
+            )
             profile = study.profiles["none"]
         report = write_profile_report(profile, folder, edge_k=opts["edge_k"], study=study)
     except HomoglensError as err:
@@ -100,8 +154,12 @@ def _run(opts: dict[str, Any], *, modes: list[str] | None, default_out: str,
 
 @main.command()
 @_data_options
-@click.option("--ablation/--no-ablation", default=True, show_default=True,
-              help="Add the positional-ablation section (the model's default modes).")
+@click.option(
+    "--ablation/--no-ablation",
+    default=True,
+    show_default=True,
+    help="Add the positional-ablation section (the model's default modes).",
+)
 def profile(ablation: bool, **opts: Any) -> None:
     """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV).
 
@@ -109,29 +167,40 @@ def profile(ablation: bool, **opts: Any) -> None:
     ablations (learned: none, zero, permute, shift; rotary: none, zero, permute) on the same
     windows: homogenization by layer and next-token loss, with bootstrap CIs.
     """
-    _run(opts, modes=[] if ablation else None, default_out="homoglens-report",
-         ablation={"seed": 0, "shift": 1})
+    _run(
+        opts,
+        modes=[] if ablation else None,
+        default_out="homoglens-report",
+        ablation={"seed": 0, "shift": 1},
+    )
 
 
 @main.command()
 @_data_options
-@click.option("--modes", default=None,
-              help="Comma-separated ablations from none,zero,permute,shift,mean "
-                   "(default: the model's default modes).")
-@click.option("--positions", default=None,
-              help="Comma-separated positions to ablate (default: all).")
+@click.option(
+    "--modes",
+    default=None,
+    help="Comma-separated ablations from none,zero,permute,shift,mean "
+    "(default: the model's default modes).",
+)
+@click.option(
+    "--positions", default=None, help="Comma-separated positions to ablate (default: all)."
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Permutation seed.")
 @click.option("--shift", type=int, default=1, show_default=True, help="Offset for 'shift'.")
-def ablate(modes: str | None, positions: str | None, seed: int, shift: int,
-           **opts: Any) -> None:
+def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **opts: Any) -> None:
     """Run a positional-ablation study and write its report."""
     try:
         chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else []
         where = [int(p) for p in positions.split(",")] if positions else None
     except ValueError as err:
         raise click.BadParameter(f"--positions must be comma-separated ints ({err})") from err
-    _run(opts, modes=chosen, default_out="homoglens-ablation",
-         ablation={"seed": seed, "shift": shift, "positions": where})
+    _run(
+        opts,
+        modes=chosen,
+        default_out="homoglens-ablation",
+        ablation={"seed": seed, "shift": shift, "positions": where},
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,6 +16,7 @@ __all__ = [
     "UnsupportedArchitectureError",
     "MissingDependencyError",
     "IncompatibleResultsError",
+    "NonFiniteActivationError",
 ]
 
 
@@ -49,3 +50,7 @@ class MissingDependencyError(HomoglensError, ImportError):
 
 class IncompatibleResultsError(HomoglensError, ValueError):
     """Result objects cannot be merged or loaded (different layers, model or settings)."""
+
+
+class NonFiniteActivationError(HomoglensError, ArithmeticError):
+    """The residual stream held NaN or inf at counted positions; nothing was averaged in."""

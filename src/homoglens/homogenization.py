@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.errors import InvalidInputError
+from homoglens.errors import InvalidInputError, NonFiniteActivationError
 
 __all__ = ["homogenization_sums", "positions_from_mask", "SUM_FIELDS"]
 
@@ -55,7 +55,10 @@ def homogenization_sums(
     effective_rank: bool = False,
     per_sequence: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Reduce one batch at one hook point to mergeable homogenization sums (float64).
+    """Reduce one batch at one hook point to mergeable homogenization sums.
+
+    Elementwise work over ``[batch pos d_model]`` runs in float32 (float64 if ``resid`` is
+    float64); every reduction that is summed across batches is returned in float64.
 
     Args:
         resid: ``[batch pos d_model]`` residual vectors, any float dtype.
@@ -78,16 +81,19 @@ def homogenization_sums(
 
     Raises:
         InvalidInputError: a sequence has fewer than 2 counted tokens, or shapes disagree.
+        NonFiniteActivationError: a counted vector holds NaN or inf.
     """
     if resid.ndim != 3 or tuple(pos_index.shape) != tuple(resid.shape[:2]):
         raise InvalidInputError(
             f"resid {tuple(resid.shape)} must be [batch pos d_model] and pos_index "
             f"{tuple(pos_index.shape)} must be its [batch pos]"
         )
-    x = resid.detach().to(torch.float64)
+    f64 = torch.float64
+    work = f64 if resid.dtype == f64 else torch.float32
+    x = resid.detach().to(work)
     inc = pos_index >= 0
-    w = inc.to(torch.float64)
-    t = w.sum(1)  # [batch] counted tokens per sequence
+    w = inc.to(work)
+    t = inc.sum(1).to(f64)  # [batch] counted tokens per sequence
     if bool((t < 2).any()):
         raise InvalidInputError(
             "homogenization needs at least 2 counted tokens per sequence; sequence(s) "
@@ -95,50 +101,64 @@ def homogenization_sums(
             "token do not count)"
         )
     norms = torch.linalg.vector_norm(x, dim=-1)  # [batch pos]
-    safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-    u = x / safe[..., None] * w[..., None]  # zero vectors and excluded tokens -> 0
-    uu = (u * u).sum(-1)  # 1 on counted nonzero vectors
-    s = u.sum(1)  # [batch d_model]
-    to_others = (torch.einsum("bpd,bd->bp", u, s) - uu) / (t - 1)[:, None]
-
-    before = torch.cumsum(u, dim=1) - u
-    n_before = torch.cumsum(w, dim=1) - w
-    has_prefix = inc & (n_before > 0)
-    to_prefix = torch.einsum("bpd,bpd->bp", u, before) / n_before.clamp_min(1)
-
-    xbar = (x * w[..., None]).sum(1) / t[:, None]  # [batch d_model]
-    xbar_norm = torch.linalg.vector_norm(xbar, dim=-1)
-    to_mean = (
-        torch.einsum("bpd,bd->bp", u, xbar)
-        / torch.where(xbar_norm > 0, xbar_norm, torch.ones_like(xbar_norm))[:, None]
+    if not bool(torch.isfinite(norms[inc]).all()):
+        bad = int((~torch.isfinite(norms[inc])).sum())
+        raise NonFiniteActivationError(
+            f"{bad} counted residual vectors hold NaN or inf; nothing was averaged in. Check the "
+            "model dtype (float16 overflows) or the weights"
+        )
+    if not bool(torch.isfinite(norms).all()):  # NaN/inf on pads only: keep them out
+        x = x.masked_fill(~inc[..., None], 0.0)
+        norms = norms.masked_fill(~inc, 0.0)
+    nonzero = inc & (norms > 0)
+    scale = torch.where(
+        nonzero, 1.0 / torch.where(nonzero, norms, torch.ones_like(norms)), torch.zeros_like(norms)
     )
+    u = x * scale[..., None]  # unit vectors; zero vectors and uncounted tokens -> 0
+    uu = nonzero.to(f64)  # u . u, exactly
+    s = u.sum(1)  # [batch d_model]
+    tm1 = (t - 1)[:, None]
+    to_others = (torch.einsum("bpd,bd->bp", u, s).to(f64) - uu) / tm1
 
-    mean_pairwise = ((s * s).sum(-1) - uu.sum(1)) / (t * (t - 1))
-    centred = (x - xbar[:, None, :]) * w[..., None]
-    num = torch.linalg.vector_norm(centred.flatten(1), dim=-1)
-    den = torch.linalg.vector_norm((x * w[..., None]).flatten(1), dim=-1)
+    before = torch.cumsum(u, dim=1)
+    before -= u
+    n_before = (torch.cumsum(w, dim=1) - w).to(f64)
+    has_prefix = inc & (n_before > 0)
+    to_prefix = torch.linalg.vecdot(u, before).to(f64) / n_before.clamp_min(1)
+    del before
+
+    xbar = torch.einsum("bp,bpd->bd", w, x) / t[:, None].to(work)  # [batch d_model]
+    xbar_norm = torch.linalg.vector_norm(xbar, dim=-1)
+    safe_xbar = torch.where(xbar_norm > 0, xbar_norm, torch.ones_like(xbar_norm))
+    to_mean = (torch.einsum("bpd,bd->bp", u, xbar) / safe_xbar[:, None]).to(f64)
+
+    s64 = s.to(f64)
+    mean_pairwise = ((s64 * s64).sum(-1) - uu.sum(1)) / (t * (t - 1))
+    centred_sq = torch.linalg.vector_norm(x - xbar[:, None, :], dim=-1).to(f64) ** 2
+    num = (centred_sq * inc).sum(1).sqrt()
+    den = ((norms.to(f64) ** 2) * inc).sum(1).sqrt()
     relative_residual = num / torch.where(den > 0, den, torch.ones_like(den))
 
-    idx = pos_index[inc]
+    # Per-position sums: tokens that are not counted go to a spare last bin, then dropped.
+    bins = torch.where(inc, pos_index, torch.full_like(pos_index, n_pos)).flatten()
 
-    def per_pos(values: torch.Tensor, where: torch.Tensor | None = None) -> torch.Tensor:
-        sel = inc if where is None else where
-        out = torch.zeros(n_pos, dtype=torch.float64, device=x.device)
-        return out.index_add_(0, pos_index[sel], values[sel].to(torch.float64))
+    def per_pos(values: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(n_pos + 1, dtype=f64, device=x.device)
+        return out.index_add_(0, bins, values.to(f64).flatten())[:n_pos]
 
-    ones = torch.ones_like(idx, dtype=torch.float64)
+    prefix_w = has_prefix.to(f64)
     out = {
-        "to_others_sum": per_pos(to_others),
-        "to_prefix_sum": per_pos(to_prefix, has_prefix),
-        "to_mean_sum": per_pos(to_mean),
-        "norm_sum": per_pos(norms),
-        "count": torch.zeros(n_pos, dtype=torch.float64, device=x.device).index_add_(0, idx, ones),
-        "prefix_count": per_pos(torch.ones_like(w), has_prefix),
+        "to_others_sum": per_pos(to_others * inc),
+        "to_prefix_sum": per_pos(to_prefix * prefix_w),
+        "to_mean_sum": per_pos(to_mean * inc),
+        "norm_sum": per_pos(norms.to(f64) * inc),
+        "count": per_pos(inc.to(f64)),
+        "prefix_count": per_pos(prefix_w),
         "mean_pairwise_sum": mean_pairwise.sum(),
         "relative_residual_sum": relative_residual.sum(),
-        "unit_sum": s.sum(0),
-        "unit_sum_sq": (s * s).sum(),
-        "n_sequences": torch.tensor(float(x.shape[0]), dtype=torch.float64),
+        "unit_sum": s64.sum(0),
+        "unit_sum_sq": (s64 * s64).sum(),
+        "n_sequences": torch.tensor(float(x.shape[0]), dtype=f64),
         "n_tokens": t.sum(),
         "n_tokens_sq": (t * t).sum(),
     }
@@ -147,8 +167,8 @@ def homogenization_sums(
         out["seq_to_others"] = torch.where(inc, to_others, nan)[:, :n_pos]
         out["seq_mean_pairwise"] = mean_pairwise
     if effective_rank:
-        sigma = torch.linalg.svdvals(x * w[..., None])  # zero rows add no singular value
-        p = sigma / sigma.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+        sigma = torch.linalg.svdvals(x * w[..., None]).to(f64)  # zero rows add no value
+        p = sigma / sigma.sum(-1, keepdim=True).clamp_min(torch.finfo(f64).tiny)
         entropy = -(torch.where(p > 0, p * torch.log(p), torch.zeros_like(p))).sum(-1)
         out["effective_rank_sum"] = torch.exp(entropy).sum()
     return out

@@ -28,7 +28,6 @@ __all__ = [
     "PositionPlan",
     "learned_position_hook",
     "rotary_table_hook",
-    "capture_hook",
     "rerotate_hook",
 ]
 
@@ -141,15 +140,16 @@ def learned_position_hook(
 
 
 def rotary_table_hook(
-    rotary: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    rotary: Callable[[torch.Tensor, torch.device], tuple[torch.Tensor, torch.Tensor]],
     which: Literal["cos", "sin"],
     plan: PositionPlan,
 ) -> HookFn:
     """Hook for a rotary table ``[1|batch pos rotary_dim]`` (``hook_cos`` / ``hook_sin``).
 
     Args:
-        rotary: The model's own rotary function: source positions ``[pos]`` -> ``(cos, sin)``
-            each ``[1 pos rotary_dim]``; so "zero" equals every token at index 0 exactly.
+        rotary: The model's own rotary function: ``(source positions [pos], device)`` ->
+            ``(cos, sin)`` each ``[1 pos rotary_dim]``; so "zero" equals every token at index 0
+            exactly.
         which: Which of the two tables this hook point carries.
         plan: Source position of each token.
 
@@ -160,38 +160,29 @@ def rotary_table_hook(
 
     def hook(table: Float[torch.Tensor, "batch pos rotary_dim"], hook: Any) -> torch.Tensor:
         source, changed = plan.source(table.shape[1])
-        new = rotary(source.to(table.device))[pick].to(table.dtype)
-        mask = changed.to(table.device)[None, :, None]
-        return torch.where(mask, new, table)
-
-    return hook
-
-
-def capture_hook(store: dict[str, torch.Tensor], key: str) -> HookFn:
-    """Hook that stores the activation under ``key`` and leaves it unchanged."""
-
-    def hook(activation: torch.Tensor, hook: Any) -> None:
-        store[key] = activation
+        new = rotary(source, table.device)[pick].to(table.dtype)
+        if plan.positions is None:  # every position changes
+            return new.expand_as(table)
+        return torch.where(changed.to(table.device)[None, :, None], new, table)
 
     return hook
 
 
 def rerotate_hook(
-    store: dict[str, torch.Tensor],
-    key: str,
     cos: Float[torch.Tensor, "n_ctx rotary_dim"],
     sin: Float[torch.Tensor, "n_ctx rotary_dim"],
     rotate: Callable[[torch.Tensor], torch.Tensor],
     plan: PositionPlan,
 ) -> HookFn:
     """Hook for ``hook_rot_q``/``hook_rot_k`` ``[batch pos head_index d_head]`` of a
-    ``HookedTransformer``: re-rotate the pre-rotation vectors captured at ``hook_q``/``hook_k``
-    with the model's own tables at the plan's source positions.
+    ``HookedTransformer``: turn each token's rotation for position p into the rotation for its
+    source position, by rotating the already rotated vector once more by (source - p).
+
+    Rotary rotations of one frequency compose, R(a) R(b) = R(a + b), so R(source - p) R(p) q =
+    R(source) q; a token whose source is its own position is returned unchanged, bitwise.
 
     Args:
-        store: Where :func:`capture_hook` put the pre-rotation activation.
-        key: Its key in ``store`` (consumed).
-        cos: The attention layer's ``rotary_cos`` buffer (rows = positions).
+        cos: The attention layer's ``rotary_cos`` buffer (rows = positions 0..n_ctx-1).
         sin: The attention layer's ``rotary_sin`` buffer.
         rotate: The layer's own ``rotate_every_two`` (handles both pairing conventions).
         plan: Source position of each token.
@@ -200,16 +191,32 @@ def rerotate_hook(
         A TransformerLens hook function returning the re-rotated queries or keys.
     """
     rotary_dim = int(cos.shape[-1])
+    tables: dict[str, Any] = {}
+
+    def rows(source: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Any:
+        # The plan returns the same source tensor for every forward of a given length.
+        if tables.get("source") is not source or tables.get("key") != (device, dtype):
+            delta = source - torch.arange(len(source))
+            index = delta.abs().to(cos.device)
+            sign = torch.where(delta < 0, -1.0, 1.0).to(cos.device, sin.dtype)[:, None]
+            tables.update(
+                source=source,
+                key=(device, dtype),
+                c=cos[index].to(device=device, dtype=dtype)[None, :, None, :],
+                s=(sin[index] * sign).to(device=device, dtype=dtype)[None, :, None, :],
+            )
+        return tables["c"], tables["s"]
 
     def hook(rotated: Float[torch.Tensor, "batch pos head d_head"], hook: Any) -> torch.Tensor:
-        x = store.pop(key)
-        source, changed = plan.source(x.shape[1])
-        source = source.to(x.device)
-        c = cos[source].to(x.dtype)[None, :, None, :]
-        s = sin[source].to(x.dtype)[None, :, None, :]
-        x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-        new = torch.cat([x_rot * c + rotate(x_rot) * s, x_pass], dim=-1)
-        mask = changed.to(x.device)[None, :, None, None]
-        return torch.where(mask, new.to(rotated.dtype), rotated)
+        source, changed = plan.source(rotated.shape[1])
+        c, s = rows(source, rotated.device, rotated.dtype)
+        if rotary_dim == rotated.shape[-1]:
+            new = rotated * c + rotate(rotated) * s
+        else:
+            x_rot, x_pass = rotated[..., :rotary_dim], rotated[..., rotary_dim:]
+            new = torch.cat([x_rot * c + rotate(x_rot) * s, x_pass], dim=-1)
+        if plan.positions is None:  # every position changes
+            return new
+        return torch.where(changed.to(rotated.device)[None, :, None, None], new, rotated)
 
     return hook

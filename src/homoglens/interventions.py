@@ -34,7 +34,6 @@ from homoglens.errors import InvalidInputError
 from homoglens.hooks import (
     PositionAblation,
     PositionPlan,
-    capture_hook,
     learned_position_hook,
     rerotate_hook,
     rotary_table_hook,
@@ -109,7 +108,9 @@ def _plan(
         if isinstance(shift, bool) or not isinstance(shift, int):
             raise InvalidInputError(f"how='shift' needs an int shift=, got {shift!r}")
         if not -n_ctx < shift < n_ctx:
-            raise InvalidInputError(f"shift={shift} lies outside the context window (n_ctx={n_ctx})")
+            raise InvalidInputError(
+                f"shift={shift} lies outside the context window (n_ctx={n_ctx})"
+            )
         if chosen is not None:
             bad = [p for p in chosen if not 0 <= p + shift < n_ctx]
             if bad:
@@ -118,8 +119,14 @@ def _plan(
                 )
     elif shift is not None:
         raise InvalidInputError(f"shift= only applies to how='shift', not {how!r}")
-    return PositionPlan(how=how, n_ctx=n_ctx, positions=chosen, perm=perm_t,  # type: ignore[arg-type]
-                        shift=shift, seed=seed)
+    return PositionPlan(
+        how=how,
+        n_ctx=n_ctx,
+        positions=chosen,
+        perm=perm_t,  # type: ignore[arg-type]
+        shift=shift,
+        seed=seed,
+    )
 
 
 def _blocks(model: HookedModel, layers: Any, spec: ArchitectureSpec) -> list[int]:
@@ -146,10 +153,22 @@ def _bridge_rotary(model: HookedModel, spec: ArchitectureSpec) -> Any:
     module = _hf_module(model, spec.hf_position_module)
     dtype = next(model.parameters()).dtype
 
-    def rotary(source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        dummy = torch.zeros(1, dtype=dtype, device=source.device)
+    cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def rotary(source: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every block and both tables of one forward ask for the same source positions (the
+        # plan caches them per length), so compute the tables once per source and device.
+        key = (id(source), str(device))
+        hit = cache.get(key)
+        if hit is not None and hit[0] is source:
+            return hit[1], hit[2]
+        dummy = torch.zeros(1, dtype=dtype, device=device)
         with torch.no_grad():
-            return module(dummy, source[None])
+            cos, sin = module(dummy, source.to(device)[None])
+        if len(cache) > 64:
+            cache.clear()
+        cache[key] = (source, cos, sin)
+        return cos, sin
 
     return rotary
 
@@ -175,9 +194,10 @@ def position_ablation_hooks(
     Learned absolute models (GPT-2) are changed at ``hook_pos_embed``. Rotary models (GPT-NeoX /
     Pythia, partial rotary; Llama, full rotary) are changed per block: on ``TransformerBridge``
     the rotary tables ``blocks.{i}.attn.hook_cos/hook_sin`` are recomputed by the model's own
-    rotary module at the new positions; on ``HookedTransformer`` the queries/keys captured at
-    ``hook_q/hook_k`` are re-rotated with the layer's own ``rotary_cos/sin`` tables and returned
-    at ``hook_rot_q/hook_rot_k``. Both equal Hugging Face with the corresponding ``position_ids``.
+    rotary module at the new positions; on ``HookedTransformer`` the rotated queries/keys at
+    ``hook_rot_q/hook_rot_k`` are rotated once more by (source - position) with the layer's own
+    ``rotary_cos/sin`` tables (rotations compose). Both equal Hugging Face with the
+    corresponding ``position_ids``.
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge`` of a supported architecture.
@@ -225,14 +245,8 @@ def position_ablation_hooks(
     if _is_hooked_transformer(model):
         for i in blocks:
             attn = model.blocks[i].attn
-            store: dict[str, torch.Tensor] = {}
-            for part in ("q", "k"):
-                hooks.append((f"blocks.{i}.attn.hook_{part}", capture_hook(store, part)))
-                hooks.append((
-                    f"blocks.{i}.attn.hook_rot_{part}",
-                    rerotate_hook(store, part, attn.rotary_cos, attn.rotary_sin,
-                                  attn.rotate_every_two, plan),
-                ))
+            hook = rerotate_hook(attn.rotary_cos, attn.rotary_sin, attn.rotate_every_two, plan)
+            hooks += [(f"blocks.{i}.attn.hook_rot_{part}", hook) for part in ("q", "k")]
         return hooks
     rotary = _bridge_rotary(model, spec)
     for i in blocks:
@@ -269,15 +283,18 @@ def ablated_positions(
             before anything is attached.
 
     Examples:
+        >>> import torch
         >>> from homoglens import ablated_positions, load_model
         >>> from homoglens.testing import tiny_model_folder
         >>> model = load_model(tiny_model_folder("neox"), backend="bridge")
+        >>> tokens = torch.tensor([[15496, 995, 11, 23748, 6116]])  # "Hello world, hello positions"
         >>> with ablated_positions(model, "permute", seed=0):
-        ...     logits = model(model.to_tokens("Hello world, hello positions"))
+        ...     logits = model(tokens)
         >>> tuple(logits.shape)
-        (1, 6, 50257)
+        (1, 5, 50257)
     """
-    fwd_hooks = position_ablation_hooks(model, how, positions=positions, layers=layers, perm=perm,
-                                        shift=shift, seed=seed)
+    fwd_hooks = position_ablation_hooks(
+        model, how, positions=positions, layers=layers, perm=perm, shift=shift, seed=seed
+    )
     with model.hooks(fwd_hooks=fwd_hooks):
         yield model

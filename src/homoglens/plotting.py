@@ -117,6 +117,9 @@ def study_figure(study, *, title: str | None = None) -> Figure:
     right.set_xticks(x, list(loss["mode"]))
     right.set_ylabel("next-token loss (nats/token)")
     right.set_title("Loss per mode (95% CI)" if study.ci == 0.95 else "Loss per mode")
-    fig.suptitle(title or f"{study.profiles['none'].provenance.model}: positional ablations, "
-                 f"{study.loss.shape[1]} sequences")
+    fig.suptitle(
+        title
+        or f"{study.profiles['none'].provenance.model}: positional ablations, "
+        f"{study.loss.shape[1]} sequences"
+    )
     return fig

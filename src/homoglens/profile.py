@@ -18,7 +18,7 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from homoglens.data import TokenBatch, right_aligned, to_token_batch
-from homoglens.errors import HomoglensError, InvalidInputError
+from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import homogenization_sums, positions_from_mask
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
@@ -30,10 +30,6 @@ __all__ = [
     "resid_hook_name",
     "NonFiniteActivationError",
 ]
-
-
-class NonFiniteActivationError(HomoglensError, ArithmeticError):
-    """The residual stream held NaN or inf; nothing was averaged in."""
 
 
 def _version(package: str) -> str:
@@ -215,18 +211,32 @@ def homogenization_profile(
     batch_size = _check_positive_int("batch_size", batch_size)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     _check_min_tokens(batch, exclude_first)
-    run = _stream(model, batch, chosen, batch_size=batch_size, exclude_first=exclude_first,
-                  effective_rank=effective_rank, progress=progress)
+    run = _stream(
+        model,
+        batch,
+        chosen,
+        batch_size=batch_size,
+        exclude_first=exclude_first,
+        effective_rank=effective_rank,
+        progress=progress,
+    )
     return run.accumulator.profile(chosen, _provenance(info, batch, chosen, exclude_first))
 
 
-def _provenance(info: Any, batch: TokenBatch, chosen: tuple[int, ...],
-                exclude_first: bool) -> Provenance:
+def _provenance(
+    info: Any, batch: TokenBatch, chosen: tuple[int, ...], exclude_first: bool
+) -> Provenance:
     return Provenance(
-        model=info.name, family=info.family, backend=info.backend, weights=info.weights,
-        dtype=info.dtype, model_source=info.source,
-        hook_points=tuple(resid_hook_name(layer) for layer in chosen), bos=batch.bos,
-        data=batch.description, exclude_first=exclude_first,
+        model=info.name,
+        family=info.family,
+        backend=info.backend,
+        weights=info.weights,
+        dtype=info.dtype,
+        model_source=info.source,
+        hook_points=tuple(resid_hook_name(layer) for layer in chosen),
+        bos=batch.bos,
+        data=batch.description,
+        exclude_first=exclude_first,
         homoglens_version=_version("homoglens"),
         transformer_lens_version=_version("transformer-lens"),
     )
@@ -242,8 +252,9 @@ class _StreamResult:
         self.seq_loss: list[torch.Tensor] = []  # [batch] mean next-token loss, nats
 
 
-def _next_token_loss(logits: torch.Tensor, tokens: torch.Tensor,
-                     mask: torch.Tensor) -> torch.Tensor:
+def _next_token_loss(
+    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Mean next-token cross-entropy (nats) per sequence over real target tokens."""
     logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     target = tokens[:, 1:]
@@ -277,13 +288,16 @@ def _stream(
 
     def make_hook(i: int, name: str) -> Any:
         def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
-            if not bool(torch.isfinite(resid).all()):
-                raise NonFiniteActivationError(
-                    f"{name} holds NaN or inf values ({int((~torch.isfinite(resid)).sum())} "
-                    "entries); check the model dtype (float16 overflows) or the weights"
+            try:
+                sums = homogenization_sums(
+                    resid,
+                    state["pos_index"],
+                    n_pos,
+                    effective_rank=effective_rank,
+                    per_sequence=per_sequence,
                 )
-            sums = homogenization_sums(resid, state["pos_index"], n_pos,
-                                       effective_rank=effective_rank, per_sequence=per_sequence)
+            except NonFiniteActivationError as err:
+                raise NonFiniteActivationError(f"{name}: {err}") from None
             result.accumulator.add(i, sums, first=(i == 0))
             if per_sequence:
                 state["to_others"][:, i, : sums["seq_to_others"].shape[1]] = sums["seq_to_others"]
@@ -298,25 +312,32 @@ def _stream(
     try:
         with torch.inference_mode():
             for start in range(0, len(batch), batch_size):
-                tokens, mask = right_aligned(batch.tokens[start:start + batch_size],
-                                             batch.attention_mask[start:start + batch_size])
+                tokens, mask = right_aligned(
+                    batch.tokens[start : start + batch_size],
+                    batch.attention_mask[start : start + batch_size],
+                )
                 tokens, mask = tokens.to(device), mask.to(device)
                 state["pos_index"] = positions_from_mask(mask, exclude_first=exclude_first)
                 if per_sequence:
                     shape = (tokens.shape[0], len(chosen))
-                    state["to_others"] = torch.full((*shape, n_pos), float("nan"),
-                                                    dtype=torch.float64, device=device)
-                    state["mean_pairwise"] = torch.zeros(shape, dtype=torch.float64,
-                                                         device=device)
+                    state["to_others"] = torch.full(
+                        (*shape, n_pos), float("nan"), dtype=torch.float64, device=device
+                    )
+                    state["mean_pairwise"] = torch.zeros(shape, dtype=torch.float64, device=device)
                 if loss:
-                    logits = model.run_with_hooks(tokens, attention_mask=mask,
-                                                  return_type="logits", fwd_hooks=fwd_hooks)
+                    logits = model.run_with_hooks(
+                        tokens, attention_mask=mask, return_type="logits", fwd_hooks=fwd_hooks
+                    )
                     result.seq_loss.append(_next_token_loss(logits, tokens, mask).cpu())
                     del logits
                 else:
-                    model.run_with_hooks(tokens, attention_mask=mask, return_type=None,
-                                         stop_at_layer=max(1, max(chosen)),
-                                         fwd_hooks=fwd_hooks)
+                    model.run_with_hooks(
+                        tokens,
+                        attention_mask=mask,
+                        return_type=None,
+                        stop_at_layer=max(1, max(chosen)),
+                        fwd_hooks=fwd_hooks,
+                    )
                 if per_sequence:
                     result.seq_to_others.append(state["to_others"].float().cpu())
                     result.seq_mean_pairwise.append(state["mean_pairwise"].float().cpu())

@@ -72,8 +72,10 @@ def _study_section(study: PositionAblationStudy, out: Path) -> str:
     layers.to_csv(out / "ablation_layers.csv", index=False)
 
     def cell(row: Any) -> str:
-        return (f"{row.mean_pairwise:.4f} ({row.diff_vs_none:+.4f} [{row.diff_ci_low:+.4f}, "
-                f"{row.diff_ci_high:+.4f}])")
+        return (
+            f"{row.mean_pairwise:.4f} ({row.diff_vs_none:+.4f} [{row.diff_ci_low:+.4f}, "
+            f"{row.diff_ci_high:+.4f}])"
+        )
 
     layers["cell"] = [cell(r) for r in layers.itertuples()]
     wide = layers.pivot(index="layer", columns="mode", values="cell")[list(study.modes)]

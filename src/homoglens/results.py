@@ -582,13 +582,16 @@ class PositionAblationStudy:
     def __post_init__(self) -> None:
         n_mode = len(self.modes)
         if self.modes[0] != "none" or set(self.profiles) != set(self.modes):
-            raise ValueError(f"modes {self.modes} must start with 'none' and match profiles "
-                             f"{sorted(self.profiles)}")
+            raise ValueError(
+                f"modes {self.modes} must start with 'none' and match profiles "
+                f"{sorted(self.profiles)}"
+            )
         n_seq = int(self.loss.shape[1]) if self.loss.ndim == 2 else -1
-        for name, want in (("loss", (n_mode, n_seq)),
-                           ("mean_pairwise", (n_mode, n_seq, len(self.layers))),
-                           ("to_others", (n_mode, n_seq, len(self.layers),
-                                          int(self.to_others.shape[-1])))):
+        for name, want in (
+            ("loss", (n_mode, n_seq)),
+            ("mean_pairwise", (n_mode, n_seq, len(self.layers))),
+            ("to_others", (n_mode, n_seq, len(self.layers), int(self.to_others.shape[-1]))),
+        ):
             got = tuple(getattr(self, name).shape)
             if got != want:
                 raise ValueError(f"{name} has shape {got}, expected {want}")
@@ -609,13 +612,23 @@ class PositionAblationStudy:
 
         rows = []
         for m, mode in enumerate(self.modes):
-            mean, lo, hi = paired_bootstrap(self.loss[m], n_boot=self.n_boot, ci=self.ci,
-                                            seed=self.seed)
-            d, dlo, dhi = paired_bootstrap(self.loss[m] - self.loss[0], n_boot=self.n_boot,
-                                           ci=self.ci, seed=self.seed)
-            rows.append({"mode": mode, "loss": mean.item(), "ci_low": lo.item(),
-                         "ci_high": hi.item(), "diff_vs_none": d.item(),
-                         "diff_ci_low": dlo.item(), "diff_ci_high": dhi.item()})
+            mean, lo, hi = paired_bootstrap(
+                self.loss[m], n_boot=self.n_boot, ci=self.ci, seed=self.seed
+            )
+            d, dlo, dhi = paired_bootstrap(
+                self.loss[m] - self.loss[0], n_boot=self.n_boot, ci=self.ci, seed=self.seed
+            )
+            rows.append(
+                {
+                    "mode": mode,
+                    "loss": mean.item(),
+                    "ci_low": lo.item(),
+                    "ci_high": hi.item(),
+                    "diff_vs_none": d.item(),
+                    "diff_ci_low": dlo.item(),
+                    "diff_ci_high": dhi.item(),
+                }
+            )
         return pd.DataFrame(rows)
 
     def layer_table(self) -> pd.DataFrame:
@@ -625,17 +638,30 @@ class PositionAblationStudy:
 
         frames = []
         for m, mode in enumerate(self.modes):
-            mean, lo, hi = paired_bootstrap(self.mean_pairwise[m], n_boot=self.n_boot,
-                                            ci=self.ci, seed=self.seed)
-            d, dlo, dhi = paired_bootstrap(self.mean_pairwise[m] - self.mean_pairwise[0],
-                                           n_boot=self.n_boot, ci=self.ci, seed=self.seed)
-            frames.append(pd.DataFrame({
-                "mode": mode, "layer": list(self.layers), "mean_pairwise": mean.numpy(),
-                "ci_low": lo.numpy(), "ci_high": hi.numpy(),
-                "adjusted": self.profiles[mode].adjusted.numpy(),
-                "diff_vs_none": d.numpy(), "diff_ci_low": dlo.numpy(),
-                "diff_ci_high": dhi.numpy(),
-            }))
+            mean, lo, hi = paired_bootstrap(
+                self.mean_pairwise[m], n_boot=self.n_boot, ci=self.ci, seed=self.seed
+            )
+            d, dlo, dhi = paired_bootstrap(
+                self.mean_pairwise[m] - self.mean_pairwise[0],
+                n_boot=self.n_boot,
+                ci=self.ci,
+                seed=self.seed,
+            )
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "mode": mode,
+                        "layer": list(self.layers),
+                        "mean_pairwise": mean.numpy(),
+                        "ci_low": lo.numpy(),
+                        "ci_high": hi.numpy(),
+                        "adjusted": self.profiles[mode].adjusted.numpy(),
+                        "diff_vs_none": d.numpy(),
+                        "diff_ci_low": dlo.numpy(),
+                        "diff_ci_high": dhi.numpy(),
+                    }
+                )
+            )
         return pd.concat(frames, ignore_index=True)
 
     def position_table(self, layer: int) -> pd.DataFrame:
@@ -652,16 +678,30 @@ class PositionAblationStudy:
         li = self.layers.index(layer)
         frames = []
         for m, mode in enumerate(self.modes):
-            mean, lo, hi = paired_bootstrap(self.to_others[m, :, li], n_boot=self.n_boot,
-                                            ci=self.ci, seed=self.seed)
-            d, dlo, dhi = paired_bootstrap(self.to_others[m, :, li] - self.to_others[0, :, li],
-                                           n_boot=self.n_boot, ci=self.ci, seed=self.seed)
-            frames.append(pd.DataFrame({
-                "mode": mode, "layer": layer, "pos": range(self.to_others.shape[-1]),
-                "to_others": mean.numpy(), "ci_low": lo.numpy(), "ci_high": hi.numpy(),
-                "diff_vs_none": d.numpy(), "diff_ci_low": dlo.numpy(),
-                "diff_ci_high": dhi.numpy(),
-            }))
+            mean, lo, hi = paired_bootstrap(
+                self.to_others[m, :, li], n_boot=self.n_boot, ci=self.ci, seed=self.seed
+            )
+            d, dlo, dhi = paired_bootstrap(
+                self.to_others[m, :, li] - self.to_others[0, :, li],
+                n_boot=self.n_boot,
+                ci=self.ci,
+                seed=self.seed,
+            )
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "mode": mode,
+                        "layer": layer,
+                        "pos": range(self.to_others.shape[-1]),
+                        "to_others": mean.numpy(),
+                        "ci_low": lo.numpy(),
+                        "ci_high": hi.numpy(),
+                        "diff_vs_none": d.numpy(),
+                        "diff_ci_low": dlo.numpy(),
+                        "diff_ci_high": dhi.numpy(),
+                    }
+                )
+            )
         return pd.concat(frames, ignore_index=True)
 
     def to_pandas(self) -> pd.DataFrame:
@@ -691,13 +731,24 @@ class PositionAblationStudy:
 
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        save_file({"loss": self.loss.contiguous(), "mean_pairwise": self.mean_pairwise.contiguous(),
-                   "to_others": self.to_others.contiguous()}, str(folder / "study.safetensors"))
+        save_file(
+            {
+                "loss": self.loss.contiguous(),
+                "mean_pairwise": self.mean_pairwise.contiguous(),
+                "to_others": self.to_others.contiguous(),
+            },
+            str(folder / "study.safetensors"),
+        )
         for mode, prof in self.profiles.items():
             prof.save(folder / f"profile_{mode}")
-        meta = {"format": "homoglens.PositionAblationStudy/1", "modes": list(self.modes),
-                "settings": self.settings, "n_boot": self.n_boot, "ci": self.ci,
-                "seed": self.seed}
+        meta = {
+            "format": "homoglens.PositionAblationStudy/1",
+            "modes": list(self.modes),
+            "settings": self.settings,
+            "n_boot": self.n_boot,
+            "ci": self.ci,
+            "seed": self.seed,
+        }
         (folder / "study.json").write_text(json.dumps(meta, indent=2))
         return folder
 
@@ -720,10 +771,19 @@ class PositionAblationStudy:
         if set(tensors) != {"loss", "mean_pairwise", "to_others"}:
             raise IncompatibleResultsError(f"{folder}/study.safetensors has {sorted(tensors)}")
         profiles = {m: HomogenizationProfile.load(folder / f"profile_{m}") for m in meta["modes"]}
-        return cls(modes=tuple(meta["modes"]), profiles=profiles, settings=meta["settings"],
-                   n_boot=meta["n_boot"], ci=meta["ci"], seed=meta["seed"], **tensors)
+        return cls(
+            modes=tuple(meta["modes"]),
+            profiles=profiles,
+            settings=meta["settings"],
+            n_boot=meta["n_boot"],
+            ci=meta["ci"],
+            seed=meta["seed"],
+            **tensors,
+        )
 
     def __repr__(self) -> str:
         p = self.profiles["none"].provenance
-        return (f"PositionAblationStudy(model={p.model!r}, modes={list(self.modes)}, "
-                f"n_sequences={self.loss.shape[1]}, layers={len(self.layers)})")
+        return (
+            f"PositionAblationStudy(model={p.model!r}, modes={list(self.modes)}, "
+            f"n_sequences={self.loss.shape[1]}, layers={len(self.layers)})"
+        )

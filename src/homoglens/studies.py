@@ -92,8 +92,9 @@ def position_ablation_study(
     chosen_modes = list(default_ablation_modes(model) if modes is None else modes)
     unknown = [m for m in chosen_modes if m not in POSITION_ABLATIONS]
     if unknown or not chosen_modes:
-        raise InvalidInputError(f"modes {unknown or chosen_modes} must be from "
-                                f"{list(POSITION_ABLATIONS)}")
+        raise InvalidInputError(
+            f"modes {unknown or chosen_modes} must be from {list(POSITION_ABLATIONS)}"
+        )
     chosen_modes = ["none"] + [m for m in dict.fromkeys(chosen_modes) if m != "none"]
     if not 0 < ci < 1:
         raise InvalidInputError(f"ci={ci!r} must lie in (0, 1)")
@@ -104,11 +105,18 @@ def position_ablation_study(
     _check_min_tokens(batch, exclude_first)
     # Build every mode's hooks first, so a bad option fails before any forward pass.
     options: dict[str, dict[str, Any]] = {
-        "permute": {"seed": seed}, "shift": {"shift": shift},
+        "permute": {"seed": seed},
+        "shift": {"shift": shift},
     }
-    hooks = {mode: position_ablation_hooks(model, mode, positions=positions,  # type: ignore[arg-type]
-                                           **options.get(mode, {}))
-             for mode in chosen_modes}
+    hooks = {
+        mode: position_ablation_hooks(
+            model,
+            mode,
+            positions=positions,  # type: ignore[arg-type]
+            **options.get(mode, {}),
+        )
+        for mode in chosen_modes
+    }
     if "shift" in chosen_modes and positions is None:
         last = int(batch.lengths.max()) - 1
         if not 0 <= last + shift < int(model.cfg.n_ctx):
@@ -119,22 +127,46 @@ def position_ablation_study(
     n_pos = int(batch.lengths.max())
     profiles, loss, pairwise, others = {}, [], [], []
     for mode in chosen_modes:
-        run = _stream(model, batch, chosen, batch_size=batch_size, exclude_first=exclude_first,
-                      effective_rank=effective_rank, progress=progress,
-                      extra_hooks=hooks[mode], per_sequence=True, loss=True,
-                      desc=f"ablation {mode}")
+        run = _stream(
+            model,
+            batch,
+            chosen,
+            batch_size=batch_size,
+            exclude_first=exclude_first,
+            effective_rank=effective_rank,
+            progress=progress,
+            extra_hooks=hooks[mode],
+            per_sequence=True,
+            loss=True,
+            desc=f"ablation {mode}",
+        )
         prov = _provenance(info, batch, chosen, exclude_first)
         profiles[mode] = run.accumulator.profile(chosen, prov)
         loss.append(torch.cat(run.seq_loss).double())
         pairwise.append(torch.cat(run.seq_mean_pairwise))
-        others.append(torch.cat([torch.nn.functional.pad(t, (0, n_pos - t.shape[-1]),
-                                                         value=float("nan"))
-                                 for t in run.seq_to_others]))
-    settings = {"seed": seed, "shift": shift,
-                "positions": None if positions is None else [int(p) for p in positions],
-                "data": batch.description, "exclude_first": exclude_first}
+        others.append(
+            torch.cat(
+                [
+                    torch.nn.functional.pad(t, (0, n_pos - t.shape[-1]), value=float("nan"))
+                    for t in run.seq_to_others
+                ]
+            )
+        )
+    settings = {
+        "seed": seed,
+        "shift": shift,
+        "positions": None if positions is None else [int(p) for p in positions],
+        "data": batch.description,
+        "exclude_first": exclude_first,
+    }
     return PositionAblationStudy(
-        modes=tuple(chosen_modes), profiles=profiles, loss=torch.stack(loss).float(),
-        mean_pairwise=torch.stack(pairwise), to_others=torch.stack(others),
-        settings=settings, n_boot=n_boot, ci=ci, seed=seed,
+        modes=tuple(chosen_modes),
+        profiles=profiles,
+        loss=torch.stack(loss).float(),
+        mean_pairwise=torch.stack(pairwise),
+        to_others=torch.stack(others),
+        settings=settings,
+        n_boot=n_boot,
+        ci=ci,
+        seed=seed,
     )
