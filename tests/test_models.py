@@ -149,3 +149,17 @@ def test_hub_name_uses_transformerlens_loader_offline(tmp_path: Path, be: str) -
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == f"gpt2 {be} raw 64 7"
+
+
+def test_gpt2_config_without_n_ctx_loads(tmp_path: Path, backend: str) -> None:
+    # transformers 5 writes no n_ctx unless given; TransformerLens 3.9's converter needs it.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from homoglens import homogenization_profile
+
+    cfg = GPT2Config(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+    assert "n_ctx" not in json.loads((tmp_path / "config.json").read_text())
+    model = load_model(tmp_path, backend=backend)
+    assert model.cfg.n_ctx == 64
+    assert homogenization_profile(model, "hello there world", progress=False).n_tokens == 4

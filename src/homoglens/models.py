@@ -415,22 +415,26 @@ def _looks_like_path(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def _neutral_path(folder: Path) -> Iterator[str]:
-    """Yield a path to ``folder`` that TransformerLens' name sniffing cannot misread.
+def _tl_config_dir(folder: Path) -> Iterator[str]:
+    """Yield a temporary folder holding only ``folder``'s config.json, for TransformerLens 3.9's
+    ``convert_hf_model_config``, with two of its traps defused:
 
-    TransformerLens 3.9's ``convert_hf_model_config`` decides the architecture from the *name*
-    when it contains "llama" or "gemma" and then never reads ``config.json`` (it crashes with
-    ``'NoneType' object has no attribute 'hidden_size'``). A symlink with a neutral name avoids
-    that without copying weights.
+    * it decides the architecture from the *path* when it contains "llama" or "gemma" and then
+      never reads ``config.json`` (``'NoneType' object has no attribute 'hidden_size'``); the
+      temporary folder has a neutral name;
+    * it reads ``n_ctx`` of GPT-2 configs, which transformers 5 only writes when given
+      (``'GPT2Config' object has no attribute 'n_ctx'``); it is filled from ``n_positions``.
+
+    The weights are not read from this folder (the loaded Hugging Face model is passed on).
     """
-    lowered = str(folder).lower()
-    if "llama" not in lowered and "gemma" not in lowered:
-        yield str(folder)
-        return
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("model_type") == "gpt2" and "n_ctx" not in config:
+        config["n_ctx"] = config.get("n_positions", 1024)
     with tempfile.TemporaryDirectory(prefix="homoglens-") as tmp:
-        link = Path(tmp) / "model"
-        link.symlink_to(folder.resolve(), target_is_directory=True)
-        yield str(link)
+        target = Path(tmp) / "model"
+        target.mkdir()
+        (target / "config.json").write_text(json.dumps(config))
+        yield str(target)
 
 
 def _load_folder_hooked(
@@ -451,7 +455,7 @@ def _load_folder_hooked(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-        with _neutral_path(folder) as path:
+        with _tl_config_dir(folder) as path:
             cfg_dict = convert_hf_model_config(path)
             cfg_dict.update(
                 dtype=dtype,

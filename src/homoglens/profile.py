@@ -8,6 +8,7 @@ on ``batch_size``, not on the number of sequences.
 
 from __future__ import annotations
 
+import operator
 import os
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _pkg_version
@@ -60,11 +61,13 @@ def _check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
         raise InvalidInputError(f"layers={layers!r} must be a list of ints") from err
     if not chosen:
         raise InvalidInputError("layers is empty; give entries in 0..n_layers or None for all")
-    bad = [
-        layer
-        for layer in chosen
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers
+    not_int = [
+        layer for layer in chosen if isinstance(layer, bool) or not hasattr(layer, "__index__")
     ]
+    if not_int:
+        raise InvalidInputError(f"layers must hold ints, got {not_int[:5]}")
+    chosen = [operator.index(layer) for layer in chosen]  # numpy and torch integers too
+    bad = [layer for layer in chosen if not 0 <= layer <= n_layers]
     if bad:
         raise InvalidInputError(
             f"layers {bad} are out of range: entries of the residual axis are 0..{n_layers} "
@@ -114,7 +117,8 @@ class _Accumulator:
                 self.scalars[name] += int(round(float(sums[name])))
 
     def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
-        cpu = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer, **self.pos}.items()}
+        cpu = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer}.items()}
+        cpu.update({k: v.round().long().cpu() for k, v in self.pos.items()})  # exact counts
         return HomogenizationProfile(
             layers=layers,
             unit_sum=self.unit_sum.cpu(),

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 from homoglens.errors import IncompatibleResultsError
 
@@ -80,8 +80,8 @@ class HomogenizationProfile:
     Stored fields (sufficient statistics, float64 unless noted; all mergeable by addition):
         layers: Entries of the ``n_layers + 1`` axis held, in order.
         to_others_sum, to_prefix_sum, to_mean_sum, norm_sum: ``[layer pos]`` sums over sequences.
-        count: ``[pos]`` sequences with a counted token at each position.
-        prefix_count: ``[pos]`` sequences whose position has >= 1 counted earlier token.
+        count: ``[pos]`` int64, sequences with a counted token at each position.
+        prefix_count: ``[pos]`` int64, sequences whose position has >= 1 counted earlier token.
         mean_pairwise_sum, relative_residual_sum: ``[layer]`` sums of per-sequence values.
         effective_rank_sum: ``[layer]`` or ``None`` if not requested.
         unit_sum: ``[layer d_model]`` G, the sum over all sequences of S = sum of unit vectors.
@@ -106,8 +106,8 @@ class HomogenizationProfile:
     to_prefix_sum: Float[torch.Tensor, "layer pos"]
     to_mean_sum: Float[torch.Tensor, "layer pos"]
     norm_sum: Float[torch.Tensor, "layer pos"]
-    count: Float[torch.Tensor, " pos"]
-    prefix_count: Float[torch.Tensor, " pos"]
+    count: Int[torch.Tensor, " pos"]
+    prefix_count: Int[torch.Tensor, " pos"]
     mean_pairwise_sum: Float[torch.Tensor, " layer"]
     relative_residual_sum: Float[torch.Tensor, " layer"]
     unit_sum: Float[torch.Tensor, "layer d_model"]
