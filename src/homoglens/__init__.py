@@ -14,6 +14,7 @@ from homoglens.errors import (
     MissingDependencyError,
     ModelFolderNotFoundError,
     NonFiniteActivationError,
+    ResultsNotFoundError,
     SequenceTooLongError,
     UnknownModelError,
     UnsupportedArchitectureError,
@@ -31,6 +32,7 @@ from homoglens.profile import (
     resid_hook_name,
 )
 from homoglens.results import HomogenizationProfile, PositionAblationStudy, Provenance
+from homoglens.sinks import MassiveActivations, SinkScores, massive_activations, sink_scores
 from homoglens.studies import default_ablation_modes, position_ablation_study
 
 __version__ = "0.1.0"
@@ -50,9 +52,12 @@ __all__ = [
     "PositionAblation",
     "PositionAblationStudy",
     "PositionPlan",
+    "MassiveActivations",
     "NonFiniteActivationError",
     "Provenance",
+    "ResultsNotFoundError",
     "SequenceTooLongError",
+    "SinkScores",
     "TokenBatch",
     "UnknownModelError",
     "UnsupportedArchitectureError",
@@ -64,9 +69,11 @@ __all__ = [
     "homogenization_profile",
     "load_corpus",
     "load_model",
+    "massive_activations",
     "model_info",
     "position_ablation_hooks",
     "position_ablation_study",
     "resid_hook_name",
+    "sink_scores",
     "to_token_batch",
 ]

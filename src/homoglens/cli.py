@@ -114,11 +114,15 @@ def _run(
     from homoglens.data import corpus_windows
     from homoglens.models import load_model
     from homoglens.profile import homogenization_profile
-    from homoglens.report import prepare_output_dir, write_profile_report
+    from homoglens.report import check_output_dir, staged_output, write_profile_report
     from homoglens.studies import default_ablation_modes, position_ablation_study
 
     try:
-        folder = prepare_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
+        folder = check_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
+        if opts["device"] is not None:
+            from homoglens.models import _check_device
+
+            _check_device(opts["device"])
         start = time.perf_counter()
         click.echo(f"loading {opts['model']} ({opts['backend']} backend) ...", err=True)
         model = load_model(
@@ -145,7 +149,9 @@ def _run(
                 model, windows, modes=modes or default_ablation_modes(model), **ablation, **common
             )
             profile = study.profiles["none"]
-        report = write_profile_report(profile, folder, edge_k=opts["edge_k"], study=study)
+        with staged_output(folder) as tmp:
+            write_profile_report(profile, tmp, edge_k=opts["edge_k"], study=study)
+        report = folder / "report.html"
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
     click.echo(repr(study if study is not None else profile), err=True)
@@ -186,12 +192,20 @@ def profile(ablation: bool, **opts: Any) -> None:
 @click.option(
     "--positions", default=None, help="Comma-separated positions to ablate (default: all)."
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Permutation seed.")
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**63 - 1),
+    default=0,
+    show_default=True,
+    help="Permutation seed.",
+)
 @click.option("--shift", type=int, default=1, show_default=True, help="Offset for 'shift'.")
 def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **opts: Any) -> None:
     """Run a positional-ablation study and write its report."""
     try:
-        chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else []
+        chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes is not None else []
+        if modes is not None and not chosen:
+            raise click.BadParameter("--modes is empty; give e.g. --modes zero,permute")
         where = [int(p) for p in positions.split(",")] if positions else None
     except ValueError as err:
         raise click.BadParameter(f"--positions must be comma-separated ints ({err})") from err

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
+from homoglens._checks import as_int
 from homoglens.errors import InvalidInputError, SequenceTooLongError
 from homoglens.types import BosPolicy, HookedModel
 
@@ -57,6 +58,13 @@ class TokenBatch:
     description: str
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tokens, torch.Tensor) or not isinstance(
+            self.attention_mask, torch.Tensor
+        ):
+            raise InvalidInputError(
+                "TokenBatch needs torch tensors for tokens and attention_mask; use "
+                "homoglens.to_token_batch(model, data) to build one"
+            )
         if self.tokens.shape != self.attention_mask.shape:
             raise InvalidInputError(
                 f"tokens {tuple(self.tokens.shape)} and attention_mask "
@@ -184,10 +192,8 @@ def corpus_windows(
             small for ``n_seq`` windows.
         SequenceTooLongError: ``seq_len`` exceeds ``cfg.n_ctx``.
     """
-    if isinstance(n_seq, bool) or not isinstance(n_seq, int) or n_seq < 1:
-        raise InvalidInputError(f"n_seq={n_seq!r} must be a positive integer")
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
-        raise InvalidInputError(f"seq_len={seq_len!r} must be an integer >= 2")
+    n_seq = as_int("n_seq", n_seq, low=1)
+    seq_len = as_int("seq_len", seq_len, low=2)
     if seq_len > _n_ctx(model):
         raise SequenceTooLongError(
             f"seq_len={seq_len} exceeds the model's context window n_ctx={_n_ctx(model)}; "
@@ -199,7 +205,7 @@ def corpus_windows(
         path = Path(corpus)
         if not path.is_file():
             raise InvalidInputError(f"text file {str(path)!r} does not exist")
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path)
         label = f"text file {path.name}"
     else:
         text = load_corpus(str(corpus))
@@ -265,10 +271,22 @@ def _text_batch(
     return TokenBatch(tokens, mask, use_bos, f"{label}, bos={'yes' if use_bos else 'no'}")
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidInputError(
+            f"{str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start}); convert it, "
+            "e.g. with iconv -t UTF-8"
+        ) from None
+    except OSError as err:
+        raise InvalidInputError(f"cannot read {str(path)!r}: {err}") from None
+
+
 def _file_batch(model: HookedModel, path: Path, bos: BosPolicy | bool) -> TokenBatch:
     if not path.is_file():
         raise InvalidInputError(f"text file {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8")
+    text = _read_text(path)
     if not text.strip():
         raise InvalidInputError(f"text file {str(path)!r} is empty")
     use_bos = _resolve_bos(model, bos)
@@ -310,7 +328,9 @@ def _check_mask(tokens: torch.Tensor, attention_mask: Any) -> torch.Tensor:
             f"attention_mask has shape {tuple(attention_mask.shape)} but tokens have shape "
             f"{tuple(tokens.shape)}; give one 0/1 entry per token ([batch pos])"
         )
-    if attention_mask.is_floating_point() or attention_mask.is_complex():
+    if attention_mask.is_complex():
+        raise InvalidInputError("attention_mask must hold real 0/1 values, not complex numbers")
+    if attention_mask.is_floating_point():
         if not torch.isin(
             attention_mask,
             torch.tensor([0.0, 1.0], dtype=attention_mask.dtype, device=attention_mask.device),
@@ -409,6 +429,7 @@ def to_token_batch(
             raise InvalidInputError("a TokenBatch already carries its attention_mask")
         checked = _tensor_batch(model, data.tokens, data.attention_mask)
         return replace(checked, bos=data.bos, description=data.description)
+    _resolve_bos(model, bos)  # validate the policy whatever the input
     if isinstance(data, torch.Tensor):
         return _tensor_batch(model, data, attention_mask)
     if attention_mask is not None:
@@ -450,5 +471,6 @@ def right_aligned(
     pos = torch.arange(width, device=tokens.device)
     index = (starts[:, None] + pos).clamp(max=tokens.shape[1] - 1)
     mask = (pos < lengths[:, None]).to(attention_mask.dtype)
-    out = tokens.gather(1, index) * mask + tokens[:, :1] * (1 - mask)  # pads: a valid id
+    first_real = tokens.gather(1, starts[:, None])  # a valid id for the pads
+    out = torch.where(mask.bool(), tokens.gather(1, index), first_real)
     return out, mask

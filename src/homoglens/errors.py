@@ -17,6 +17,7 @@ __all__ = [
     "MissingDependencyError",
     "IncompatibleResultsError",
     "NonFiniteActivationError",
+    "ResultsNotFoundError",
 ]
 
 
@@ -54,3 +55,7 @@ class IncompatibleResultsError(HomoglensError, ValueError):
 
 class NonFiniteActivationError(HomoglensError, ArithmeticError):
     """The residual stream held NaN or inf at counted positions; nothing was averaged in."""
+
+
+class ResultsNotFoundError(HomoglensError, FileNotFoundError):
+    """A results folder, or a file a saved result needs, does not exist."""

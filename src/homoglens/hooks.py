@@ -62,11 +62,14 @@ class PositionPlan:
     def source(self, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(source [pos] int64, changed [pos] bool)`` for a sequence of ``n_pos``.
 
+        The tensors are fresh copies (the hooks share cached ones internally).
+
         Raises:
             InvalidInputError: ``perm`` does not match the sequence length, or a shifted
                 position leaves ``[0, n_ctx)``.
         """
-        return _source(self, n_pos)
+        source, changed = _source(self, n_pos)
+        return source.clone(), changed.clone()
 
 
 @lru_cache(maxsize=256)
@@ -125,7 +128,7 @@ def learned_position_hook(
 
     def hook(pos_embed: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> torch.Tensor:
         n_pos = pos_embed.shape[1]
-        source, changed = plan.source(n_pos)
+        source, changed = _source(plan, n_pos)
         rows = table.to(device=pos_embed.device, dtype=pos_embed.dtype)
         if plan.how == "zero":
             new = torch.zeros_like(pos_embed[0])
@@ -159,7 +162,7 @@ def rotary_table_hook(
     pick = 0 if which == "cos" else 1
 
     def hook(table: Float[torch.Tensor, "batch pos rotary_dim"], hook: Any) -> torch.Tensor:
-        source, changed = plan.source(table.shape[1])
+        source, changed = _source(plan, table.shape[1])
         new = rotary(source, table.device)[pick].to(table.dtype)
         if plan.positions is None:  # every position changes
             return new.expand_as(table)
@@ -208,7 +211,7 @@ def rerotate_hook(
         return tables["c"], tables["s"]
 
     def hook(rotated: Float[torch.Tensor, "batch pos head d_head"], hook: Any) -> torch.Tensor:
-        source, changed = plan.source(rotated.shape[1])
+        source, changed = _source(plan, rotated.shape[1])
         c, s = rows(source, rotated.device, rotated.dtype)
         if rotary_dim == rotated.shape[-1]:
             new = rotated * c + rotate(rotated) * s

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from homoglens._checks import as_int
 from homoglens.architectures import ArchitectureSpec, architecture_of
 from homoglens.errors import InvalidInputError
 from homoglens.hooks import (
@@ -46,24 +47,25 @@ __all__ = ["POSITION_ABLATIONS", "position_ablation_hooks", "ablated_positions"]
 POSITION_ABLATIONS: tuple[str, ...] = ("none", "zero", "permute", "shift", "mean")
 
 
-def _int_list(name: str, values: Any, n_ctx: int) -> tuple[int, ...]:
+def _int_list(name: str, values: Any, low: int, high: int, what: str) -> tuple[int, ...]:
+    """Validate a list / 1-d integer tensor / numpy array of distinct ints in [low, high)."""
     if isinstance(values, torch.Tensor):
-        if values.is_floating_point() or values.ndim != 1:
-            raise InvalidInputError(f"{name} must be a 1-d integer tensor or list of ints")
+        if values.is_floating_point() or values.is_complex() or values.ndim != 1:
+            raise InvalidInputError(f"{name} must be a 1-d integer tensor or a list of ints")
         values = values.tolist()
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+        values = values.tolist()  # numpy arrays
+    if isinstance(values, (str, bytes)):
+        raise InvalidInputError(f"{name}={values!r} must be a list of ints")
     try:
-        out = tuple(values)
+        out = tuple(as_int(name, v) for v in values)
     except TypeError as err:
         raise InvalidInputError(f"{name}={values!r} must be a list of ints") from err
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in out):
-        raise InvalidInputError(f"{name} must hold ints, got {list(out)[:8]}")
     if not out:
         raise InvalidInputError(f"{name} is empty")
-    bad = [v for v in out if not 0 <= v < n_ctx]
+    bad = [v for v in out if not low <= v < high]
     if bad:
-        raise InvalidInputError(
-            f"{name} {bad[:8]} lie outside the context window [0, {n_ctx}) of this model"
-        )
+        raise InvalidInputError(f"{name} {bad[:8]} lie outside {what} [{low}, {high})")
     if len(set(out)) != len(out):
         repeats = sorted({v for v in out if out.count(v) > 1})
         raise InvalidInputError(f"{name} has repeated entries {repeats[:8]}")
@@ -79,7 +81,7 @@ def _plan(
     shift: Any,
     seed: Any,
 ) -> PositionPlan:
-    if how not in POSITION_ABLATIONS:
+    if not isinstance(how, str) or how not in POSITION_ABLATIONS:
         raise InvalidInputError(f"how={how!r} must be one of {list(POSITION_ABLATIONS)}")
     if how == "mean" and spec.positional != "learned_absolute":
         raise InvalidInputError(
@@ -87,7 +89,12 @@ def _plan(
             "rotary embeddings (there is no embedding to average). Use 'zero' or 'permute'."
         )
     n_ctx = int(model.cfg.n_ctx)
-    chosen = None if positions is None else tuple(sorted(_int_list("positions", positions, n_ctx)))
+    window = "the context window"
+    chosen = (
+        None
+        if positions is None
+        else tuple(sorted(_int_list("positions", positions, 0, n_ctx, window)))
+    )
     perm_t = None
     if how == "permute":
         if perm is not None and seed is not None:
@@ -95,28 +102,26 @@ def _plan(
         if perm is None and seed is None:
             raise InvalidInputError("how='permute' needs perm= (a permutation) or seed= (random)")
         if perm is not None:
-            perm_t = _int_list("perm", perm, n_ctx)
+            perm_t = _int_list("perm", perm, 0, n_ctx, window)
             if sorted(perm_t) != list(range(len(perm_t))):
                 raise InvalidInputError(
                     f"perm must be a permutation of 0..{len(perm_t) - 1}; got {list(perm_t)[:8]}"
                 )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise InvalidInputError(f"seed={seed!r} must be an int")
+        if seed is not None:
+            seed = as_int("seed", seed, low=0, high=2**63 - 1)
     elif perm is not None or seed is not None:
         raise InvalidInputError(f"perm=/seed= only apply to how='permute', not {how!r}")
     if how == "shift":
-        if isinstance(shift, bool) or not isinstance(shift, int):
-            raise InvalidInputError(f"how='shift' needs an int shift=, got {shift!r}")
-        if not -n_ctx < shift < n_ctx:
+        if shift is None:
+            raise InvalidInputError("how='shift' needs an int shift=")
+        shift = as_int("shift", shift, low=-(n_ctx - 1), high=n_ctx - 1)
+        first = chosen if chosen is not None else (0,)  # position 0 exists in every sequence
+        bad = [p for p in first if not 0 <= p + shift < n_ctx]
+        if bad:
             raise InvalidInputError(
-                f"shift={shift} lies outside the context window (n_ctx={n_ctx})"
+                f"shift={shift} moves position(s) {bad[:8]} outside the context window "
+                f"[0, {n_ctx}); use a non-negative shift or restrict positions="
             )
-        if chosen is not None:
-            bad = [p for p in chosen if not 0 <= p + shift < n_ctx]
-            if bad:
-                raise InvalidInputError(
-                    f"shift={shift} moves positions {bad[:8]} outside [0, {n_ctx})"
-                )
     elif shift is not None:
         raise InvalidInputError(f"shift= only applies to how='shift', not {how!r}")
     return PositionPlan(
@@ -138,8 +143,9 @@ def _blocks(model: HookedModel, layers: Any, spec: ArchitectureSpec) -> list[int
             "layers= restricts rotary changes to chosen blocks; in a learned-absolute model "
             f"({spec.family}) position enters once, at hook_pos_embed. Use positions= instead."
         )
-    chosen = _int_list("layers", [layers] if isinstance(layers, int) else layers, n_layers)
-    return sorted(chosen)
+    if hasattr(layers, "__index__") and not isinstance(layers, bool):
+        layers = [layers]
+    return sorted(_int_list("layers", layers, 0, n_layers, "the block indices"))
 
 
 def _hf_module(model: HookedModel, path: str) -> Any:
@@ -215,7 +221,8 @@ def position_ablation_hooks(
 
     Returns:
         ``[(hook_name, hook_fn), ...]`` (empty for ``"none"``). Hooks assume position i is the
-        i-th column (unpadded or right-padded batches).
+        i-th column and the batch width is the sequence length: use unpadded batches of equal
+        length, and no KV cache (a cached step's single column would be taken as position 0).
 
     Raises:
         InvalidInputError: bad mode, a ``perm`` with repeats or of the wrong length, positions or

@@ -33,8 +33,10 @@ from typing import Any
 
 import torch
 
+from homoglens._fs import apply_umask
 from homoglens.architectures import ArchitectureSpec, architecture_of, spec_for_hf_architecture
 from homoglens.errors import (
+    HomoglensError,
     InvalidInputError,
     MissingDependencyError,
     ModelFolderNotFoundError,
@@ -177,6 +179,7 @@ def _atomic_folder(target: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         yield tmp
+        apply_umask(tmp)
         try:
             tmp.rename(target)
         except OSError:
@@ -410,8 +413,49 @@ def _official_name(name: str) -> str | None:
 
 
 def _looks_like_path(name: str) -> bool:
-    """A hub id is ``name`` or ``org/name``; anything else with a separator is a path."""
-    return name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1
+    """A hub id is ``name`` or ``org/name``; anything else with a separator is a path, and so
+    is ``dir/name`` when ``dir`` exists here."""
+    return (
+        name.startswith(("/", ".", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+        or (name.count("/") == 1 and Path(name.split("/")[0]).is_dir())
+    )
+
+
+def _folder_architecture(config_path: Path) -> str | None:
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InvalidInputError(f"{str(config_path)!r} is not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise InvalidInputError(f"{str(config_path)!r} must hold a JSON object")
+    archs = config.get("architectures")
+    if isinstance(archs, str):
+        archs = [archs]
+    if not archs or not isinstance(archs, list):
+        raise InvalidInputError(
+            f"{str(config_path)!r} has no 'architectures' list (e.g. [\"GPT2LMHeadModel\"]); "
+            "save the model with save_pretrained, which writes it"
+        )
+    return str(archs[0])
+
+
+def _check_device(device: str | torch.device | None) -> str:
+    """Resolve and validate a torch device; default CUDA when available, else CPU."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InvalidInputError(f"device={device!r} is not a torch device ({err})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError(
+            f"device={device!r} but this torch build or machine has no CUDA; use device='cpu'"
+        )
+    if dev.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise InvalidInputError(f"device={device!r} is not supported; use 'cpu' or 'cuda'")
+    return str(dev)
 
 
 @contextlib.contextmanager
@@ -567,7 +611,11 @@ def load_model(
         raise InvalidInputError(
             f"dtype={dtype!r} must be a floating torch.dtype, e.g. torch.float32"
         )
-    dev = str(device) if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = _check_device(device)
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise InvalidInputError(
+            f"name_or_path must be a model name or a folder path, got {type(name_or_path).__name__}"
+        )
     name = os.fspath(name_or_path)
     if not isinstance(name, str) or not name.strip():
         raise InvalidInputError(f"name_or_path={name_or_path!r} must be a non-empty name or path")
@@ -597,8 +645,12 @@ def load_model(
                 f"{str(folder)!r} has no config.json, so it is not a Hugging Face model folder; "
                 "save one with model.save_pretrained(folder)"
             )
-        hf_arch = (json.loads(config_path.read_text()).get("architectures") or [None])[0]
-        spec = spec_for_hf_architecture(hf_arch)
+        spec = spec_for_hf_architecture(_folder_architecture(config_path))
+        if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+            raise ModelFolderNotFoundError(
+                f"{str(folder)!r} has a config.json but no weights (*.safetensors or *.bin); "
+                "save them with model.save_pretrained(folder)"
+            )
         if _has_tokenizer(folder):
             tokenizer_dir = folder
         elif spec.family == "gpt2":
@@ -608,10 +660,21 @@ def load_model(
                 f"{str(folder)!r} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); save the "
                 "model's tokenizer into it with tokenizer.save_pretrained(folder)"
             )
-        if resolved == "hooked":
-            model = _load_folder_hooked(folder, tokenizer_dir, spec, dev, dtype, process_weights)
-        else:
-            model = _load_bridge(str(folder), tokenizer_dir, dev, dtype, process_weights)
+        try:
+            if resolved == "hooked":
+                model = _load_folder_hooked(
+                    folder, tokenizer_dir, spec, dev, dtype, process_weights
+                )
+            else:
+                model = _load_bridge(str(folder), tokenizer_dir, dev, dtype, process_weights)
+        except (OSError, RuntimeError, ValueError) as err:
+            if isinstance(err, HomoglensError):
+                raise
+            raise InvalidInputError(
+                f"could not load the model folder {str(folder)!r}: {type(err).__name__}: "
+                f"{str(err)[:300]}. Check that its weights and config.json belong together "
+                "(e.g. re-save with model.save_pretrained(folder))"
+            ) from err
     else:
         official = _official_name(name)
         if official is None and name.count("/") != 1:

@@ -18,7 +18,8 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from homoglens.data import TokenBatch, right_aligned, to_token_batch
+from homoglens._checks import as_bool, as_int
+from homoglens.data import TokenBatch, _check_mask, right_aligned, to_token_batch
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import homogenization_sums, positions_from_mask
 from homoglens.models import model_info
@@ -47,13 +48,20 @@ def resid_hook_name(layer: int) -> str:
     embeddings); entry l >= 1 is the output of block l - 1 (``blocks.{l-1}.hook_resid_post``).
     This is the Hugging Face ``output_hidden_states`` convention, without the final norm.
     """
+    layer = as_int("layer", layer, low=0)
     return "blocks.0.hook_resid_pre" if layer == 0 else f"blocks.{layer - 1}.hook_resid_post"
 
 
 def _check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(n_layers + 1))
-    if isinstance(layers, int) and not isinstance(layers, bool):
+    if isinstance(layers, torch.Tensor):
+        if layers.is_floating_point() or layers.is_complex() or layers.ndim > 1:
+            raise InvalidInputError(
+                f"layers must be ints, got a {layers.dtype} tensor of shape {tuple(layers.shape)}"
+            )
+        layers = layers.reshape(-1).tolist()
+    elif hasattr(layers, "__index__") and not isinstance(layers, bool):
         layers = [layers]
     try:
         chosen = list(layers)
@@ -79,9 +87,7 @@ def _check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
 
 
 def _check_positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{name}={value!r} must be a positive integer")
-    return value
+    return as_int(name, value, low=1)
 
 
 class _Accumulator:
@@ -213,6 +219,8 @@ def homogenization_profile(
     info = model_info(model)
     chosen = _check_layers(layers, int(model.cfg.n_layers))
     batch_size = _check_positive_int("batch_size", batch_size)
+    exclude_first = as_bool("exclude_first", exclude_first)
+    effective_rank = as_bool("effective_rank", effective_rank)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     _check_min_tokens(batch, exclude_first)
     run = _stream(
@@ -267,6 +275,21 @@ def _next_token_loss(
     return (nll * valid).sum(1) / valid.sum(1).clamp_min(1)
 
 
+def _batch_bounds(
+    lengths: torch.Tensor, batch_size: int, uniform_length: bool
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each forward batch; cut at length changes if ``uniform_length``."""
+    bounds, start, n = [], 0, len(lengths)
+    while start < n:
+        stop = min(start + batch_size, n)
+        if uniform_length:
+            same = (lengths[start:stop] == lengths[start]).tolist()
+            stop = start + (same.index(False) if False in same else len(same))
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
 def _stream(
     model: HookedModel,
     batch: TokenBatch,
@@ -280,8 +303,13 @@ def _stream(
     per_sequence: bool = False,
     loss: bool = False,
     desc: str = "homogenization",
+    uniform_length: bool = False,
 ) -> _StreamResult:
-    """Run ``batch`` through ``model`` once, reducing the residual stream inside hooks."""
+    """Run ``batch`` through ``model`` once, reducing the residual stream inside hooks.
+
+    With ``uniform_length`` no forward batch mixes sequence lengths (batches are cut where the
+    length changes), so position hooks see each sequence's own length as the batch width.
+    """
     device = _model_device(model)
     names = [resid_hook_name(layer) for layer in chosen]
     n_pos = int(batch.lengths.max())
@@ -315,10 +343,10 @@ def _stream(
     bar = tqdm(total=len(batch), unit="seq", desc=desc, disable=not progress)
     try:
         with torch.inference_mode():
-            for start in range(0, len(batch), batch_size):
+            for start, stop in _batch_bounds(batch.lengths, batch_size, uniform_length):
                 tokens, mask = right_aligned(
-                    batch.tokens[start : start + batch_size],
-                    batch.attention_mask[start : start + batch_size],
+                    batch.tokens[start:stop],
+                    batch.attention_mask[start:stop],
                 )
                 tokens, mask = tokens.to(device), mask.to(device)
                 state["pos_index"] = positions_from_mask(mask, exclude_first=exclude_first)
@@ -390,15 +418,10 @@ def cosine_homogenization(
             "resid must be a float tensor [batch pos d_model], got "
             f"{getattr(resid, 'shape', type(resid).__name__)}"
         )
-    if attention_mask is None:
-        mask = torch.ones(resid.shape[:2], dtype=torch.long, device=resid.device)
-    else:
-        if tuple(attention_mask.shape) != tuple(resid.shape[:2]):
-            raise InvalidInputError(
-                f"attention_mask has shape {tuple(attention_mask.shape)}, resid needs "
-                f"{tuple(resid.shape[:2])}"
-            )
-        mask = attention_mask.to(torch.long)
+    exclude_first = as_bool("exclude_first", exclude_first)
+    effective_rank = as_bool("effective_rank", effective_rank)
+    shape_only = torch.zeros(resid.shape[:2], dtype=torch.long)
+    mask = _check_mask(shape_only, attention_mask).to(resid.device)  # same checks as the model path
     pos_index = positions_from_mask(mask, exclude_first=exclude_first)
     n_pos = int(mask.sum(1).max())
     sums = homogenization_sums(resid, pos_index, n_pos, effective_rank=effective_rank)

@@ -4,13 +4,19 @@ self-contained HTML report (figures embedded, no network needed to view it)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
 import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from homoglens._fs import apply_umask
 from homoglens.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -18,7 +24,7 @@ if TYPE_CHECKING:
 
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
 
-__all__ = ["prepare_output_dir", "write_profile_report"]
+__all__ = ["check_output_dir", "staged_output", "write_profile_report"]
 
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
@@ -32,24 +38,49 @@ td:first-child,th:first-child{text-align:left}img{max-width:100%}
 """
 
 
-def prepare_output_dir(out: str | Path, *, overwrite: bool) -> Path:
-    """Create ``out``; refuse a non-empty folder unless ``overwrite`` (then clear it).
+def check_output_dir(out: str | Path, *, overwrite: bool) -> Path:
+    """Validate an output folder before any work is done; nothing is created or deleted here.
 
     Raises:
-        InvalidInputError: ``out`` is a file, or is not empty and ``overwrite`` is False.
+        InvalidInputError: ``out`` is a file; is the working folder, one of its parents, the home
+            folder or a filesystem root (never replaced); or is not empty and ``overwrite`` is
+            False.
     """
-    folder = Path(out)
+    folder = Path(out).expanduser()
     if folder.exists() and not folder.is_dir():
         raise InvalidInputError(f"--out {str(folder)!r} is a file; give a folder")
-    if folder.exists() and any(folder.iterdir()):
-        if not overwrite:
-            raise InvalidInputError(
-                f"output folder {str(folder)!r} is not empty; choose another --out or pass "
-                "--overwrite to replace its contents"
-            )
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    resolved = folder.resolve()
+    cwd = Path.cwd().resolve()
+    protected = {cwd, Path.home().resolve(), Path(resolved.anchor)} | set(cwd.parents)
+    if resolved in protected:
+        raise InvalidInputError(
+            f"--out {str(folder)!r} is the working folder, one of its parents, the home folder or "
+            "a filesystem root; homoglens never replaces those. Give a new folder, e.g. "
+            "--out homoglens-report"
+        )
+    if folder.exists() and any(folder.iterdir()) and not overwrite:
+        raise InvalidInputError(
+            f"output folder {str(folder)!r} is not empty; choose another --out or pass "
+            "--overwrite to replace its contents (only after the run succeeds)"
+        )
     return folder
+
+
+@contextlib.contextmanager
+def staged_output(folder: Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to write into; it replaces ``folder`` only when the
+    block succeeds, so a failed run leaves ``folder`` exactly as it was."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        yield tmp
+        apply_umask(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _png(fig: Figure, path: Path) -> str:
@@ -77,15 +108,26 @@ def _study_section(study: PositionAblationStudy, out: Path) -> str:
             f"{row.diff_ci_high:+.4f}])"
         )
 
-    layers["cell"] = [cell(r) for r in layers.itertuples()]
+    layers["cell"] = [
+        f"{r.mean_pairwise:.4f}" if r.mode == "none" else cell(r) for r in layers.itertuples()
+    ]
     wide = layers.pivot(index="layer", columns="mode", values="cell")[list(study.modes)]
+    wide.columns.name = None
+    wide = wide.reset_index()
     pct = int(round(study.ci * 100))
-    settings = html.escape(", ".join(f"{k}={v}" for k, v in study.settings.items()))
+    settings = html.escape(", ".join(f"{k}={v}" for k, v in study.settings.items() if k != "data"))
+    meaning = {
+        "zero": "'zero' removes the explicit positional signal (learned: zero embedding; "
+        "rotary: no rotation)",
+        "permute": "'permute' gives token i the signal of a random position (seeded)",
+        "shift": "'shift' gives token i the signal of position i + shift",
+        "mean": "'mean' gives every token the mean positional embedding",
+    }
+    explained = "; ".join(meaning[m] for m in study.modes if m in meaning) + "."
     return f"""
 <h2>Positional ablations: homogenization and loss</h2>
 <p class="note">Same sequences under each mode ({", ".join(study.modes)}); {settings}.
-'zero' removes the explicit positional signal (learned: zero embedding; rotary: no rotation),
-'permute' gives token i the signal of a random position, 'shift' of position i + shift.
+{explained}
 NoPE models still infer position from the causal mask (Kazemnejad et al. 2023), so this removes
 explicit positional information only. Intervals: {pct}% paired bootstrap over sequences
 ({study.n_boot} resamples).</p>
@@ -93,8 +135,28 @@ explicit positional information only. Intervals: {pct}% paired bootstrap over se
 <h3>Next-token loss (nats/token)</h3>
 {loss.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
 <h3>Mean pairwise cosine by layer: value (difference to none [{pct}% CI])</h3>
-{wide.to_html()}
+{wide.to_html(index=False)}
 """
+
+
+def _first_token_warning(profile: HomogenizationProfile) -> str:
+    """A warning paragraph when position 0 carries a massive activation (Sun et al. 2024)."""
+    if profile.provenance.exclude_first or profile.n_pos < 3:
+        return ""
+    norm = profile.norm
+    others = norm[:, 1:].nanmedian(dim=1).values
+    ratio = norm[:, 0] / others.clamp_min(1e-12)
+    worst = int(torch.argmax(ratio.nan_to_num()))
+    if float(ratio[worst]) < 10:
+        return ""
+    return (
+        f'<p class="note"><strong>Position 0 dominates some layers:</strong> its residual norm '
+        f"is up to {float(ratio[worst]):.0f}x the median norm of the other positions (layer "
+        f"{profile.layers[worst]}), a massive activation (Sun et al. 2024, arXiv 2402.17762). "
+        "Per-sequence metrics that weigh vectors by their norm (relative_residual, "
+        "effective_rank) then mostly describe that one token there; rerun with "
+        "<code>--exclude-first</code> to measure the rest.</p>"
+    )
 
 
 def write_profile_report(
@@ -140,13 +202,20 @@ def write_profile_report(
     adjusted = _png(fig, figures / "curves_adjusted.png")
     heat = _png(heatmap_figure(profile), figures / "heatmap.png")
 
-    k = min(edge_k, max(1, (int((profile.count > 0).sum()) - 1) // 2))
-    edge = profile.edge_summary(k)
-    edge.to_csv(out / "edge_summary.csv", index=False)
+    counted = int((profile.count > 0).sum())
+    k = min(edge_k, (counted - 1) // 2)
+    if k >= 1:
+        edge = profile.edge_summary(k)
+        edge.to_csv(out / "edge_summary.csv", index=False)
+        edge_html = edge.to_html(index=False, float_format=lambda v: f"{v:.4f}")
+    else:
+        edge_html = f"<p>Too few counted positions ({counted}) for an edge-versus-middle table.</p>"
     per_layer = profile.to_pandas()
     per_layer = per_layer[per_layer["pos"].isna()].pivot(
         index="layer", columns="metric", values="value"
     )
+    per_layer.columns.name = None
+    per_layer = per_layer.reset_index()
 
     prov = asdict(profile.provenance)
     prov["hook_points"] = (
@@ -158,6 +227,12 @@ def write_profile_report(
         for k, v in prov.items()
     )
     ablation = _study_section(study, out) if study is not None else ""
+    source = (
+        f"Model source: {html.escape(profile.provenance.model_source)}."
+        if profile.provenance.model_source
+        else ""
+    )
+    warning = _first_token_warning(profile)
     p = profile.provenance
     heading = title or f"Token homogenization: {p.model}"
     page = f"""<!DOCTYPE html>
@@ -168,17 +243,34 @@ def write_profile_report(
 {p.weights} weights; BOS at position 0: {p.bos}; exclude_first: {p.exclude_first}.
 Metrics are homoglens' operationalisation of token homogenization (Yusupov et al. 2025,
 arXiv 2508.17126); they do not reproduce the paper's numbers. Raw cosines include anisotropy:
-read them against the baseline (mean cosine between tokens of different sequences).</p>
+read them against the baseline (mean cosine between tokens of different sequences).
+{source}</p>
+{warning}
+<details open><summary>What the numbers mean</summary><dl class="note">
+<dt>layer</dt><dd>0 = embeddings (input of block 0), l = output of block l-1.</dd>
+<dt>to_others[layer, pos]</dt><dd>mean cosine of the token at pos to the other tokens of its
+sequence, averaged over sequences.</dd>
+<dt>mean_pairwise[layer]</dt><dd>mean cosine over all token pairs of a sequence, averaged over
+sequences (raw homogenization).</dd>
+<dt>baseline[layer]</dt><dd>mean cosine between tokens of <em>different</em> sequences
+(anisotropy, Ethayarajh 2019), exact over all cross pairs.</dd>
+<dt>adjusted[layer]</dt><dd>mean_pairwise - baseline: homogenization beyond anisotropy.</dd>
+<dt>relative_residual[layer]</dt><dd>||X - mean||_F / ||X||_F per sequence; 0 when all tokens
+are identical (Dong et al. 2021).</dd>
+<dt>effective_rank[layer]</dt><dd>exp(entropy of the normalised singular values) of each
+sequence's [pos d_model] matrix (Roy &amp; Vetterli 2007).</dd>
+<dt>to_mean, to_prefix, norm</dt><dd>cosine to the sequence mean, mean cosine to earlier tokens,
+mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
 <h2>Homogenization by layer (raw and baseline)</h2>
 <img alt="curves" src="data:image/png;base64,{curves}">
 <h2>Adjusted homogenization (raw minus baseline)</h2>
 <img alt="adjusted" src="data:image/png;base64,{adjusted}">
 <h2>Layer x position: mean cosine to the other tokens (to_others)</h2>
 <img alt="heatmap" src="data:image/png;base64,{heat}">
-<h2>Edge versus middle (to_others, first/last {k} positions)</h2>
-{edge.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
+<h2>Edge versus middle (to_others, first/last {max(k, 0)} positions)</h2>
+{edge_html}
 <h2>Per-layer values</h2>
-{per_layer.to_html(float_format=lambda v: f"{v:.4f}")}
+{per_layer.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
 {ablation}
 <h2>Provenance</h2>
 <table>{prov_rows}</table>

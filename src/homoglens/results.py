@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.errors import IncompatibleResultsError
+from homoglens.errors import IncompatibleResultsError, InvalidInputError, ResultsNotFoundError
 
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
@@ -226,6 +226,11 @@ class HomogenizationProfile:
         """
         if not profiles:
             raise IncompatibleResultsError("merge() needs at least one profile")
+        wrong = [type(p).__name__ for p in profiles if not isinstance(p, HomogenizationProfile)]
+        if wrong:
+            raise IncompatibleResultsError(
+                f"merge() takes HomogenizationProfile objects, got {wrong}"
+            )
         first = profiles[0]
         for other in profiles[1:]:
             for attr in ("layers", "d_model"):
@@ -284,6 +289,11 @@ class HomogenizationProfile:
         Raises:
             IncompatibleResultsError: a requested layer is not in this profile.
         """
+        if isinstance(layers, int):
+            layers = [layers]
+        layers = list(layers)
+        if not layers:
+            raise InvalidInputError("sel() needs at least one layer")
         missing = [layer for layer in layers if layer not in self.layers]
         if missing:
             raise IncompatibleResultsError(
@@ -329,11 +339,11 @@ class HomogenizationProfile:
             "norm": (self.norm_sum, self.count),
         }
         if metric not in sums:
-            raise ValueError(f"metric={metric!r} must be one of {sorted(sums)}")
+            raise InvalidInputError(f"metric={metric!r} must be one of {sorted(sums)}")
         total, count = sums[metric]
         counted = torch.nonzero(count > 0).flatten()
-        if not isinstance(k, int) or k < 1 or 2 * k >= len(counted):
-            raise ValueError(
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or 2 * k >= len(counted):
+            raise InvalidInputError(
                 f"k={k!r} must be a positive int with 2k < {len(counted)} "
                 "(the number of counted positions)"
             )
@@ -418,6 +428,8 @@ class HomogenizationProfile:
         from safetensors.torch import save_file
 
         folder = Path(path)
+        if folder.exists() and not folder.is_dir():
+            raise InvalidInputError(f"{str(folder)!r} is a file; save() needs a folder")
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {
             f.name: getattr(self, f.name).contiguous()
@@ -442,21 +454,38 @@ class HomogenizationProfile:
         """Load a profile written by :meth:`save` (safetensors + JSON; no pickle).
 
         Raises:
-            FileNotFoundError: the folder lacks ``profile.safetensors`` or ``profile.json``.
-            IncompatibleResultsError: unknown format, or missing/extra tensors.
+            ResultsNotFoundError: the folder lacks ``profile.safetensors`` or ``profile.json``.
+            IncompatibleResultsError: unknown format, unreadable files, missing/extra keys or
+                tensors, or shapes that do not fit together.
         """
         from safetensors.torch import load_file
 
         folder = Path(path)
         for name in ("profile.json", "profile.safetensors"):
             if not (folder / name).is_file():
-                raise FileNotFoundError(f"{folder / name} not found; is this a saved profile?")
-        meta = json.loads((folder / "profile.json").read_text())
-        if meta.get("format") != _FORMAT:
+                raise ResultsNotFoundError(
+                    f"{folder / name} not found; is {str(folder)!r} a saved profile?"
+                )
+        try:
+            meta = json.loads((folder / "profile.json").read_text())
+            tensors = load_file(str(folder / "profile.safetensors"))
+        except Exception as err:  # corrupt JSON or safetensors
+            raise IncompatibleResultsError(f"cannot read the profile in {folder}: {err}") from None
+        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+            got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise IncompatibleResultsError(f"{folder} holds format {got!r}, expected {_FORMAT!r}")
+        keys = {
+            "layers",
+            "n_sequences",
+            "n_tokens",
+            "n_tokens_sq",
+            "has_effective_rank",
+            "provenance",
+        }
+        if not keys <= set(meta):
             raise IncompatibleResultsError(
-                f"{folder} holds format {meta.get('format')!r}, expected {_FORMAT!r}"
+                f"{folder}/profile.json lacks {sorted(keys - set(meta))}"
             )
-        tensors = load_file(str(folder / "profile.safetensors"))
         expected = set(_TENSOR_FIELDS) | (
             {"effective_rank_sum"} if meta["has_effective_rank"] else set()
         )
@@ -466,16 +495,25 @@ class HomogenizationProfile:
                 f"{sorted(expected)} (missing: {sorted(expected - set(tensors))}, extra: "
                 f"{sorted(set(tensors) - expected)})"
             )
-        prov = dict(meta["provenance"])
-        prov["hook_points"] = tuple(prov.get("hook_points", ()))
-        return cls(
-            layers=tuple(meta["layers"]),
-            n_sequences=meta["n_sequences"],
-            n_tokens=meta["n_tokens"],
-            n_tokens_sq=meta["n_tokens_sq"],
-            provenance=Provenance(**prov),
-            **tensors,
-        )
+        prov = meta["provenance"]
+        known = {f.name for f in fields(Provenance)}
+        if not isinstance(prov, dict) or not set(prov) <= known:
+            extra = sorted(set(prov) - known) if isinstance(prov, dict) else prov
+            raise IncompatibleResultsError(f"{folder}/profile.json has unknown provenance {extra}")
+        prov = {**prov, "hook_points": tuple(prov.get("hook_points", ()))}
+        try:
+            return cls(
+                layers=tuple(int(x) for x in meta["layers"]),
+                n_sequences=int(meta["n_sequences"]),
+                n_tokens=int(meta["n_tokens"]),
+                n_tokens_sq=int(meta["n_tokens_sq"]),
+                provenance=Provenance(**prov),
+                **tensors,
+            )
+        except (ValueError, TypeError) as err:
+            raise IncompatibleResultsError(
+                f"{folder} does not hold a consistent profile: {err}"
+            ) from None
 
     def __repr__(self) -> str:
         p = self.provenance
@@ -580,6 +618,10 @@ class PositionAblationStudy:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 < float(self.ci) < 1 or int(self.n_boot) < 1:
+            raise IncompatibleResultsError(
+                f"ci={self.ci!r} must lie in (0, 1) and n_boot={self.n_boot!r} be >= 1"
+            )
         n_mode = len(self.modes)
         if self.modes[0] != "none" or set(self.profiles) != set(self.modes):
             raise ValueError(
@@ -603,7 +645,7 @@ class PositionAblationStudy:
 
     def _index(self, mode: str) -> int:
         if mode not in self.modes:
-            raise ValueError(f"mode {mode!r} not in this study; it has {list(self.modes)}")
+            raise InvalidInputError(f"mode {mode!r} not in this study; it has {list(self.modes)}")
         return self.modes.index(mode)
 
     def loss_table(self) -> pd.DataFrame:
@@ -674,7 +716,7 @@ class PositionAblationStudy:
         import pandas as pd
 
         if layer not in self.layers:
-            raise ValueError(f"layer {layer} not in this study (it has {list(self.layers)})")
+            raise InvalidInputError(f"layer {layer} not in this study (it has {list(self.layers)})")
         li = self.layers.index(layer)
         frames = []
         for m, mode in enumerate(self.modes):
@@ -757,29 +799,43 @@ class PositionAblationStudy:
         """Load a study written by :meth:`save` (no pickle).
 
         Raises:
-            FileNotFoundError: files missing. IncompatibleResultsError: wrong format or keys.
+            ResultsNotFoundError: a file of the study is missing.
+            IncompatibleResultsError: wrong format, keys, tensors or settings.
         """
         from safetensors.torch import load_file
 
         folder = Path(path)
-        if not (folder / "study.json").is_file():
-            raise FileNotFoundError(f"{folder / 'study.json'} not found; is this a saved study?")
-        meta = json.loads((folder / "study.json").read_text())
-        if meta.get("format") != "homoglens.PositionAblationStudy/1":
-            raise IncompatibleResultsError(f"{folder} holds format {meta.get('format')!r}")
-        tensors = load_file(str(folder / "study.safetensors"))
+        for name in ("study.json", "study.safetensors"):
+            if not (folder / name).is_file():
+                raise ResultsNotFoundError(
+                    f"{folder / name} not found; is {str(folder)!r} a saved study?"
+                )
+        try:
+            meta = json.loads((folder / "study.json").read_text())
+            tensors = load_file(str(folder / "study.safetensors"))
+        except Exception as err:
+            raise IncompatibleResultsError(f"cannot read the study in {folder}: {err}") from None
+        if not isinstance(meta, dict) or meta.get("format") != "homoglens.PositionAblationStudy/1":
+            raise IncompatibleResultsError(f"{folder} does not hold a PositionAblationStudy")
+        if not {"modes", "settings", "n_boot", "ci", "seed"} <= set(meta):
+            raise IncompatibleResultsError(f"{folder}/study.json lacks required keys")
         if set(tensors) != {"loss", "mean_pairwise", "to_others"}:
             raise IncompatibleResultsError(f"{folder}/study.safetensors has {sorted(tensors)}")
         profiles = {m: HomogenizationProfile.load(folder / f"profile_{m}") for m in meta["modes"]}
-        return cls(
-            modes=tuple(meta["modes"]),
-            profiles=profiles,
-            settings=meta["settings"],
-            n_boot=meta["n_boot"],
-            ci=meta["ci"],
-            seed=meta["seed"],
-            **tensors,
-        )
+        try:
+            return cls(
+                modes=tuple(meta["modes"]),
+                profiles=profiles,
+                settings=meta["settings"],
+                n_boot=meta["n_boot"],
+                ci=meta["ci"],
+                seed=meta["seed"],
+                **tensors,
+            )
+        except (ValueError, TypeError) as err:
+            raise IncompatibleResultsError(
+                f"{folder} does not hold a consistent study: {err}"
+            ) from None
 
     def __repr__(self) -> str:
         p = self.profiles["none"].provenance

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from jaxtyping import Int
 
+from homoglens._checks import as_bool, as_float, as_int
 from homoglens.architectures import architecture_of
 from homoglens.data import TokenBatch, to_token_batch
 from homoglens.errors import InvalidInputError
@@ -17,7 +18,6 @@ from homoglens.models import model_info
 from homoglens.profile import (
     _check_layers,
     _check_min_tokens,
-    _check_positive_int,
     _provenance,
     _stream,
 )
@@ -96,13 +96,22 @@ def position_ablation_study(
             f"modes {unknown or chosen_modes} must be from {list(POSITION_ABLATIONS)}"
         )
     chosen_modes = ["none"] + [m for m in dict.fromkeys(chosen_modes) if m != "none"]
-    if not 0 < ci < 1:
-        raise InvalidInputError(f"ci={ci!r} must lie in (0, 1)")
-    n_boot = _check_positive_int("n_boot", n_boot)
-    batch_size = _check_positive_int("batch_size", batch_size)
+    ci = as_float("ci", ci, low=0.0, high=1.0)
+    n_boot = as_int("n_boot", n_boot, low=1)
+    batch_size = as_int("batch_size", batch_size, low=1)
+    seed = as_int("seed", seed, low=0, high=2**63 - 1)
+    shift = as_int("shift", shift)
+    exclude_first = as_bool("exclude_first", exclude_first)
+    effective_rank = as_bool("effective_rank", effective_rank)
     chosen = _check_layers(layers, int(model.cfg.n_layers))
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     _check_min_tokens(batch, exclude_first)
+    # Run sequences grouped by length, so that "permute" and "mean" act on each sequence's own
+    # positions (a padded batch would hand short sequences positions they do not have); the
+    # per-sequence results are put back in input order below.
+    order = torch.sort(batch.lengths, stable=True).indices
+    inverse = torch.argsort(order)
+    batch = batch[order]
     # Build every mode's hooks first, so a bad option fails before any forward pass.
     options: dict[str, dict[str, Any]] = {
         "permute": {"seed": seed},
@@ -139,26 +148,26 @@ def position_ablation_study(
             per_sequence=True,
             loss=True,
             desc=f"ablation {mode}",
+            uniform_length=True,
         )
         prov = _provenance(info, batch, chosen, exclude_first)
         profiles[mode] = run.accumulator.profile(chosen, prov)
-        loss.append(torch.cat(run.seq_loss).double())
-        pairwise.append(torch.cat(run.seq_mean_pairwise))
+        loss.append(torch.cat(run.seq_loss).double()[inverse])
+        pairwise.append(torch.cat(run.seq_mean_pairwise)[inverse])
         others.append(
             torch.cat(
                 [
                     torch.nn.functional.pad(t, (0, n_pos - t.shape[-1]), value=float("nan"))
                     for t in run.seq_to_others
                 ]
-            )
+            )[inverse]
         )
-    settings = {
-        "seed": seed,
-        "shift": shift,
-        "positions": None if positions is None else [int(p) for p in positions],
-        "data": batch.description,
-        "exclude_first": exclude_first,
-    }
+    settings: dict[str, Any] = {"seed": seed}
+    if "shift" in chosen_modes:
+        settings["shift"] = shift
+    if positions is not None:
+        settings["positions"] = [as_int("positions", p) for p in positions]
+    settings.update(data=batch.description, exclude_first=exclude_first)
     return PositionAblationStudy(
         modes=tuple(chosen_modes),
         profiles=profiles,
