@@ -106,3 +106,55 @@ def test_massive_activations_find_a_planted_dimension(get_model) -> None:
     assert hook_count(model) == 0
     with pytest.raises(InvalidInputError, match="threshold"):
         massive_activations(model, ["one two"], threshold=1)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_exact_attribution_equals_hand_written_ablation(arch, backend, get_model) -> None:
+    from homoglens import homogenization_profile, sink_attribution
+
+    model = get_model(arch, backend)
+    batch = corpus_windows(model, n_seq=3, seq_len=24)
+    layer, head, measured = 0, 1, model.cfg.n_layers
+
+    def hand(pattern, hook):  # written independently of homoglens.hooks
+        out = pattern.clone()
+        rows = out[:, head].clone()
+        rest = 1.0 - rows[..., 0]
+        rows[..., 0] = 0.0
+        scaled = rows / rest.clamp_min(1e-30)[..., None]
+        out[:, head] = torch.where((rest > 0)[..., None], scaled, pattern[:, head])
+        return out
+
+    base = homogenization_profile(model, batch, layers=[measured], progress=False)
+    with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hand)]):
+        ablated = homogenization_profile(model, batch, layers=[measured], progress=False)
+    want = ablated.to_others[0] - base.to_others[0]
+    result = sink_attribution(model, batch, heads=[(layer, head), (1, 0)], edge_k=3, progress=False)
+    assert want.abs().max() > 1e-4  # the ablation matters
+    assert torch.allclose(result.delta_to_others[0], want, atol=1e-5)
+    assert result.delta_mean_pairwise[0].item() == pytest.approx(
+        (ablated.mean_pairwise - base.mean_pairwise).item(), abs=1e-5
+    )
+    table = result.summary()
+    assert list(table["layer"]) == [0, 1, "joint"]
+    assert hook_count(model) == 0
+
+
+def test_attribution_bad_input(get_model) -> None:
+    from homoglens import sink_attribution
+
+    model = get_model("gpt2", BACKENDS[-1])
+    batch = corpus_windows(model, n_seq=2, seq_len=24)
+    for kwargs, match in (
+        ({"heads": [(5, 0)]}, "head layer"),
+        ({"heads": [(0, 9)]}, "head index"),
+        ({"heads": [(0, 1), (0, 1)]}, "repeats"),
+        ({"heads": [3]}, "pairs"),
+        ({"method": "fast"}, "only 'exact'"),
+        ({"layer": 9}, "layer="),
+        ({"key": -1}, "key="),
+        ({"edge_k": 20}, "edge_k"),
+    ):
+        with pytest.raises(InvalidInputError, match=match):
+            sink_attribution(model, batch, progress=False, **kwargs)
+    assert hook_count(model) == 0

@@ -32,7 +32,14 @@ from homoglens.profile import (
     resid_hook_name,
 )
 from homoglens.results import HomogenizationProfile, PositionAblationStudy, Provenance
-from homoglens.sinks import MassiveActivations, SinkScores, massive_activations, sink_scores
+from homoglens.sinks import (
+    MassiveActivations,
+    SinkAttribution,
+    SinkScores,
+    massive_activations,
+    sink_attribution,
+    sink_scores,
+)
 from homoglens.studies import default_ablation_modes, position_ablation_study
 
 __version__ = "0.1.0"
@@ -57,6 +64,7 @@ __all__ = [
     "Provenance",
     "ResultsNotFoundError",
     "SequenceTooLongError",
+    "SinkAttribution",
     "SinkScores",
     "TokenBatch",
     "UnknownModelError",
@@ -74,6 +82,7 @@ __all__ = [
     "position_ablation_hooks",
     "position_ablation_study",
     "resid_hook_name",
+    "sink_attribution",
     "sink_scores",
     "to_token_batch",
 ]

@@ -29,6 +29,7 @@ __all__ = [
     "learned_position_hook",
     "rotary_table_hook",
     "rerotate_hook",
+    "remove_sink_hook",
 ]
 
 PositionAblation: TypeAlias = Literal["none", "zero", "permute", "shift", "mean"]
@@ -221,5 +222,34 @@ def rerotate_hook(
         if plan.positions is None:  # every position changes
             return new
         return torch.where(changed.to(rotated.device)[None, :, None, None], new, rotated)
+
+    return hook
+
+
+def remove_sink_hook(heads: list[int], key: int) -> HookFn:
+    """Hook for ``blocks.{l}.attn.hook_pattern`` ``[batch head_index query_pos key_pos]``:
+    remove the chosen heads' attention to ``key`` and renormalise each row over the other keys.
+
+    A query whose only attended key is the sink (its row holds nothing else) keeps its row
+    unchanged, so no row ever becomes all zeros.
+
+    Args:
+        heads: Head indices of this layer to change.
+        key: 0-indexed key position of the sink.
+
+    Returns:
+        A TransformerLens hook function returning the changed pattern.
+    """
+    index = list(heads)
+
+    def hook(pattern: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> Any:
+        out = pattern.clone()
+        chosen = out[:, index]
+        rest = 1.0 - chosen[..., key]
+        removed = chosen.clone()
+        removed[..., key] = 0.0
+        renormalised = removed / torch.where(rest > 0, rest, torch.ones_like(rest))[..., None]
+        out[:, index] = torch.where((rest > 0)[..., None], renormalised, chosen)
+        return out
 
     return hook

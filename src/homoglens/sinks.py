@@ -42,6 +42,8 @@ __all__ = [
     "sink_sums",
     "sink_scores",
     "massive_activations",
+    "SinkAttribution",
+    "sink_attribution",
 ]
 
 
@@ -517,4 +519,207 @@ def massive_activations(
         threshold=float(threshold),
         n_sequences=len(batch),
         provenance=_provenance(info, batch, layers, False),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class SinkAttribution:
+    """How homogenization at one residual entry changes when attention sinks are removed.
+
+    Attributes:
+        heads: ``(layer, head)`` pairs whose sink was removed, one at a time.
+        layer: Entry of the residual axis measured (0 = embeddings, l = output of block l - 1).
+        key: Sink key position.
+        edge_k: Positions per edge in the edge-versus-middle summaries.
+        base_to_others: ``[pos]`` to_others of the unablated model at ``layer``.
+        delta_to_others: ``[head pos]`` ablated - base, one row per entry of ``heads``.
+        delta_mean_pairwise: ``[head]`` change of mean pairwise cosine.
+        joint_delta_to_others: ``[pos]`` change when all ``heads`` lose their sink together.
+        joint_delta_mean_pairwise: change of mean pairwise cosine for the joint ablation.
+        method: ``"exact"`` (one rerun per head).
+        rerun: How ablated runs were computed (``"full forward pass"``).
+        provenance: Model, backend, weights, BOS, data.
+
+    References:
+        Gu et al. 2024, arXiv 2410.10781; Barbero et al. 2025, arXiv 2504.02732 (sinks prevent
+        over-mixing: removing them is predicted to raise homogenization downstream).
+    """
+
+    heads: tuple[tuple[int, int], ...]
+    layer: int
+    key: int
+    edge_k: int
+    base_to_others: Float[torch.Tensor, " pos"]
+    delta_to_others: Float[torch.Tensor, "head pos"]
+    delta_mean_pairwise: Float[torch.Tensor, " head"]
+    joint_delta_to_others: Float[torch.Tensor, " pos"]
+    joint_delta_mean_pairwise: float
+    method: str = "exact"
+    rerun: str = "full forward pass"
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def _excess(self, to_others: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(first k - middle, last k - middle) of a ``[... pos]`` per-position curve."""
+        k = self.edge_k
+        x = to_others[..., self.key + 1 :] if self.key == 0 else to_others
+        first, middle, last = x[..., :k], x[..., k:-k], x[..., -k:]
+        mid = middle.nanmean(-1)
+        return first.nanmean(-1) - mid, last.nanmean(-1) - mid
+
+    def summary(self) -> pd.DataFrame:
+        """Per head (and ``joint``): change of mean pairwise cosine and of the edge excess
+        (first/last ``edge_k`` positions minus the middle; the sink key itself left out), and
+        the share of the base edge excess that the removal takes away."""
+        import pandas as pd
+
+        base_first, base_last = self._excess(self.base_to_others)
+        rows = []
+        curves = list(
+            zip(self.heads, self.delta_to_others, self.delta_mean_pairwise.tolist(), strict=True)
+        )
+        curves.append((("joint", ""), self.joint_delta_to_others, self.joint_delta_mean_pairwise))
+        for (layer, head), delta, d_pair in curves:
+            new_first, new_last = self._excess(self.base_to_others + delta)
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": head,
+                    "delta_mean_pairwise": d_pair,
+                    "delta_first_excess": float(new_first - base_first),
+                    "delta_last_excess": float(new_last - base_last),
+                    "share_first_excess_removed": float((base_first - new_first) / base_first)
+                    if float(base_first) != 0
+                    else float("nan"),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def __repr__(self) -> str:
+        return (
+            f"SinkAttribution(model={self.provenance.model!r}, heads={len(self.heads)}, "
+            f"layer={self.layer}, method={self.method}, "
+            f"joint_delta_mean_pairwise={self.joint_delta_mean_pairwise:+.4f})"
+        )
+
+
+def sink_attribution(
+    model: HookedModel,
+    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    *,
+    heads: list[tuple[int, int]] | None = None,
+    top_k: int = 5,
+    layer: int | None = None,
+    key: int = 0,
+    edge_k: int = 8,
+    method: str = "exact",
+    batch_size: int = 8,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+    progress: bool = True,
+) -> SinkAttribution:
+    """Attribute homogenization to attention sinks by removing them, head by head and jointly.
+
+    For each head, its attention to ``key`` is removed and every row renormalised over the other
+    keys (a query whose only key is the sink keeps its row), the model is rerun, and
+    ``to_others`` per position and ``mean_pairwise`` are measured at residual entry ``layer``;
+    the result holds ablated - base. A joint ablation removes all the heads' sinks at once.
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        data: As for :func:`homogenization_profile`.
+        heads: ``(layer, head)`` pairs; default: the ``top_k`` heads by sink mass on ``key``.
+        top_k: How many heads when ``heads`` is not given.
+        layer: Residual entry to measure (default ``n_layers``: the last block's output).
+        key: Sink key position (0-indexed).
+        edge_k: Positions per edge in :meth:`SinkAttribution.summary`.
+        method: ``"exact"`` (one rerun per head; the first-order ``"fast"`` mode is not
+            implemented yet).
+        batch_size: Sequences per forward pass.
+        attention_mask: For token input.
+        bos: For text input.
+        progress: Show progress bars.
+
+    Returns:
+        :class:`SinkAttribution`.
+
+    Raises:
+        InvalidInputError: a head or layer that does not exist, bad ``key``/``method``, or bad
+            data. No hook stays attached after any error.
+
+    References:
+        Gu et al. 2024, arXiv 2410.10781; Barbero et al. 2025, arXiv 2504.02732.
+    """
+    from homoglens._checks import as_int
+    from homoglens.hooks import remove_sink_hook
+    from homoglens.profile import _check_min_tokens, _stream
+
+    info = model_info(model)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    if method != "exact":
+        raise InvalidInputError(f"method={method!r}: only 'exact' is implemented so far")
+    key, _ = _check_key_eps(key, 0.3, int(model.cfg.n_ctx))
+    target = n_layers if layer is None else as_int("layer", layer, low=0, high=n_layers)
+    edge_k = as_int("edge_k", edge_k, low=1)
+    batch_size = as_int("batch_size", batch_size, low=1)
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    _check_min_tokens(batch, False)
+    if heads is None:
+        scores = sink_scores(model, batch, key=key, batch_size=batch_size, progress=False)
+        top = scores.top_heads(as_int("top_k", top_k, low=1, high=n_layers * n_heads))
+        chosen = [(int(r.layer), int(r.head)) for r in top.itertuples()]
+    else:
+        chosen = []
+        for pair in heads:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise InvalidInputError(f"heads must be (layer, head) pairs, got {pair!r}")
+            lay = as_int("head layer", pair[0], low=0, high=n_layers - 1)
+            head = as_int("head index", pair[1], low=0, high=n_heads - 1)
+            chosen.append((lay, head))
+        if not chosen or len(set(chosen)) != len(chosen):
+            raise InvalidInputError(f"heads={heads!r} must be non-empty and without repeats")
+    counted = int(batch.lengths.min()) - (1 if key == 0 else 0)
+    if 2 * edge_k >= counted:
+        raise InvalidInputError(f"edge_k={edge_k} needs sequences longer than {2 * edge_k + 1}")
+
+    def run(hooks: list[tuple[str, Any]], desc: str) -> Any:
+        out = _stream(
+            model,
+            batch,
+            (target,),
+            batch_size=batch_size,
+            exclude_first=False,
+            effective_rank=False,
+            progress=progress,
+            extra_hooks=hooks,
+            desc=desc,
+        )
+        return out.accumulator.profile((target,), _provenance(info, batch, (target,), False))
+
+    def hooks_for(pairs: list[tuple[int, int]]) -> list[tuple[str, Any]]:
+        by_layer: dict[int, list[int]] = {}
+        for lay, head in pairs:
+            by_layer.setdefault(lay, []).append(head)
+        return [
+            (f"blocks.{lay}.attn.hook_pattern", remove_sink_hook(hs, key))
+            for lay, hs in sorted(by_layer.items())
+        ]
+
+    base = run([], "sink attribution: base")
+    deltas, pair_deltas = [], []
+    for lay, head in chosen:
+        ablated = run(hooks_for([(lay, head)]), f"remove sink L{lay}H{head}")
+        deltas.append(ablated.to_others[0] - base.to_others[0])
+        pair_deltas.append(float(ablated.mean_pairwise[0] - base.mean_pairwise[0]))
+    joint = run(hooks_for(chosen), "remove sinks jointly")
+    return SinkAttribution(
+        heads=tuple(chosen),
+        layer=target,
+        key=key,
+        edge_k=edge_k,
+        base_to_others=base.to_others[0],
+        delta_to_others=torch.stack(deltas),
+        delta_mean_pairwise=torch.tensor(pair_deltas, dtype=torch.float64),
+        joint_delta_to_others=joint.to_others[0] - base.to_others[0],
+        joint_delta_mean_pairwise=float(joint.mean_pairwise[0] - base.mean_pairwise[0]),
+        provenance=base.provenance,
     )
