@@ -203,6 +203,7 @@ def test_error_inside_forward_leaves_no_hook_and_same_weights(
         homogenization_profile(model, TEXTS, progress=False)
     assert hook_count(model) == 0
     assert state_hash(model) == before
+    assert not torch.is_inference_mode_enabled()  # the streaming loop restored grad mode
 
 
 def test_non_finite_activations_are_reported(get_model) -> None:

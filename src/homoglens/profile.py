@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import os
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _pkg_version
 from typing import Any
@@ -340,44 +341,62 @@ def _stream(
     fwd_hooks = list(extra_hooks or []) + [
         (name, make_hook(i, name)) for i, name in enumerate(names)
     ]
+    try:
+        for tokens, mask in forward_batches(
+            batch, batch_size, device, desc=desc, progress=progress, uniform_length=uniform_length
+        ):
+            state["pos_index"] = positions_from_mask(mask, exclude_first=exclude_first)
+            if per_sequence:
+                shape = (tokens.shape[0], len(chosen))
+                state["to_others"] = torch.full(
+                    (*shape, n_pos), float("nan"), dtype=torch.float64, device=device
+                )
+                state["mean_pairwise"] = torch.zeros(shape, dtype=torch.float64, device=device)
+            if loss:
+                logits = model.run_with_hooks(
+                    tokens, attention_mask=mask, return_type="logits", fwd_hooks=fwd_hooks
+                )
+                result.seq_loss.append(_next_token_loss(logits, tokens, mask).cpu())
+                del logits
+            else:
+                model.run_with_hooks(
+                    tokens,
+                    attention_mask=mask,
+                    return_type=None,
+                    stop_at_layer=max(1, max(chosen)),
+                    fwd_hooks=fwd_hooks,
+                )
+            if per_sequence:
+                result.seq_to_others.append(state["to_others"].float().cpu())
+                result.seq_mean_pairwise.append(state["mean_pairwise"].float().cpu())
+    finally:
+        state.clear()
+    return result
+
+
+def forward_batches(
+    batch: TokenBatch,
+    batch_size: int,
+    device: torch.device,
+    *,
+    desc: str,
+    progress: bool,
+    uniform_length: bool = False,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield right-aligned ``(tokens, attention_mask)`` batches on ``device``, under
+    ``torch.inference_mode`` and with a tqdm progress bar (the one streaming loop of homoglens:
+    profiles, studies, sink scores and massive activations all run through it)."""
     bar = tqdm(total=len(batch), unit="seq", desc=desc, disable=not progress)
     try:
         with torch.inference_mode():
             for start, stop in _batch_bounds(batch.lengths, batch_size, uniform_length):
                 tokens, mask = right_aligned(
-                    batch.tokens[start:stop],
-                    batch.attention_mask[start:stop],
+                    batch.tokens[start:stop], batch.attention_mask[start:stop]
                 )
-                tokens, mask = tokens.to(device), mask.to(device)
-                state["pos_index"] = positions_from_mask(mask, exclude_first=exclude_first)
-                if per_sequence:
-                    shape = (tokens.shape[0], len(chosen))
-                    state["to_others"] = torch.full(
-                        (*shape, n_pos), float("nan"), dtype=torch.float64, device=device
-                    )
-                    state["mean_pairwise"] = torch.zeros(shape, dtype=torch.float64, device=device)
-                if loss:
-                    logits = model.run_with_hooks(
-                        tokens, attention_mask=mask, return_type="logits", fwd_hooks=fwd_hooks
-                    )
-                    result.seq_loss.append(_next_token_loss(logits, tokens, mask).cpu())
-                    del logits
-                else:
-                    model.run_with_hooks(
-                        tokens,
-                        attention_mask=mask,
-                        return_type=None,
-                        stop_at_layer=max(1, max(chosen)),
-                        fwd_hooks=fwd_hooks,
-                    )
-                if per_sequence:
-                    result.seq_to_others.append(state["to_others"].float().cpu())
-                    result.seq_mean_pairwise.append(state["mean_pairwise"].float().cpu())
-                bar.update(int(tokens.shape[0]))
+                yield tokens.to(device), mask.to(device)
+                bar.update(stop - start)
     finally:
         bar.close()
-        state.clear()
-    return result
 
 
 def cosine_homogenization(

@@ -62,6 +62,27 @@ class Provenance:
     transformer_lens_version: str = ""
 
 
+def _read_saved(folder: Path, stem: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """Read ``{stem}.json`` and ``{stem}.safetensors`` of a saved result (never pickle).
+
+    Raises:
+        ResultsNotFoundError: a file is missing. IncompatibleResultsError: a file is corrupt.
+    """
+    from safetensors.torch import load_file
+
+    for name in (f"{stem}.json", f"{stem}.safetensors"):
+        if not (folder / name).is_file():
+            raise ResultsNotFoundError(
+                f"{folder / name} not found; is {str(folder)!r} a saved {stem}?"
+            )
+    try:
+        meta = json.loads((folder / f"{stem}.json").read_text())
+        tensors = load_file(str(folder / f"{stem}.safetensors"))
+    except Exception as err:  # corrupt JSON or safetensors
+        raise IncompatibleResultsError(f"cannot read the {stem} in {folder}: {err}") from None
+    return meta, tensors
+
+
 def _nan_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     out = num / torch.where(den > 0, den, torch.ones_like(den))
     return torch.where(den > 0, out, torch.full_like(out, math.nan))
@@ -458,19 +479,8 @@ class HomogenizationProfile:
             IncompatibleResultsError: unknown format, unreadable files, missing/extra keys or
                 tensors, or shapes that do not fit together.
         """
-        from safetensors.torch import load_file
-
         folder = Path(path)
-        for name in ("profile.json", "profile.safetensors"):
-            if not (folder / name).is_file():
-                raise ResultsNotFoundError(
-                    f"{folder / name} not found; is {str(folder)!r} a saved profile?"
-                )
-        try:
-            meta = json.loads((folder / "profile.json").read_text())
-            tensors = load_file(str(folder / "profile.safetensors"))
-        except Exception as err:  # corrupt JSON or safetensors
-            raise IncompatibleResultsError(f"cannot read the profile in {folder}: {err}") from None
+        meta, tensors = _read_saved(folder, "profile")
         if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
             got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
             raise IncompatibleResultsError(f"{folder} holds format {got!r}, expected {_FORMAT!r}")
@@ -802,19 +812,8 @@ class PositionAblationStudy:
             ResultsNotFoundError: a file of the study is missing.
             IncompatibleResultsError: wrong format, keys, tensors or settings.
         """
-        from safetensors.torch import load_file
-
         folder = Path(path)
-        for name in ("study.json", "study.safetensors"):
-            if not (folder / name).is_file():
-                raise ResultsNotFoundError(
-                    f"{folder / name} not found; is {str(folder)!r} a saved study?"
-                )
-        try:
-            meta = json.loads((folder / "study.json").read_text())
-            tensors = load_file(str(folder / "study.safetensors"))
-        except Exception as err:
-            raise IncompatibleResultsError(f"cannot read the study in {folder}: {err}") from None
+        meta, tensors = _read_saved(folder, "study")
         if not isinstance(meta, dict) or meta.get("format") != "homoglens.PositionAblationStudy/1":
             raise IncompatibleResultsError(f"{folder} does not hold a PositionAblationStudy")
         if not {"modes", "settings", "n_boot", "ci", "seed"} <= set(meta):

@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
-from tqdm.auto import tqdm
 
-from homoglens.data import TokenBatch, right_aligned, to_token_batch
+from homoglens.data import TokenBatch, to_token_batch
 from homoglens.errors import InvalidInputError
 from homoglens.models import model_info
-from homoglens.profile import _check_positive_int, _model_device, _provenance
+from homoglens.profile import _check_positive_int, _model_device, _provenance, forward_batches
 from homoglens.results import Provenance
 from homoglens.types import BosPolicy, HookedModel
 
@@ -315,24 +314,13 @@ def sink_scores(
     fwd_hooks = [
         (f"blocks.{layer}.attn.hook_pattern", make_hook(layer)) for layer in range(n_layers)
     ]
-    bar = tqdm(total=len(batch), unit="seq", desc="sinks", disable=not progress)
     try:
-        with torch.inference_mode():
-            for start in range(0, len(batch), batch_size):
-                tokens, mask = right_aligned(
-                    batch.tokens[start : start + batch_size],
-                    batch.attention_mask[start : start + batch_size],
-                )
-                state["lengths"] = mask.sum(1).to(device)
-                model.run_with_hooks(
-                    tokens.to(device),
-                    attention_mask=mask.to(device),
-                    return_type=None,
-                    fwd_hooks=fwd_hooks,
-                )
-                bar.update(int(tokens.shape[0]))
+        for tokens, mask in forward_batches(
+            batch, batch_size, device, desc="sinks", progress=progress
+        ):
+            state["lengths"] = mask.sum(1)
+            model.run_with_hooks(tokens, attention_mask=mask, return_type=None, fwd_hooks=fwd_hooks)
     finally:
-        bar.close()
         state.clear()
     n_seq = counts["n_sequences"]
     by_query = _nan_div(acc["by_query_sum"].cpu(), counts["by_query_count"].cpu())
@@ -490,25 +478,19 @@ def massive_activations(
         return hook
 
     fwd_hooks = [(resid_hook_name(layer), make_hook(i)) for i, layer in enumerate(layers)]
-    bar = tqdm(total=len(batch), unit="seq", desc="massive activations", disable=not progress)
     try:
-        with torch.inference_mode():
-            for start in range(0, len(batch), batch_size):
-                tokens, mask = right_aligned(
-                    batch.tokens[start : start + batch_size],
-                    batch.attention_mask[start : start + batch_size],
-                )
-                state["real"] = mask.bool().to(device)
-                model.run_with_hooks(
-                    tokens.to(device),
-                    attention_mask=mask.to(device),
-                    return_type=None,
-                    stop_at_layer=n_layers,
-                    fwd_hooks=fwd_hooks,
-                )
-                bar.update(int(tokens.shape[0]))
+        for tokens, mask in forward_batches(
+            batch, batch_size, device, desc="massive activations", progress=progress
+        ):
+            state["real"] = mask.bool()
+            model.run_with_hooks(
+                tokens,
+                attention_mask=mask,
+                return_type=None,
+                stop_at_layer=n_layers,
+                fwd_hooks=fwd_hooks,
+            )
     finally:
-        bar.close()
         state.clear()
     return MassiveActivations(
         layers=layers,
