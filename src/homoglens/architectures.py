@@ -34,7 +34,8 @@ class ArchitectureSpec:
             ``hook_pos_embed`` for learned tables; for rotary, the rotated queries/keys
             ``hook_rot_q``/``hook_rot_k``.
         bridge_position_hooks: The same on ``TransformerBridge``: ``hook_pos_embed``, or the
-            per-block rotary tables ``hook_cos``/``hook_sin`` (``hook_rot_q/k`` never fire there).
+            per-block rotary tables ``hook_cos``/``hook_sin`` (``hook_rot_q/k`` do not fire
+            there for GPT-NeoX, so the tables serve both rotary families).
         hf_position_module: Attribute path, inside the Hugging Face model, of the module that
             makes the positional signal (the ``wpe`` table or the rotary-embedding module).
     """
