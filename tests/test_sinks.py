@@ -158,3 +158,36 @@ def test_attribution_bad_input(get_model) -> None:
         with pytest.raises(InvalidInputError, match=match):
             sink_attribution(model, batch, progress=False, **kwargs)
     assert hook_count(model) == 0
+
+
+def test_fast_attribution_is_the_first_order_of_exact(backend) -> None:
+    """Attribution patching == (exact effect of a tiny partial sink removal) / its size, and
+    ranks heads like the full exact removal."""
+    from homoglens import (
+        fast_sink_attribution,
+        homogenization_profile,
+        load_model,
+        sink_attribution,
+    )
+    from homoglens.hooks import remove_sink_hook
+    from homoglens.testing import tiny_model_folder
+
+    model = load_model(tiny_model_folder("llama"), backend=backend, dtype=torch.float64)
+    batch = corpus_windows(model, n_seq=3, seq_len=20)
+    fast = fast_sink_attribution(model, batch, progress=False)
+    assert tuple(fast.shape) == (model.cfg.n_layers, model.cfg.n_heads)
+    last = model.cfg.n_layers
+    base = homogenization_profile(model, batch, layers=[last], progress=False).mean_pairwise
+    eps = 1e-4
+    for layer, head in ((0, 1), (1, 2)):
+        hook = remove_sink_hook([head], 0, scale=eps)
+        with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hook)]):
+            moved = homogenization_profile(model, batch, layers=[last], progress=False)
+        slope = ((moved.mean_pairwise - base) / eps).item()
+        assert slope == pytest.approx(fast[layer, head].item(), rel=2e-3, abs=1e-7)
+    heads = [(i, h) for i in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    exact = sink_attribution(model, batch, heads=heads, edge_k=3, progress=False)
+    corr = torch.corrcoef(torch.stack([exact.delta_mean_pairwise.float(), fast.flatten()]))[0, 1]
+    assert corr > 0.9
+    assert all(p.grad is None for p in model.parameters())  # no parameter gradients touched
+    assert hook_count(model) == 0 and not torch.is_inference_mode_enabled()

@@ -30,6 +30,7 @@ __all__ = [
     "rotary_table_hook",
     "rerotate_hook",
     "remove_sink_hook",
+    "sink_removal_delta",
 ]
 
 PositionAblation: TypeAlias = Literal["none", "zero", "permute", "shift", "mean"]
@@ -226,7 +227,19 @@ def rerotate_hook(
     return hook
 
 
-def remove_sink_hook(heads: list[int], key: int) -> HookFn:
+def sink_removal_delta(
+    pattern: Float[torch.Tensor, "batch head_index query_pos key_pos"], key: int
+) -> Float[torch.Tensor, "batch head_index query_pos key_pos"]:
+    """The change of every head's pattern when its attention to ``key`` is removed and each row
+    renormalised over the other keys (rows whose only key is the sink: no change)."""
+    rest = 1.0 - pattern[..., key]
+    removed = pattern.clone()
+    removed[..., key] = 0.0
+    renormalised = removed / torch.where(rest > 0, rest, torch.ones_like(rest))[..., None]
+    return torch.where((rest > 0)[..., None], renormalised, pattern) - pattern
+
+
+def remove_sink_hook(heads: list[int], key: int, *, scale: float = 1.0) -> HookFn:
     """Hook for ``blocks.{l}.attn.hook_pattern`` ``[batch head_index query_pos key_pos]``:
     remove the chosen heads' attention to ``key`` and renormalise each row over the other keys.
 
@@ -236,6 +249,8 @@ def remove_sink_hook(heads: list[int], key: int) -> HookFn:
     Args:
         heads: Head indices of this layer to change.
         key: 0-indexed key position of the sink.
+        scale: Apply only this fraction of the change (1 = full removal); small values probe
+            the first-order effect.
 
     Returns:
         A TransformerLens hook function returning the changed pattern.
@@ -249,7 +264,8 @@ def remove_sink_hook(heads: list[int], key: int) -> HookFn:
         removed = chosen.clone()
         removed[..., key] = 0.0
         renormalised = removed / torch.where(rest > 0, rest, torch.ones_like(rest))[..., None]
-        out[:, index] = torch.where((rest > 0)[..., None], renormalised, chosen)
+        target = torch.where((rest > 0)[..., None], renormalised, chosen)
+        out[:, index] = chosen + scale * (target - chosen) if scale != 1.0 else target
         return out
 
     return hook
