@@ -28,7 +28,7 @@ from homoglens.data import TokenBatch, to_token_batch
 from homoglens.errors import InvalidInputError
 from homoglens.models import model_info
 from homoglens.profile import _check_positive_int, _model_device, _provenance, forward_batches
-from homoglens.results import Provenance
+from homoglens.results import Provenance, _nan_div
 from homoglens.types import BosPolicy, HookedModel
 
 if TYPE_CHECKING:
@@ -93,11 +93,6 @@ def sink_sums(
         "sink_count": (importance > eps).to(f64).sum(0),
         "n_sequences": torch.tensor(float(batch), dtype=f64),
     }
-
-
-def _nan_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    out = num / torch.where(den > 0, den, torch.ones_like(den))
-    return torch.where(den > 0, out, torch.full_like(out, float("nan")))
 
 
 @dataclass(frozen=True, eq=False)
