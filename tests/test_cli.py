@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from homoglens import HomogenizationProfile
+from homoglens import HomogenizationProfile, SinkAnalysis
 from homoglens.cli import main
 from homoglens.testing import tiny_model_folder
 
@@ -50,6 +50,42 @@ def test_profile_writes_report(tmp_path) -> None:
     assert prof.effective_rank is not None
     meta = json.loads((out / "profile" / "profile.json").read_text())
     assert meta["provenance"]["bos"] is True
+    assert "Attention sinks" in html and "Barbero" in html  # the sinks section (default on)
+    sinks = SinkAnalysis.load(out / "sinks")
+    assert sinks.scores.n_sequences == 6 and sinks.exact.n_sequences == 6
+    assert len(sinks.exact.heads) == 3 and sinks.fast.method == "fast"
+
+
+def test_sinks_command_writes_its_report(tmp_path) -> None:
+    out = tmp_path / "sinks"
+    args = ["--n-seq", "4", "--seq-len", "24", "--out", str(out), "--no-progress"]
+    result = run("sinks", "--model", str(tiny_model_folder("llama")), "--sink-top-k", "2", *args)
+    assert result.exit_code == 0, result.output
+    for name in (
+        "report.html",
+        "sink_heads.csv",
+        "sink_attribution_exact.csv",
+        "figures/sink_scores.png",
+        "sinks/exact/attribution.json",
+    ):
+        assert (out / name).is_file(), name
+    html = (out / "report.html").read_text()
+    assert "Strongest sink heads" in html and "Massive activations" in html
+    analysis = SinkAnalysis.load(out / "sinks")
+    assert len(analysis.exact.heads) == 2 and analysis.exact.joint_delta is not None
+    bad = run(
+        "sinks",
+        "--model",
+        str(tiny_model_folder("llama")),
+        "--sink-top-k",
+        "999",
+        *args[:4],
+        "--no-progress",
+        "--out",
+        str(tmp_path / "bad"),
+    )
+    assert bad.exit_code != 0 and "top_k" in bad.output
+    assert not (tmp_path / "bad").exists()
 
 
 def test_profile_refuses_non_empty_out_unless_overwrite(tmp_path) -> None:

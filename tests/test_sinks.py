@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -108,13 +109,36 @@ def test_massive_activations_find_a_planted_dimension(get_model) -> None:
         massive_activations(model, ["one two"], threshold=1)
 
 
+def _hand_to_others(resid: torch.Tensor) -> torch.Tensor:
+    """[batch pos] mean cosine to the other tokens, from the full cosine matrix."""
+    u = torch.nn.functional.normalize(resid.double(), dim=-1)
+    cos = u @ u.transpose(1, 2)
+    t = cos.shape[-1]
+    return (cos.sum(-1) - cos.diagonal(dim1=1, dim2=2)) / (t - 1)
+
+
+def _hand_metrics(to_others: torch.Tensor, k: int) -> torch.Tensor:
+    """mean_pairwise, first_excess, last_excess of equal-length sequences (key 0)."""
+    first, middle, last = to_others[:, 1 : 1 + k], to_others[:, 1 + k : -k], to_others[:, -k:]
+    return torch.stack(
+        [to_others.mean(), first.mean() - middle.mean(), last.mean() - middle.mean()]
+    )
+
+
+def _resid_with(model, tokens, layer, hooks) -> torch.Tensor:
+    name = f"blocks.{layer - 1}.hook_resid_post"
+    with model.hooks(fwd_hooks=hooks):
+        _, cache = model.run_with_cache(tokens, names_filter=name)
+    return cache[name]
+
+
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_exact_attribution_equals_hand_written_ablation(arch, backend, get_model) -> None:
-    from homoglens import homogenization_profile, sink_attribution
+    from homoglens import sink_attribution
 
     model = get_model(arch, backend)
     batch = corpus_windows(model, n_seq=3, seq_len=24)
-    layer, head, measured = 0, 1, model.cfg.n_layers
+    layer, head, measured, k = 0, 1, model.cfg.n_layers, 3
 
     def hand(pattern, hook):  # written independently of homoglens.hooks
         out = pattern.clone()
@@ -125,18 +149,52 @@ def test_exact_attribution_equals_hand_written_ablation(arch, backend, get_model
         out[:, head] = torch.where((rest > 0)[..., None], scaled, pattern[:, head])
         return out
 
-    base = homogenization_profile(model, batch, layers=[measured], progress=False)
-    with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hand)]):
-        ablated = homogenization_profile(model, batch, layers=[measured], progress=False)
-    want = ablated.to_others[0] - base.to_others[0]
-    result = sink_attribution(model, batch, heads=[(layer, head), (1, 0)], edge_k=3, progress=False)
+    base = _hand_to_others(_resid_with(model, batch.tokens, measured, []))
+    ablated = _hand_to_others(
+        _resid_with(model, batch.tokens, measured, [(f"blocks.{layer}.attn.hook_pattern", hand)])
+    )
+    result = sink_attribution(model, batch, heads=[(layer, head), (1, 0)], edge_k=k, progress=False)
+    want = (ablated - base).mean(0)
     assert want.abs().max() > 1e-4  # the ablation matters
     assert torch.allclose(result.delta_to_others[0], want, atol=1e-5)
-    assert result.delta_mean_pairwise[0].item() == pytest.approx(
-        (ablated.mean_pairwise - base.mean_pairwise).item(), abs=1e-5
+    assert torch.allclose(result.base, _hand_metrics(base, k), atol=1e-6)
+    assert torch.allclose(
+        result.delta[0], _hand_metrics(ablated, k) - _hand_metrics(base, k), atol=1e-5
     )
+    assert result.rerun.startswith("from the ablated block") == (backend == "hooked")
     table = result.summary()
-    assert list(table["layer"]) == [0, 1, "joint"]
+    assert list(table["layer"]) == ["0", "1", "sum", "joint"]
+    assert table["delta_mean_pairwise"][2] == pytest.approx(float(result.delta[:, 0].sum()))
+    assert hook_count(model) == 0
+
+
+def test_mean_ablation_equals_hand_written_hook(backend, get_model) -> None:
+    from homoglens import sink_attribution
+
+    model = get_model("neox", backend)
+    batch = corpus_windows(model, n_seq=3, seq_len=20)
+    layer, head, k = 1, 2, 2
+    _, cache = model.run_with_cache(batch.tokens, names_filter=f"blocks.{layer}.attn.hook_z")
+    mean = cache[f"blocks.{layer}.attn.hook_z"][:, :, head].mean((0, 1))
+
+    def hand(z, hook):
+        z = z.clone()
+        z[:, :, head] = mean
+        return z
+
+    base = _hand_to_others(_resid_with(model, batch.tokens, 2, []))
+    ablated = _hand_to_others(
+        _resid_with(model, batch.tokens, 2, [(f"blocks.{layer}.attn.hook_z", hand)])
+    )
+    result = sink_attribution(
+        model, batch, heads=[(layer, head)], ablation="mean", layer=2, edge_k=k, progress=False
+    )
+    assert (ablated - base).abs().max() > 1e-4
+    assert torch.allclose(result.delta_to_others[0], (ablated - base).mean(0), atol=1e-5)
+    assert torch.allclose(
+        result.delta[0], _hand_metrics(ablated, k) - _hand_metrics(base, k), atol=1e-5
+    )
+    assert result.joint_delta is None  # one head: no joint ablation
     assert hook_count(model) == 0
 
 
@@ -147,47 +205,105 @@ def test_attribution_bad_input(get_model) -> None:
     batch = corpus_windows(model, n_seq=2, seq_len=24)
     for kwargs, match in (
         ({"heads": [(5, 0)]}, "head layer"),
+        ({"heads": [(1, 0)], "layer": 1}, "head layer"),  # a head after the measured entry
         ({"heads": [(0, 9)]}, "head index"),
         ({"heads": [(0, 1), (0, 1)]}, "repeats"),
         ({"heads": [3]}, "pairs"),
-        ({"method": "fast"}, "only 'exact'"),
+        ({"heads": "0,1"}, "pairs"),
+        ({"method": "slow"}, "method="),
+        ({"ablation": "zero"}, "ablation="),
         ({"layer": 9}, "layer="),
+        ({"layer": 0}, "layer="),
         ({"key": -1}, "key="),
+        ({"key": 30}, "key="),
         ({"edge_k": 20}, "edge_k"),
+        ({"top_k": 0}, "top_k"),
     ):
         with pytest.raises(InvalidInputError, match=match):
             sink_attribution(model, batch, progress=False, **kwargs)
     assert hook_count(model) == 0
 
 
-def test_fast_attribution_is_the_first_order_of_exact(backend) -> None:
-    """Attribution patching == (exact effect of a tiny partial sink removal) / its size, and
-    ranks heads like the full exact removal."""
-    from homoglens import (
-        fast_sink_attribution,
-        homogenization_profile,
-        load_model,
-        sink_attribution,
-    )
+@pytest.mark.parametrize("ablation", ["sink", "mean"])
+def test_fast_attribution_is_the_first_order_of_exact(backend, ablation) -> None:
+    """Attribution patching == (exact effect of a tiny partial ablation) / its size, for every
+    metric, and ranks heads like the full exact ablation."""
+    from homoglens import load_model, sink_attribution
     from homoglens.hooks import remove_sink_hook
     from homoglens.testing import tiny_model_folder
 
     model = load_model(tiny_model_folder("llama"), backend=backend, dtype=torch.float64)
     batch = corpus_windows(model, n_seq=3, seq_len=20)
-    fast = fast_sink_attribution(model, batch, progress=False)
-    assert tuple(fast.shape) == (model.cfg.n_layers, model.cfg.n_heads)
-    last = model.cfg.n_layers
-    base = homogenization_profile(model, batch, layers=[last], progress=False).mean_pairwise
-    eps = 1e-4
+    k, last = 3, model.cfg.n_layers
+    fast = sink_attribution(
+        model, batch, method="fast", ablation=ablation, edge_k=k, progress=False
+    )
+    n_heads = model.cfg.n_heads
+    assert len(fast.heads) == last * n_heads and fast.delta_to_others is None
+    base = _hand_metrics(_hand_to_others(_resid_with(model, batch.tokens, last, [])), k)
+    assert torch.allclose(fast.base, base, atol=1e-9)
+    # Central differences; the bridge's float64 forward carries ~1e-9 noise, so eps = 1e-3.
+    eps = 1e-3
     for layer, head in ((0, 1), (1, 2)):
-        hook = remove_sink_hook([head], 0, scale=eps)
-        with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", hook)]):
-            moved = homogenization_profile(model, batch, layers=[last], progress=False)
-        slope = ((moved.mean_pairwise - base) / eps).item()
-        assert slope == pytest.approx(fast[layer, head].item(), rel=2e-3, abs=1e-7)
-    heads = [(i, h) for i in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    exact = sink_attribution(model, batch, heads=heads, edge_k=3, progress=False)
-    corr = torch.corrcoef(torch.stack([exact.delta_mean_pairwise.float(), fast.flatten()]))[0, 1]
-    assert corr > 0.9
+        if ablation == "sink":
+            name = f"blocks.{layer}.attn.hook_pattern"
+            hooks = [(name, remove_sink_hook([head], 0, scale=s)) for s in (eps, -eps)]
+        else:
+            name = f"blocks.{layer}.attn.hook_z"
+            _, cache = model.run_with_cache(batch.tokens, names_filter=name)
+            mean = cache[name][:, :, head].mean((0, 1))
+
+            def nudge(scale, head=head, mean=mean):
+                def hook(z, hook):
+                    z = z.clone()
+                    z[:, :, head] += scale * (mean - z[:, :, head])
+                    return z
+
+                return hook
+
+            hooks = [(name, nudge(s)) for s in (eps, -eps)]
+        up, down = (
+            _hand_metrics(_hand_to_others(_resid_with(model, batch.tokens, last, [h])), k)
+            for h in hooks
+        )
+        slope = (up - down) / (2 * eps)
+        got = fast.delta[layer * n_heads + head]
+        assert torch.allclose(slope, got, rtol=3e-3, atol=2e-6), (slope - got).tolist()
+    heads = [(i, h) for i in range(last) for h in range(n_heads)]
+    exact = sink_attribution(
+        model, batch, heads=heads, ablation=ablation, edge_k=k, joint=False, progress=False
+    )
+    assert exact.correlation(fast) > 0.9
     assert all(p.grad is None for p in model.parameters())  # no parameter gradients touched
     assert hook_count(model) == 0 and not torch.is_inference_mode_enabled()
+
+
+def test_attribution_results_round_trip_and_plot(tmp_path, get_model) -> None:
+    from homoglens import SinkAttribution, attention_view, sink_attribution
+
+    model = get_model("gpt2", BACKENDS[-1])
+    batch = corpus_windows(model, n_seq=2, seq_len=24)
+    exact = sink_attribution(model, batch, top_k=3, edge_k=3, progress=False)
+    fast = sink_attribution(model, batch, method="fast", edge_k=3, progress=False)
+    scores = sink_scores(model, batch, progress=False)
+    top = scores.top_heads(3)
+    assert list(exact.heads) == list(zip(top["layer"], top["head"], strict=True))
+    for result in (exact, fast):
+        loaded = SinkAttribution.load(result.save(tmp_path / result.method))
+        assert loaded.heads == result.heads and loaded.rerun == result.rerun
+        assert torch.equal(loaded.delta, result.delta)
+        assert (loaded.joint_delta is None) == (result.joint_delta is None)
+        assert len(result.plot().axes) >= 1
+        assert len(result.to_pandas()) == len(result.heads)
+    grid = fast.grid("first_excess")
+    assert tuple(grid.shape) == (model.cfg.n_layers, model.cfg.n_heads)
+    assert grid[1, 2].item() == pytest.approx(fast.delta[1 * model.cfg.n_heads + 2, 1].item())
+    assert -1 <= exact.correlation(fast) <= 1
+    flipped = dataclasses.replace(fast, delta=-fast.delta)
+    assert fast.correlation(fast) == pytest.approx(1.0)
+    assert fast.correlation(flipped, "last_excess", rank=True) == pytest.approx(-1.0)
+    view = str(attention_view(model, "The cat sat on the mat.", [(1, 0), (0, 3)]))
+    assert "L1H0" in view and "L0H3" in view
+    with pytest.raises(InvalidInputError, match="head index"):
+        attention_view(model, "The cat sat.", [(0, 99)])
+    assert hook_count(model) == 0

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Attention sinks and massive activations (work in progress)
+# # Attention sinks and massive activations
 #
 # Which heads dump their attention on the first token, which residual dimensions carry massive
 # activations, and how much does removing a sink change homogenization downstream?
@@ -9,18 +9,22 @@
 
 # %%
 import matplotlib
+import pandas as pd
 
 matplotlib.use("Agg")
 
 from homoglens import (
+    attention_view,
     corpus_windows,
-    fast_sink_attribution,
     load_model,
     massive_activations,
     sink_attribution,
     sink_scores,
 )
 from homoglens.testing import tiny_model_folder
+
+pd.set_option("display.width", 140)
+pd.set_option("display.max_columns", 10)
 
 model = load_model(tiny_model_folder("llama"))
 windows = corpus_windows(model, n_seq=6, seq_len=32)
@@ -43,11 +47,35 @@ print(acts)
 print(acts.top_dims(2))
 
 # %% [markdown]
-# ## Removing sinks: exact (one rerun per head) and first-order (all heads at once)
+# ## The strongest sink heads on one sentence (circuitsvis; renders in Jupyter)
+
+# %%
+top = scores.top_heads(3)
+view = attention_view(
+    model,
+    "It is a truth universally acknowledged, that a single man",
+    list(zip(top["layer"], top["head"], strict=True)),
+)
+print(f"attention view: {len(str(view))} characters of HTML")  # in Jupyter: evaluate `view`
+
+# %% [markdown]
+# ## Removing sinks: exact (one rerun per head, plus all together) and first order (all heads)
+#
+# `delta` = ablated - base of three metrics at the last block's output: mean_pairwise, and the
+# first/last-edge excess (mean to_others of the first/last `edge_k` tokens minus the middle).
 
 # %%
 exact = sink_attribution(model, windows, top_k=3, edge_k=4, progress=False)
+print(exact.rerun)
 print(exact.summary().round(4))
-fast = fast_sink_attribution(model, windows, progress=False)
-print("first-order estimate per (layer, head):")
-print(fast)
+fast = sink_attribution(model, windows, method="fast", edge_k=4, progress=False)
+print(fast.to_pandas().round(4).head())
+print("fast vs exact on the exact heads:", round(exact.correlation(fast), 3))
+fig = exact.plot()
+
+# %% [markdown]
+# Mean-ablating a head (its output replaced by its corpus mean) instead of removing its sink:
+
+# %%
+mean = sink_attribution(model, windows, ablation="mean", top_k=3, edge_k=4, progress=False)
+print(mean.summary().round(4))

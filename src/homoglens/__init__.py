@@ -33,11 +33,14 @@ from homoglens.profile import (
 )
 from homoglens.results import HomogenizationProfile, PositionAblationStudy, Provenance
 from homoglens.sinks import (
+    ATTRIBUTION_METRICS,
     MassiveActivations,
+    SinkAnalysis,
     SinkAttribution,
     SinkScores,
-    fast_sink_attribution,
+    attention_view,
     massive_activations,
+    sink_analysis,
     sink_attribution,
     sink_scores,
 )
@@ -47,6 +50,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ARCHITECTURES",
+    "ATTRIBUTION_METRICS",
     "ArchitectureSpec",
     "EMBEDDED_MODELS",
     "HomogenizationProfile",
@@ -65,6 +69,7 @@ __all__ = [
     "Provenance",
     "ResultsNotFoundError",
     "SequenceTooLongError",
+    "SinkAnalysis",
     "SinkAttribution",
     "SinkScores",
     "TokenBatch",
@@ -75,7 +80,7 @@ __all__ = [
     "corpus_windows",
     "cosine_homogenization",
     "default_ablation_modes",
-    "fast_sink_attribution",
+    "attention_view",
     "homogenization_profile",
     "load_corpus",
     "load_model",
@@ -84,6 +89,7 @@ __all__ = [
     "position_ablation_hooks",
     "position_ablation_study",
     "resid_hook_name",
+    "sink_analysis",
     "sink_attribution",
     "sink_scores",
     "to_token_batch",

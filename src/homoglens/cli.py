@@ -3,6 +3,7 @@
     homoglens profile --model smollm2-135m-instruct --corpus austen --n-seq 64 --seq-len 256 \\
         --out homoglens-report
     homoglens ablate --modes none,zero,permute --out ablation-report
+    homoglens sinks --sink-top-k 4 --out sinks-report
 """
 
 from __future__ import annotations
@@ -73,15 +74,6 @@ def _data_options(func: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True),
         click.option(
-            "--exclude-first", is_flag=True, help="Leave position 0 out of every statistic."
-        ),
-        click.option(
-            "--effective-rank/--no-effective-rank",
-            default=True,
-            show_default=True,
-            help="Also compute the effective rank per layer.",
-        ),
-        click.option(
             "--process-weights",
             is_flag=True,
             help="Apply TransformerLens weight processing (changes every cosine).",
@@ -92,7 +84,7 @@ def _data_options(func: Callable[..., Any]) -> Callable[..., Any]:
             type=click.IntRange(min=1),
             default=8,
             show_default=True,
-            help="Positions per edge in the edge-versus-middle table.",
+            help="Positions per edge in the edge-versus-middle tables.",
         ),
         click.option(
             "--out",
@@ -108,33 +100,103 @@ def _data_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
 
-def _run(
-    opts: dict[str, Any], *, modes: list[str] | None, default_out: str, ablation: dict[str, Any]
-) -> None:
+def _profile_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the homogenization profile."""
+    options = [
+        click.option(
+            "--exclude-first", is_flag=True, help="Leave position 0 out of every statistic."
+        ),
+        click.option(
+            "--effective-rank/--no-effective-rank",
+            default=True,
+            show_default=True,
+            help="Also compute the effective rank per layer.",
+        ),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def _sink_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the attention-sink analysis."""
+    options = [
+        click.option(
+            "--sink-top-k",
+            type=click.IntRange(min=1),
+            default=3,
+            show_default=True,
+            help="Sink heads (by mass) for the exact attribution.",
+        ),
+        click.option(
+            "--sink-n-seq",
+            type=click.IntRange(min=1),
+            default=16,
+            show_default=True,
+            help="Windows used by the sink attributions (each costs several passes).",
+        ),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def _load(opts: dict[str, Any]) -> tuple[Any, Any]:
+    """Load the model and cut the corpus windows the options ask for."""
     from homoglens.data import corpus_windows
     from homoglens.models import load_model
+
+    if opts["device"] is not None:
+        from homoglens.models import _check_device
+
+        _check_device(opts["device"])
+    click.echo(f"loading {opts['model']} ({opts['backend']} backend) ...", err=True)
+    model = load_model(
+        opts["model"],
+        backend=opts["backend"],
+        device=opts["device"],
+        process_weights=opts["process_weights"],
+    )
+    source = opts["text_file"] if opts["text_file"] is not None else opts["corpus"]
+    windows = corpus_windows(
+        model, source, n_seq=opts["n_seq"], seq_len=opts["seq_len"], bos=opts["bos"]
+    )
+    return model, windows
+
+
+def _sinks(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
+    from homoglens.sinks import sink_analysis
+
+    shortest = int(windows.lengths.min())
+    edge_k = min(opts["edge_k"], (shortest - 2) // 2)  # as the profile's edge table does
+    if edge_k < 1:
+        raise click.BadParameter(
+            f"windows of {shortest} tokens are too short for the sink attribution; use "
+            "--seq-len 4 or more, or --no-sinks"
+        )
+    return sink_analysis(
+        model,
+        windows,
+        top_k=opts["sink_top_k"],
+        edge_k=edge_k,
+        attribution_n_seq=opts["sink_n_seq"],
+        batch_size=opts["batch_size"],
+        progress=opts["progress"],
+    )
+
+
+def _run(
+    opts: dict[str, Any],
+    *,
+    modes: list[str] | None,
+    default_out: str,
+    ablation: dict[str, Any],
+    sinks: bool = False,
+) -> None:
     from homoglens.profile import homogenization_profile
     from homoglens.report import check_output_dir, staged_output, write_profile_report
     from homoglens.studies import default_ablation_modes, position_ablation_study
 
     try:
         folder = check_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
-        if opts["device"] is not None:
-            from homoglens.models import _check_device
-
-            _check_device(opts["device"])
         start = time.perf_counter()
-        click.echo(f"loading {opts['model']} ({opts['backend']} backend) ...", err=True)
-        model = load_model(
-            opts["model"],
-            backend=opts["backend"],
-            device=opts["device"],
-            process_weights=opts["process_weights"],
-        )
-        source = opts["text_file"] if opts["text_file"] is not None else opts["corpus"]
-        windows = corpus_windows(
-            model, source, n_seq=opts["n_seq"], seq_len=opts["seq_len"], bos=opts["bos"]
-        )
+        model, windows = _load(opts)
         common = {
             "batch_size": opts["batch_size"],
             "exclude_first": opts["exclude_first"],
@@ -149,8 +211,9 @@ def _run(
                 model, windows, modes=modes or default_ablation_modes(model), **ablation, **common
             )
             profile = study.profiles["none"]
+        analysis = _sinks(model, windows, opts) if sinks else None
         with staged_output(folder) as tmp:
-            write_profile_report(profile, tmp, edge_k=opts["edge_k"], study=study)
+            write_profile_report(profile, tmp, edge_k=opts["edge_k"], study=study, sinks=analysis)
         report = folder / "report.html"
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
@@ -160,29 +223,65 @@ def _run(
 
 @main.command()
 @_data_options
+@_profile_options
 @click.option(
     "--ablation/--no-ablation",
     default=True,
     show_default=True,
     help="Add the positional-ablation section (the model's default modes).",
 )
-def profile(ablation: bool, **opts: Any) -> None:
+@click.option(
+    "--sinks/--no-sinks",
+    default=True,
+    show_default=True,
+    help="Add the attention-sink section (scores, massive activations, attribution).",
+)
+@_sink_options
+def profile(ablation: bool, sinks: bool, **opts: Any) -> None:
     """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV).
 
     With --ablation (default) the report also compares the model's default positional
     ablations (learned: none, zero, permute, shift; rotary: none, zero, permute) on the same
-    windows: homogenization by layer and next-token loss, with bootstrap CIs.
+    windows: homogenization by layer and next-token loss, with bootstrap CIs. With --sinks
+    (default) it adds attention-sink scores, massive activations, and the attribution of
+    homogenization to the sink heads (fast for all heads, exact for the top --sink-top-k on
+    the first --sink-n-seq windows).
     """
     _run(
         opts,
         modes=[] if ablation else None,
         default_out="homoglens-report",
         ablation={"seed": 0, "shift": 1},
+        sinks=sinks,
     )
 
 
 @main.command()
 @_data_options
+@_sink_options
+def sinks(**opts: Any) -> None:
+    """Find attention sinks and massive activations, attribute homogenization to the sink
+    heads (fast for all heads, exact for the top ones), and write a report."""
+    from homoglens.report import check_output_dir, staged_output, write_sinks_report
+
+    try:
+        folder = check_output_dir(
+            opts["out"] or Path("homoglens-sinks"), overwrite=opts["overwrite"]
+        )
+        start = time.perf_counter()
+        model, windows = _load(opts)
+        analysis = _sinks(model, windows, opts)
+        with staged_output(folder) as tmp:
+            write_sinks_report(analysis, tmp)
+    except HomoglensError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(repr(analysis), err=True)
+    click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
+
+
+@main.command()
+@_data_options
+@_profile_options
 @click.option(
     "--modes",
     default=None,

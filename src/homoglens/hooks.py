@@ -31,6 +31,7 @@ __all__ = [
     "rerotate_hook",
     "remove_sink_hook",
     "sink_removal_delta",
+    "mean_head_hook",
 ]
 
 PositionAblation: TypeAlias = Literal["none", "zero", "permute", "shift", "mean"]
@@ -259,13 +260,25 @@ def remove_sink_hook(heads: list[int], key: int, *, scale: float = 1.0) -> HookF
 
     def hook(pattern: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> Any:
         out = pattern.clone()
-        chosen = out[:, index]
-        rest = 1.0 - chosen[..., key]
-        removed = chosen.clone()
-        removed[..., key] = 0.0
-        renormalised = removed / torch.where(rest > 0, rest, torch.ones_like(rest))[..., None]
-        target = torch.where((rest > 0)[..., None], renormalised, chosen)
-        out[:, index] = chosen + scale * (target - chosen) if scale != 1.0 else target
+        out[:, index] = out[:, index] + scale * sink_removal_delta(out[:, index], key)
+        return out
+
+    return hook
+
+
+def mean_head_hook(heads: list[int], mean_z: Float[torch.Tensor, "head d_head"]) -> HookFn:
+    """Hook for ``blocks.{l}.attn.hook_z`` ``[batch pos head_index d_head]``: mean-ablate the
+    chosen heads, replacing their output at every position by ``mean_z`` (one row per entry of
+    ``heads``: the head's mean ``z`` over the real tokens of a corpus).
+
+    Returns:
+        A TransformerLens hook function returning the changed ``z``.
+    """
+    index = list(heads)
+
+    def hook(z: Float[torch.Tensor, "batch pos head_index d_head"], hook: Any) -> Any:
+        out = z.clone()
+        out[:, :, index] = mean_z.to(device=z.device, dtype=z.dtype)[None, None]
         return out
 
     return hook

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
+    from homoglens.sinks import SinkAnalysis
 
-__all__ = ["check_output_dir", "staged_output", "write_profile_report"]
+__all__ = ["check_output_dir", "staged_output", "write_profile_report", "write_sinks_report"]
 
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
@@ -139,6 +140,122 @@ explicit positional information only. Intervals: {pct}% paired bootstrap over se
 """
 
 
+def _table(frame: Any) -> str:
+    return str(frame.to_html(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+def _sinks_section(analysis: SinkAnalysis, out: Path) -> str:
+    """Save the sink analysis and return its HTML section."""
+    scores, massive, fast, exact = analysis.scores, analysis.massive, analysis.fast, analysis.exact
+    analysis.save(out / "sinks")
+    figures = out / "figures"
+    figures.mkdir(exist_ok=True)
+    scores_png = _png(scores.plot(), figures / "sink_scores.png")
+    massive_png = _png(massive.plot(), figures / "massive_activations.png")
+    fast_png = _png(fast.plot("mean_pairwise"), figures / "sink_attribution_fast.png")
+    exact_png = _png(exact.plot("mean_pairwise"), figures / "sink_attribution_exact.png")
+    top = scores.top_heads(10)
+    top.to_csv(out / "sink_heads.csv", index=False)
+    scores.to_pandas().to_csv(out / "sink_scores.csv", index=False)
+    dims = massive.top_dims(3)
+    dims["dims"] = [", ".join(map(str, d)) for d in dims["dims"]]
+    first = massive.ratio_mean[:, 0]
+    rest = massive.ratio_mean[:, 1:].nanmedian(dim=1).values
+    worst = int(torch.argmax(first.nan_to_num()))
+    summary = exact.summary()
+    summary.to_csv(out / "sink_attribution_exact.csv", index=False)
+    fast_table = fast.to_pandas()
+    fast_table.to_csv(out / "sink_attribution_fast.csv", index=False)
+    fast_top = fast_table.reindex(
+        fast_table["delta_mean_pairwise"].abs().sort_values(ascending=False).index
+    ).head(10)
+    joint = exact.joint_delta if exact.joint_delta is not None else exact.delta[0]
+    change = float(joint[0])
+    direction = "raises" if change > 0 else "lowers"
+    heads = ", ".join(f"L{lay}H{h}" for lay, h in exact.heads)
+    bos = {True: "a BOS token", False: "a real token", None: "mixed"}[scores.provenance.bos]
+    share = -float(joint[1]) / float(exact.base[1]) if float(exact.base[1]) else float("nan")
+    return f"""
+<h2>Attention sinks</h2>
+<p class="note">Key position {scores.key} holds {bos}. Sink mass: mean attention of each head
+on the key over later queries; importance: Gu et al. 2024 alpha (arXiv 2410.10781); sink rate
+Sink<sub>{scores.key}</sub><sup>{scores.eps}</sup> = share of (sequence, layer, head) with
+alpha &gt; {scores.eps}: <strong>{scores.sink_rate:.1f} %</strong> over {scores.n_sequences}
+sequences.</p>
+<img alt="sink scores" src="data:image/png;base64,{scores_png}">
+<h3>Strongest sink heads</h3>
+{_table(top)}
+<h3>Massive activations (Sun et al. 2024, arXiv 2402.17762)</h3>
+<p class="note">Per token, max |x| / median |x| over d_model. At position 0 the mean ratio
+peaks at {float(first[worst]):.0f} (layer {massive.layers[worst]}) against a median of
+{float(rest[worst]):.1f} for the other positions there. Dimensions that most often hold a
+token's largest entry when its ratio exceeds {massive.threshold:g}:</p>
+<img alt="massive activations" src="data:image/png;base64,{massive_png}">
+{_table(dims)}
+<h3>Sink attribution: what removing the sinks does to homogenization</h3>
+<p class="note">Measured at residual entry {exact.layer} (the last block's output) on
+{exact.n_sequences} sequences. Removing a sink: the head's attention to key {exact.key} is set
+to 0 and each row renormalised over the other keys. Metrics: mean_pairwise; first_excess /
+last_excess = mean to_others of the first / last {exact.edge_k} tokens minus the middle tokens
+(tokens up to the key left out). Base values: mean_pairwise {float(exact.base[0]):.4f},
+first_excess {float(exact.base[1]):+.4f}, last_excess {float(exact.base[2]):+.4f}.</p>
+<p><strong>Removing the sinks of {heads} together {direction} the mean pairwise cosine by
+{abs(change):.4f}</strong> (Barbero et al. 2025, arXiv 2504.02732, predict a rise) and changes
+the first-edge excess by {float(joint[1]):+.4f} (share removed: {share:.1%}).
+Exact reruns: {html.escape(exact.rerun)}.</p>
+<img alt="exact attribution" src="data:image/png;base64,{exact_png}">
+{_table(summary)}
+<h3>Fast attribution of every head (attribution patching, first order)</h3>
+<p class="note">{html.escape(fast.rerun)}. First order in the size of the pattern change: heads
+whose sink mass is near 1 are changed far beyond the linear regime, so trust the exact rows for
+them. Correlation with the exact values over the {len(exact.heads)} exact heads
+(mean_pairwise): {exact.correlation(fast):.3f}.</p>
+<img alt="fast attribution" src="data:image/png;base64,{fast_png}">
+{_table(fast_top)}
+"""
+
+
+def _page(heading: str, body: str) -> str:
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(heading)}</title>
+<style>{_CSS}</style></head><body>
+<h1>{html.escape(heading)}</h1>
+{body}
+</body></html>
+"""
+
+
+def _provenance_table(rows: dict[str, Any]) -> str:
+    return (
+        "<table>"
+        + "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+            for k, v in rows.items()
+        )
+        + "</table>"
+    )
+
+
+def write_sinks_report(analysis: SinkAnalysis, out: Path, *, title: str | None = None) -> Path:
+    """Write the attention-sink analysis (``sinks/`` results, CSVs, figures, ``report.html``)
+    into the prepared folder ``out``.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    out = Path(out)
+    prov = asdict(analysis.scores.provenance)
+    prov.pop("hook_points", None)
+    body = _sinks_section(analysis, out) + "<h2>Provenance</h2>" + _provenance_table(prov)
+    path = out / "report.html"
+    heading = title or f"Attention sinks: {analysis.scores.provenance.model}"
+    path.write_text(_page(heading, body), encoding="utf-8")
+    return path
+
+
 def _first_token_warning(profile: HomogenizationProfile) -> str:
     """A warning paragraph when position 0 carries a massive activation (Sun et al. 2024)."""
     if profile.provenance.exclude_first or profile.n_pos < 3:
@@ -166,6 +283,7 @@ def write_profile_report(
     edge_k: int = 8,
     title: str | None = None,
     study: PositionAblationStudy | None = None,
+    sinks: SinkAnalysis | None = None,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
 
@@ -173,7 +291,8 @@ def write_profile_report(
     ``HomogenizationProfile.load``), ``profile.csv`` (tidy), ``edge_summary.csv``,
     ``figures/curves.png``, ``figures/curves_adjusted.png``, ``figures/heatmap.png``,
     ``report.html``; with a ``study``: ``study/``, ``ablation_loss.csv``,
-    ``ablation_layers.csv``, ``figures/ablation.png`` and a report section.
+    ``ablation_layers.csv``, ``figures/ablation.png`` and a report section; with ``sinks``:
+    ``sinks/``, ``sink_*.csv``, sink figures and a section.
 
     Returns:
         The path of ``report.html``.
@@ -222,11 +341,9 @@ def write_profile_report(
         f"{prov['hook_points'][0]} ... {prov['hook_points'][-1]}" if prov["hook_points"] else ""
     )
     prov.update(n_sequences=profile.n_sequences, n_tokens=profile.n_tokens, positions=profile.n_pos)
-    prov_rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-        for k, v in prov.items()
-    )
     ablation = _study_section(study, out) if study is not None else ""
+    if sinks is not None:
+        ablation += _sinks_section(sinks, out)
     source = (
         f"Model source: {html.escape(profile.provenance.model_source)}."
         if profile.provenance.model_source
@@ -235,12 +352,9 @@ def write_profile_report(
     warning = _first_token_warning(profile)
     p = profile.provenance
     heading = title or f"Token homogenization: {p.model}"
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{html.escape(heading)}</title>
-<style>{_CSS}</style></head><body>
-<h1>{html.escape(heading)}</h1>
-<p class="note">{profile.n_sequences} sequences, {profile.n_tokens} tokens; {p.backend} backend,
-{p.weights} weights; BOS at position 0: {p.bos}; exclude_first: {p.exclude_first}.
+    body = f"""<p class="note">{profile.n_sequences} sequences, {profile.n_tokens} tokens;
+{p.backend} backend, {p.weights} weights; BOS at position 0: {p.bos};
+exclude_first: {p.exclude_first}.
 Metrics are homoglens' operationalisation of token homogenization (Yusupov et al. 2025,
 arXiv 2508.17126); they do not reproduce the paper's numbers. Raw cosines include anisotropy:
 read them against the baseline (mean cosine between tokens of different sequences).
@@ -273,11 +387,10 @@ mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
 {per_layer.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
 {ablation}
 <h2>Provenance</h2>
-<table>{prov_rows}</table>
+{_provenance_table(prov)}
 <p class="note">Files beside this report: profile/ (safetensors + JSON, reload with
 <code>HomogenizationProfile.load</code>), profile.csv (tidy), edge_summary.csv, figures/.</p>
-</body></html>
 """
     path = out / "report.html"
-    path.write_text(page, encoding="utf-8")
+    path.write_text(_page(heading, body), encoding="utf-8")
     return path

@@ -83,6 +83,68 @@ def _read_saved(folder: Path, stem: str) -> tuple[Any, dict[str, torch.Tensor]]:
     return meta, tensors
 
 
+def _deep_tuple(value: Any) -> Any:
+    return tuple(_deep_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def save_result(result: Any, path: str | Path, stem: str) -> Path:
+    """Save a frozen result dataclass as ``{stem}.safetensors`` (its tensor fields) and
+    ``{stem}.json`` (every other field, and the format ``homoglens.{ClassName}/1``); no pickle.
+
+    Raises:
+        InvalidInputError: ``path`` is a file.
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise InvalidInputError(f"{str(folder)!r} is a file; save() needs a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors, meta = {}, {"format": f"homoglens.{type(result).__name__}/1"}
+    for f in fields(result):
+        value = getattr(result, f.name)
+        if isinstance(value, torch.Tensor):
+            tensors[f.name] = value.contiguous()
+        elif isinstance(value, Provenance):
+            meta[f.name] = asdict(value)
+        else:
+            meta[f.name] = value
+    save_file(tensors, str(folder / f"{stem}.safetensors"))
+    (folder / f"{stem}.json").write_text(json.dumps(meta, indent=2))
+    return folder
+
+
+def load_result(cls: Any, path: str | Path, stem: str) -> Any:
+    """Load a result written by :func:`save_result` into ``cls`` (no pickle).
+
+    Raises:
+        ResultsNotFoundError: a file is missing.
+        IncompatibleResultsError: wrong format, missing or unknown fields, bad shapes.
+    """
+    folder = Path(path)
+    meta, tensors = _read_saved(folder, stem)
+    fmt = f"homoglens.{cls.__name__}/1"
+    if not isinstance(meta, dict) or meta.pop("format", None) != fmt:
+        raise IncompatibleResultsError(f"{folder} does not hold a {fmt} result")
+    names = {f.name: f for f in fields(cls)}
+    given = set(meta) | set(tensors)
+    if not given <= set(names):
+        raise IncompatibleResultsError(f"{folder}: unknown fields {sorted(given - set(names))}")
+    kwargs: dict[str, Any] = dict(tensors)
+    try:
+        for name, value in meta.items():
+            if name == "provenance":
+                value = Provenance(**{**value, "hook_points": tuple(value.get("hook_points", ()))})
+            elif str(names[name].type).startswith("tuple"):
+                value = _deep_tuple(value)
+            kwargs[name] = value
+        return cls(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise IncompatibleResultsError(
+            f"{folder} does not hold a consistent result: {err}"
+        ) from None
+
+
 def _nan_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     out = num / torch.where(den > 0, den, torch.ones_like(den))
     return torch.where(den > 0, out, torch.full_like(out, math.nan))

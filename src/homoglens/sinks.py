@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,7 +29,7 @@ from homoglens.data import TokenBatch, to_token_batch
 from homoglens.errors import InvalidInputError
 from homoglens.models import model_info
 from homoglens.profile import _check_positive_int, _model_device, _provenance, forward_batches
-from homoglens.results import Provenance, _nan_div
+from homoglens.results import Provenance, _nan_div, load_result, save_result
 from homoglens.types import BosPolicy, HookedModel
 
 if TYPE_CHECKING:
@@ -41,9 +42,12 @@ __all__ = [
     "sink_sums",
     "sink_scores",
     "massive_activations",
+    "ATTRIBUTION_METRICS",
     "SinkAttribution",
     "sink_attribution",
-    "fast_sink_attribution",
+    "attention_view",
+    "SinkAnalysis",
+    "sink_analysis",
 ]
 
 
@@ -207,6 +211,18 @@ class SinkScores:
         fig.suptitle(f"Attention sinks: Sink_{self.key}^{self.eps} = {self.sink_rate:.1f} %")
         return fig
 
+    def save(self, path: str | Path) -> Path:
+        """Save as ``sink_scores.safetensors`` + ``sink_scores.json`` (no pickle)."""
+        return save_result(self, path, "sink_scores")
+
+    @classmethod
+    def load(cls, path: str | Path) -> SinkScores:
+        """Load what :meth:`save` wrote.
+
+        Raises:
+            ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file."""
+        return load_result(cls, path, "sink_scores")
+
     def __repr__(self) -> str:
         return (
             f"SinkScores(model={self.provenance.model!r}, key={self.key}, "
@@ -221,6 +237,15 @@ def _check_key_eps(key: Any, eps: Any, n_ctx: int) -> tuple[int, float]:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise InvalidInputError(f"eps={eps!r} must lie in (0, 1); Gu et al. use 0.3")
     return key, float(eps)
+
+
+def _check_key_in(batch: TokenBatch, key: int) -> None:
+    short = torch.nonzero(batch.lengths <= key).flatten().tolist()
+    if short:
+        raise InvalidInputError(
+            f"key={key} lies outside sequences {short[:10]} (they have <= {key} tokens); use a "
+            "smaller key or longer sequences"
+        )
 
 
 def sink_scores(
@@ -273,12 +298,7 @@ def sink_scores(
     key, eps = _check_key_eps(key, eps, int(model.cfg.n_ctx))
     batch_size = _check_positive_int("batch_size", batch_size)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
-    short = torch.nonzero(batch.lengths <= key).flatten().tolist()
-    if short:
-        raise InvalidInputError(
-            f"key={key} lies outside sequences {short[:10]} (they have <= {key} tokens); use a "
-            "smaller key or longer sequences"
-        )
+    _check_key_in(batch, key)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     device = _model_device(model)
     n_q = int(batch.lengths.max())
@@ -393,6 +413,37 @@ class MassiveActivations:
             }
         )
 
+    def plot(self) -> Figure:
+        """Heatmap of log10 of the mean max/median ratio per (layer, position)."""
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(7, 4), layout="constrained")
+        ax = fig.add_subplot()
+        image = ax.imshow(
+            self.ratio_mean.clamp_min(1).log10().numpy(),
+            aspect="auto",
+            origin="lower",
+            cmap="viridis",
+            interpolation="nearest",
+        )
+        ax.set_xlabel("position")
+        ax.set_ylabel("layer (0 = embeddings)")
+        ax.set_title("Massive activations: log10 mean(max |x| / median |x|)")
+        fig.colorbar(image, ax=ax)
+        return fig
+
+    def save(self, path: str | Path) -> Path:
+        """Save as ``massive.safetensors`` + ``massive.json`` (no pickle)."""
+        return save_result(self, path, "massive")
+
+    @classmethod
+    def load(cls, path: str | Path) -> MassiveActivations:
+        """Load what :meth:`save` wrote.
+
+        Raises:
+            ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file."""
+        return load_result(cls, path, "massive")
+
     def __repr__(self) -> str:
         return (
             f"MassiveActivations(model={self.provenance.model!r}, layers={len(self.layers)}, "
@@ -500,299 +551,852 @@ def massive_activations(
     )
 
 
+ATTRIBUTION_METRICS = ("mean_pairwise", "first_excess", "last_excess")
+"""Scalar homogenization metrics that :func:`sink_attribution` attributes to heads:
+``mean_pairwise`` (mean over sequences of the per-sequence mean pairwise cosine), and
+``first_excess`` / ``last_excess`` (mean ``to_others`` of the first / last ``edge_k`` tokens of
+each sequence minus that of its middle tokens; tokens at or before the sink key are left out)."""
+
+
 @dataclass(frozen=True, eq=False)
 class SinkAttribution:
-    """How homogenization at one residual entry changes when attention sinks are removed.
+    """How homogenization at one residual entry changes when attention heads lose their sink.
 
     Attributes:
-        heads: ``(layer, head)`` pairs whose sink was removed, one at a time.
-        layer: Entry of the residual axis measured (0 = embeddings, l = output of block l - 1).
-        key: Sink key position.
-        edge_k: Positions per edge in the edge-versus-middle summaries.
-        base_to_others: ``[pos]`` to_others of the unablated model at ``layer``.
-        delta_to_others: ``[head pos]`` ablated - base, one row per entry of ``heads``.
-        delta_mean_pairwise: ``[head]`` change of mean pairwise cosine.
-        joint_delta_to_others: ``[pos]`` change when all ``heads`` lose their sink together.
-        joint_delta_mean_pairwise: change of mean pairwise cosine for the joint ablation.
-        method: ``"exact"`` (one rerun per head).
-        rerun: How ablated runs were computed (``"full forward pass"``).
+        heads: ``(layer, head)`` pairs, one row of ``delta`` each.
+        layer: Entry of the residual axis measured (l = output of block l - 1).
+        key: Sink key position (0-indexed).
+        edge_k: Tokens per edge in ``first_excess`` / ``last_excess``.
+        method: ``"exact"`` (one ablated rerun per head) or ``"fast"`` (attribution patching:
+            first-order, one forward and backward pass for all heads).
+        ablation: ``"sink"`` (attention to ``key`` removed, rows renormalised) or ``"mean"``
+            (the head's output ``z`` replaced by its corpus mean).
+        rerun: How ablated runs were computed (exact) or the gradient pass (fast).
+        base: ``[metric]`` unablated values of :data:`ATTRIBUTION_METRICS` (cosines).
+        delta: ``[head metric]`` ablated - base, per head.
+        joint_delta: ``[metric]`` ablated - base with all ``heads`` ablated together (exact
+            mode with more than one head; else ``None``).
+        base_to_others: ``[pos]`` unablated per-position ``to_others`` at ``layer``.
+        delta_to_others: ``[head pos]`` its change per head (exact mode; else ``None``).
+        joint_delta_to_others: ``[pos]`` its change in the joint ablation (or ``None``).
+        n_sequences: Number of sequences.
         provenance: Model, backend, weights, BOS, data.
 
     References:
         Gu et al. 2024, arXiv 2410.10781; Barbero et al. 2025, arXiv 2504.02732 (sinks prevent
-        over-mixing: removing them is predicted to raise homogenization downstream).
+        over-mixing: removing them is predicted to raise homogenization downstream);
+        Syed, Rager, Conmy 2023, arXiv 2310.10348 (attribution patching).
     """
 
     heads: tuple[tuple[int, int], ...]
     layer: int
     key: int
     edge_k: int
+    method: str
+    ablation: str
+    rerun: str
+    base: Float[torch.Tensor, " metric"]
+    delta: Float[torch.Tensor, "head metric"]
+    joint_delta: Float[torch.Tensor, " metric"] | None
     base_to_others: Float[torch.Tensor, " pos"]
-    delta_to_others: Float[torch.Tensor, "head pos"]
-    delta_mean_pairwise: Float[torch.Tensor, " head"]
-    joint_delta_to_others: Float[torch.Tensor, " pos"]
-    joint_delta_mean_pairwise: float
-    method: str = "exact"
-    rerun: str = "full forward pass"
+    delta_to_others: Float[torch.Tensor, "head pos"] | None
+    joint_delta_to_others: Float[torch.Tensor, " pos"] | None
+    n_sequences: int
     provenance: Provenance = field(default_factory=Provenance)
 
-    def _excess(self, to_others: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(first k - middle, last k - middle) of a ``[... pos]`` per-position curve."""
-        k = self.edge_k
-        x = to_others[..., self.key + 1 :] if self.key == 0 else to_others
-        first, middle, last = x[..., :k], x[..., k:-k], x[..., -k:]
-        mid = middle.nanmean(-1)
-        return first.nanmean(-1) - mid, last.nanmean(-1) - mid
+    def __post_init__(self) -> None:
+        n, m = len(self.heads), len(ATTRIBUTION_METRICS)
+        if tuple(self.base.shape) != (m,) or tuple(self.delta.shape) != (n, m):
+            raise ValueError(
+                f"base {tuple(self.base.shape)} and delta {tuple(self.delta.shape)} must be "
+                f"[{m}] and [{n} {m}]"
+            )
+        if self.delta_to_others is not None and self.delta_to_others.shape[0] != n:
+            raise ValueError(f"delta_to_others needs one row per head ({n})")
 
-    def summary(self) -> pd.DataFrame:
-        """Per head (and ``joint``): change of mean pairwise cosine and of the edge excess
-        (first/last ``edge_k`` positions minus the middle; the sink key itself left out), and
-        the share of the base edge excess that the removal takes away."""
+    def _metric(self, metric: str) -> int:
+        if metric not in ATTRIBUTION_METRICS:
+            raise InvalidInputError(f"metric={metric!r} must be one of {ATTRIBUTION_METRICS}")
+        return ATTRIBUTION_METRICS.index(metric)
+
+    def grid(self, metric: str = "mean_pairwise") -> Float[torch.Tensor, "layer head_index"]:
+        """``delta`` of one metric as a ``[layer head_index]`` grid (NaN for heads not run).
+
+        The grid has ``max layer + 1`` rows and ``max head + 1`` columns of ``heads``."""
+        j = self._metric(metric)
+        n_layer = max(lay for lay, _ in self.heads) + 1
+        n_head = max(h for _, h in self.heads) + 1
+        out = torch.full((n_layer, n_head), float("nan"), dtype=torch.float64)
+        for (lay, head), value in zip(self.heads, self.delta[:, j].tolist(), strict=True):
+            out[lay, head] = value
+        return out
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: one row per head with ``delta_{metric}`` for every metric."""
         import pandas as pd
 
-        base_first, base_last = self._excess(self.base_to_others)
-        rows = []
-        curves = list(
-            zip(self.heads, self.delta_to_others, self.delta_mean_pairwise.tolist(), strict=True)
+        frame = pd.DataFrame(
+            {
+                "layer": [lay for lay, _ in self.heads],
+                "head": [h for _, h in self.heads],
+            }
         )
-        curves.append((("joint", ""), self.joint_delta_to_others, self.joint_delta_mean_pairwise))
-        for (layer, head), delta, d_pair in curves:
-            new_first, new_last = self._excess(self.base_to_others + delta)
-            rows.append(
-                {
-                    "layer": layer,
-                    "head": head,
-                    "delta_mean_pairwise": d_pair,
-                    "delta_first_excess": float(new_first - base_first),
-                    "delta_last_excess": float(new_last - base_last),
-                    "share_first_excess_removed": float((base_first - new_first) / base_first)
-                    if float(base_first) != 0
-                    else float("nan"),
-                }
+        for j, name in enumerate(ATTRIBUTION_METRICS):
+            frame[f"delta_{name}"] = self.delta[:, j].numpy()
+        return frame
+
+    def summary(self) -> pd.DataFrame:
+        """Per head, then ``sum`` of the single heads and ``joint`` (exact, several heads):
+        the change of each metric and the share of the base first/last edge excess removed
+        (``share_first_removed = -delta_first_excess / base_first_excess``)."""
+        import pandas as pd
+
+        rows = [(str(lay), str(h), d) for (lay, h), d in zip(self.heads, self.delta, strict=True)]
+        if len(self.heads) > 1:
+            rows.append(("sum", "", self.delta.sum(0)))
+        if self.joint_delta is not None:
+            rows.append(("joint", "", self.joint_delta))
+        table = []
+        for lay, head, d in rows:
+            row: dict[str, Any] = {"layer": lay, "head": head}
+            for j, name in enumerate(ATTRIBUTION_METRICS):
+                row[f"delta_{name}"] = float(d[j])
+            for j, edge in ((1, "first"), (2, "last")):
+                base = float(self.base[j])
+                row[f"share_{edge}_removed"] = -float(d[j]) / base if base else float("nan")
+            table.append(row)
+        return pd.DataFrame(table)
+
+    def correlation(
+        self, other: SinkAttribution, metric: str = "mean_pairwise", *, rank: bool = False
+    ) -> float:
+        """Pearson correlation of ``delta`` over the heads both results share (e.g. fast versus
+        exact), or Spearman's with ``rank=True``; NaN with fewer than 3 shared heads."""
+        j = self._metric(metric)
+        mine = dict(zip(self.heads, self.delta[:, j].tolist(), strict=True))
+        theirs = dict(zip(other.heads, other.delta[:, j].tolist(), strict=True))
+        shared = [h for h in self.heads if h in theirs]
+        if len(shared) < 3:
+            return float("nan")
+        pair = torch.tensor([[mine[h], theirs[h]] for h in shared], dtype=torch.float64).T
+        if rank:
+            pair = pair.argsort(dim=1).argsort(dim=1).double()
+        return float(torch.corrcoef(pair)[0, 1])
+
+    def plot(self, metric: str = "mean_pairwise") -> Figure:
+        """Per-head change of ``metric`` (a ``[layer head]`` heatmap, or bars for a few heads)
+        and, in exact mode, the change of ``to_others`` per position."""
+        from matplotlib.figure import Figure
+
+        j = self._metric(metric)
+        exact = self.delta_to_others is not None
+        fig = Figure(figsize=(11 if exact else 6, 4), layout="constrained")
+        axes = fig.subplots(1, 2 if exact else 1, squeeze=False)[0]
+        values = self.delta[:, j].numpy()
+        if len(self.heads) > 12:
+            grid = self.grid(metric).numpy()
+            lim = max(float(abs(values).max()), 1e-12)
+            image = axes[0].imshow(
+                grid, aspect="auto", origin="lower", cmap="RdBu_r", vmin=-lim, vmax=lim
             )
-        return pd.DataFrame(rows)
+            axes[0].set_xlabel("head")
+            axes[0].set_ylabel("layer")
+            fig.colorbar(image, ax=axes[0], label=f"delta {metric}")
+        else:
+            labels = [f"L{lay}H{h}" for lay, h in self.heads]
+            if self.joint_delta is not None:
+                labels.append("joint")
+                values = [*values, float(self.joint_delta[j])]
+            axes[0].bar(labels, values, color="tab:purple")
+            axes[0].axhline(0, color="black", lw=0.8)
+            axes[0].set_ylabel(f"delta {metric} (cosine)")
+        axes[0].set_title(
+            f"{self.method} attribution, {self.ablation} ablation, layer {self.layer}"
+        )
+        if exact:
+            ax = axes[1]
+            assert self.delta_to_others is not None
+            for (lay, h), curve in zip(self.heads, self.delta_to_others, strict=True):
+                ax.plot(curve.numpy(), lw=1, label=f"L{lay}H{h}")
+            if self.joint_delta_to_others is not None:
+                ax.plot(self.joint_delta_to_others.numpy(), color="black", lw=2, label="joint")
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xlabel("position")
+            ax.set_ylabel("delta to_others (cosine)")
+            ax.legend(fontsize=7, ncol=2)
+        return fig
+
+    def save(self, path: str | Path) -> Path:
+        """Save as ``attribution.safetensors`` + ``attribution.json`` (no pickle)."""
+        return save_result(self, path, "attribution")
+
+    @classmethod
+    def load(cls, path: str | Path) -> SinkAttribution:
+        """Load what :meth:`save` wrote.
+
+        Raises:
+            ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file."""
+        return load_result(cls, path, "attribution")
 
     def __repr__(self) -> str:
+        j = self.delta[:, 0]
         return (
-            f"SinkAttribution(model={self.provenance.model!r}, heads={len(self.heads)}, "
-            f"layer={self.layer}, method={self.method}, "
-            f"joint_delta_mean_pairwise={self.joint_delta_mean_pairwise:+.4f})"
+            f"SinkAttribution(model={self.provenance.model!r}, method={self.method}, "
+            f"ablation={self.ablation}, heads={len(self.heads)}, layer={self.layer}, "
+            f"largest |delta mean_pairwise|={float(j.abs().max()):.4f})"
         )
+
+
+def _token_weights(
+    lengths: Int[torch.Tensor, " batch"], n_pos: int, key: int, edge_k: int, totals: torch.Tensor
+) -> Float[torch.Tensor, "metric batch pos"]:
+    """Per-token weights W_m with metric_m = sum over tokens of W_m * to_others (float64).
+
+    ``totals`` = (sequences, first-edge tokens, middle tokens, last-edge tokens) of the corpus.
+    """
+    p = torch.arange(n_pos)[None, :]
+    t = lengths.cpu()[:, None]
+    real = p < t
+    first = (p > key) & (p <= key + edge_k)
+    last = real & (p >= t - edge_k)
+    middle = real & (p > key + edge_k) & (p < t - edge_k)
+    n_seq, n_first, n_middle, n_last = totals.tolist()
+    f64 = torch.float64
+    mid = middle.to(f64) / n_middle
+    return torch.stack(
+        [
+            real.to(f64) / (t.to(f64) * n_seq),
+            first.to(f64) / n_first - mid,
+            last.to(f64) / n_last - mid,
+        ]
+    )
+
+
+def _token_to_others(
+    resid: Float[torch.Tensor, "batch pos d_model"], mask: Int[torch.Tensor, "batch pos"]
+) -> Float[torch.Tensor, "batch pos"]:
+    """Differentiable ``to_others`` of every real token (float64; 0 at pads and zero vectors),
+    the formula of :func:`homoglens.homogenization.homogenization_sums`."""
+    x = resid.double()
+    w = mask.to(x.dtype)
+    norm = x.norm(dim=-1)
+    nonzero = (norm > 0) & (w > 0)
+    u = x / torch.where(nonzero, norm, torch.ones_like(norm))[..., None] * nonzero[..., None]
+    s = u.sum(1, keepdim=True)
+    t = w.sum(1, keepdim=True)
+    return ((u * s).sum(-1) - nonzero.to(x.dtype)) / (t - 1) * w
+
+
+def _check_heads(heads: Any, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """Validate ``(layer, head)`` pairs with ``layer < n_layers``."""
+    from homoglens._checks import as_int
+
+    if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
+        raise InvalidInputError(f"heads={heads!r} must be a list of (layer, head) pairs")
+    chosen = []
+    for pair in heads:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise InvalidInputError(f"heads must be (layer, head) pairs, got {pair!r}")
+        lay = as_int("head layer", pair[0], low=0, high=n_layers - 1)
+        chosen.append((lay, as_int("head index", pair[1], low=0, high=n_heads - 1)))
+    if not chosen or len(set(chosen)) != len(chosen):
+        raise InvalidInputError(f"heads={heads!r} must be non-empty and without repeats")
+    return chosen
+
+
+def _choose_heads(
+    model: HookedModel,
+    batch: TokenBatch,
+    heads: Any,
+    top_k: Any,
+    target: int,
+    key: int,
+    batch_size: int,
+) -> list[tuple[int, int]]:
+    """``heads`` checked (blocks before ``target`` only), or the ``top_k`` by sink mass."""
+    from homoglens._checks import as_int
+
+    n_heads = int(model.cfg.n_heads)
+    if heads is not None:
+        return _check_heads(heads, target, n_heads)
+    top_k = as_int("top_k", top_k, low=1, high=target * n_heads)
+    scores = sink_scores(model, batch, key=key, batch_size=batch_size, progress=False)
+    mass = scores.mass[:target].flatten()  # heads after the measured entry cannot matter
+    order = torch.argsort(mass, descending=True)[:top_k]
+    return [(int(i) // n_heads, int(i) % n_heads) for i in order]
+
+
+def _mean_z(
+    model: HookedModel, batch: TokenBatch, layers: list[int], batch_size: int
+) -> dict[int, torch.Tensor]:
+    """Mean of ``blocks.{l}.attn.hook_z`` over every real token: ``{l: [head_index d_head]}``."""
+    device = _model_device(model)
+    sums: dict[int, torch.Tensor] = {}
+    state: dict[str, Any] = {}
+
+    def make_hook(layer: int) -> Any:
+        def hook(z: torch.Tensor, hook: Any) -> None:
+            w = state["mask"].to(torch.float64)[..., None, None]
+            total = (z.double() * w).sum((0, 1))
+            sums[layer] = sums[layer] + total if layer in sums else total
+
+        return hook
+
+    n_tokens = 0.0
+    hooks = [(f"blocks.{lay}.attn.hook_z", make_hook(lay)) for lay in layers]
+    for tokens, mask in forward_batches(batch, batch_size, device, desc="mean z", progress=False):
+        state["mask"] = mask
+        n_tokens += float(mask.sum())
+        model.run_with_hooks(
+            tokens,
+            attention_mask=mask,
+            return_type=None,
+            stop_at_layer=max(layers) + 1,
+            fwd_hooks=hooks,
+        )
+    return {lay: (total / n_tokens) for lay, total in sums.items()}
+
+
+def _ablation_hooks(
+    pairs: list[tuple[int, int]], ablation: str, key: int, mean_z: dict[int, torch.Tensor]
+) -> list[tuple[str, Any]]:
+    from homoglens.hooks import mean_head_hook, remove_sink_hook
+
+    by_layer: dict[int, list[int]] = {}
+    for lay, head in pairs:
+        by_layer.setdefault(lay, []).append(head)
+    if ablation == "sink":
+        return [
+            (f"blocks.{lay}.attn.hook_pattern", remove_sink_hook(hs, key))
+            for lay, hs in sorted(by_layer.items())
+        ]
+    return [
+        (f"blocks.{lay}.attn.hook_z", mean_head_hook(hs, mean_z[lay][hs]))
+        for lay, hs in sorted(by_layer.items())
+    ]
+
+
+def _can_start_at_layer(model: HookedModel) -> bool:
+    """Whether ``start_at_layer`` skips the earlier blocks: HookedTransformer only. The
+    TransformerLens 4 bridge accepts it but still runs blocks 0..l-1 (its ``forward``
+    docstring); the 3.9 bridge raises ``NotImplementedError``."""
+    return model_info(model).backend == "hooked"
 
 
 def sink_attribution(
     model: HookedModel,
     data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
     *,
+    method: str = "exact",
+    ablation: str = "sink",
     heads: list[tuple[int, int]] | None = None,
     top_k: int = 5,
     layer: int | None = None,
     key: int = 0,
     edge_k: int = 8,
-    method: str = "exact",
+    joint: bool = True,
     batch_size: int = 8,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
     progress: bool = True,
 ) -> SinkAttribution:
-    """Attribute homogenization to attention sinks by removing them, head by head and jointly.
+    """Attribute homogenization at one residual entry to attention sinks, head by head.
 
-    For each head, its attention to ``key`` is removed and every row renormalised over the other
-    keys (a query whose only key is the sink keeps its row), the model is rerun, and
-    ``to_others`` per position and ``mean_pairwise`` are measured at residual entry ``layer``;
-    the result holds ablated - base. A joint ablation removes all the heads' sinks at once.
+    For each head, ``ablation="sink"`` removes its attention to ``key`` and renormalises every
+    row over the other keys (a query whose only key is the sink keeps its row);
+    ``ablation="mean"`` replaces the head's output ``z`` (``blocks.{l}.attn.hook_z``) at every
+    position by its mean over the corpus' real tokens. The change (ablated - base) of the
+    :data:`ATTRIBUTION_METRICS` at residual entry ``layer`` is reported per head.
+
+    * ``method="exact"``: one ablated rerun per head, plus one joint ablation of all ``heads``.
+      With a HookedTransformer each rerun starts at the ablated block from the cached
+      ``blocks.{l}.hook_resid_pre`` of the base run (``start_at_layer``); a TransformerBridge
+      reruns the full forward pass. ``rerun`` says which. Also gives per-position curves.
+    * ``method="fast"``: attribution patching, for every head before ``layer`` at once
+      (``heads``/``top_k`` are ignored): per batch one forward pass with gradients and one
+      backward pass (``torch.autograd.grad`` on the patterns or ``z`` only) per metric; each
+      head's estimate is the gradient times the ablation's change of its pattern (or ``z``).
+      First-order: exact for small changes, an approximation for strong sinks.
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
         data: As for :func:`homogenization_profile`.
-        heads: ``(layer, head)`` pairs; default: the ``top_k`` heads by sink mass on ``key``.
+        method: ``"exact"`` or ``"fast"``.
+        ablation: ``"sink"`` or ``"mean"``.
+        heads: ``(layer, head)`` pairs (exact); default the ``top_k`` heads by sink mass on
+            ``key`` among blocks before ``layer``.
         top_k: How many heads when ``heads`` is not given.
-        layer: Residual entry to measure (default ``n_layers``: the last block's output).
-        key: Sink key position (0-indexed).
-        edge_k: Positions per edge in :meth:`SinkAttribution.summary`.
-        method: ``"exact"`` (one rerun per head; the first-order ``"fast"`` mode is not
-            implemented yet).
+        layer: Residual entry measured, in ``[1, n_layers]`` (default ``n_layers``).
+        key: Sink key position (0-indexed; tokens ``<= key`` are left out of the edge groups).
+        edge_k: Tokens per edge; every sequence needs ``key + 2 * edge_k + 2`` tokens.
+        joint: Exact mode: also ablate all ``heads`` together.
         batch_size: Sequences per forward pass.
         attention_mask: For token input.
         bos: For text input.
         progress: Show progress bars.
 
     Returns:
-        :class:`SinkAttribution`.
+        :class:`SinkAttribution` (values are cosines; ``delta`` = ablated - base).
 
     Raises:
-        InvalidInputError: a head or layer that does not exist, bad ``key``/``method``, or bad
-            data. No hook stays attached after any error.
+        InvalidInputError: a head or layer that does not exist, a head at or after ``layer``,
+            bad ``key``/``method``/``ablation``/``edge_k``, sequences too short, bad data.
+            No hook stays attached after any error.
 
     References:
-        Gu et al. 2024, arXiv 2410.10781; Barbero et al. 2025, arXiv 2504.02732.
+        Gu et al. 2024, arXiv 2410.10781; Barbero et al. 2025, arXiv 2504.02732;
+        Syed, Rager, Conmy 2023, arXiv 2310.10348; Nanda 2023, "Attribution Patching".
+
+    Examples:
+        >>> from homoglens import load_model, sink_attribution
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+        >>> text = ["The cat sat on the mat and looked at the dog for a long time."] * 2
+        >>> result = sink_attribution(model, text, heads=[(1, 0)], edge_k=2, progress=False)
+        >>> tuple(result.delta.shape)
+        (1, 3)
     """
-    from homoglens._checks import as_int
-    from homoglens.hooks import remove_sink_hook
-    from homoglens.profile import _check_min_tokens, _stream
+    from homoglens._checks import as_bool, as_int
 
     info = model_info(model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    if method != "exact":
-        raise InvalidInputError(f"method={method!r}: only 'exact' is implemented so far")
+    if method not in ("exact", "fast"):
+        raise InvalidInputError(f"method={method!r} must be 'exact' or 'fast'")
+    if ablation not in ("sink", "mean"):
+        raise InvalidInputError(f"ablation={ablation!r} must be 'sink' or 'mean'")
     key, _ = _check_key_eps(key, 0.3, int(model.cfg.n_ctx))
-    target = n_layers if layer is None else as_int("layer", layer, low=0, high=n_layers)
+    target = n_layers if layer is None else as_int("layer", layer, low=1, high=n_layers)
     edge_k = as_int("edge_k", edge_k, low=1)
     batch_size = as_int("batch_size", batch_size, low=1)
+    joint = as_bool("joint", joint)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
-    _check_min_tokens(batch, False)
-    if heads is None:
-        scores = sink_scores(model, batch, key=key, batch_size=batch_size, progress=False)
-        top = scores.top_heads(as_int("top_k", top_k, low=1, high=n_layers * n_heads))
-        chosen = [(int(r.layer), int(r.head)) for r in top.itertuples()]
-    else:
-        chosen = []
-        for pair in heads:
-            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-                raise InvalidInputError(f"heads must be (layer, head) pairs, got {pair!r}")
-            lay = as_int("head layer", pair[0], low=0, high=n_layers - 1)
-            head = as_int("head index", pair[1], low=0, high=n_heads - 1)
-            chosen.append((lay, head))
-        if not chosen or len(set(chosen)) != len(chosen):
-            raise InvalidInputError(f"heads={heads!r} must be non-empty and without repeats")
-    counted = int(batch.lengths.min()) - (1 if key == 0 else 0)
-    if 2 * edge_k >= counted:
-        raise InvalidInputError(f"edge_k={edge_k} needs sequences longer than {2 * edge_k + 1}")
-
-    def run(hooks: list[tuple[str, Any]], desc: str) -> Any:
-        out = _stream(
-            model,
-            batch,
-            (target,),
-            batch_size=batch_size,
-            exclude_first=False,
-            effective_rank=False,
-            progress=progress,
-            extra_hooks=hooks,
-            desc=desc,
+    _check_key_in(batch, key)
+    need = key + 2 * edge_k + 2
+    short = torch.nonzero(batch.lengths < need).flatten().tolist()
+    if short:
+        raise InvalidInputError(
+            f"sequences {short[:10]} have fewer than key + 2 * edge_k + 2 = {need} tokens; "
+            "use a smaller edge_k or longer sequences"
         )
-        return out.accumulator.profile((target,), _provenance(info, batch, (target,), False))
-
-    def hooks_for(pairs: list[tuple[int, int]]) -> list[tuple[str, Any]]:
-        by_layer: dict[int, list[int]] = {}
-        for lay, head in pairs:
-            by_layer.setdefault(lay, []).append(head)
-        return [
-            (f"blocks.{lay}.attn.hook_pattern", remove_sink_hook(hs, key))
-            for lay, hs in sorted(by_layer.items())
-        ]
-
-    base = run([], "sink attribution: base")
-    deltas, pair_deltas = [], []
-    for lay, head in chosen:
-        ablated = run(hooks_for([(lay, head)]), f"remove sink L{lay}H{head}")
-        deltas.append(ablated.to_others[0] - base.to_others[0])
-        pair_deltas.append(float(ablated.mean_pairwise[0] - base.mean_pairwise[0]))
-    joint = run(hooks_for(chosen), "remove sinks jointly")
+    if method == "fast":
+        chosen = [(lay, h) for lay in range(target) for h in range(n_heads)]
+    else:
+        chosen = _choose_heads(model, batch, heads, top_k, target, key, batch_size)
+    lengths = batch.lengths
+    n_middle = float((lengths - key - 1 - 2 * edge_k).sum())
+    totals = torch.tensor([len(batch), edge_k * len(batch), n_middle, edge_k * len(batch)])
+    layers = sorted({lay for lay, _ in chosen})
+    mean_z = _mean_z(model, batch, layers, batch_size) if ablation == "mean" else {}
+    run = _fast_attribution if method == "fast" else _exact_attribution
+    fields_ = run(
+        model,
+        batch,
+        chosen,
+        target,
+        key,
+        edge_k,
+        ablation,
+        mean_z,
+        totals,
+        batch_size,
+        progress,
+        joint,
+    )
     return SinkAttribution(
         heads=tuple(chosen),
         layer=target,
         key=key,
         edge_k=edge_k,
-        base_to_others=base.to_others[0],
-        delta_to_others=torch.stack(deltas),
-        delta_mean_pairwise=torch.tensor(pair_deltas, dtype=torch.float64),
-        joint_delta_to_others=joint.to_others[0] - base.to_others[0],
-        joint_delta_mean_pairwise=float(joint.mean_pairwise[0] - base.mean_pairwise[0]),
-        provenance=base.provenance,
+        method=method,
+        ablation=ablation,
+        n_sequences=len(batch),
+        provenance=_provenance(info, batch, (target,), False),
+        **fields_,
     )
 
 
-def fast_sink_attribution(
+def _exact_attribution(
+    model: HookedModel,
+    batch: TokenBatch,
+    chosen: list[tuple[int, int]],
+    target: int,
+    key: int,
+    edge_k: int,
+    ablation: str,
+    mean_z: dict[int, torch.Tensor],
+    totals: torch.Tensor,
+    batch_size: int,
+    progress: bool,
+    joint: bool,
+) -> dict[str, Any]:
+    from homoglens.homogenization import homogenization_sums, positions_from_mask
+    from homoglens.profile import resid_hook_name
+
+    device = _model_device(model)
+    variants = [[pair] for pair in chosen] + ([chosen] if joint and len(chosen) > 1 else [])
+    starts = [min(lay for lay, _ in pairs) for pairs in variants]
+    skip = _can_start_at_layer(model)
+    n_pos = int(batch.lengths.max())
+    f64 = torch.float64
+    metrics = torch.zeros(len(variants) + 1, len(ATTRIBUTION_METRICS), dtype=f64)
+    curve = torch.zeros(len(variants) + 1, n_pos, dtype=f64)
+    count = torch.zeros(n_pos, dtype=f64)
+    state: dict[str, Any] = {}
+
+    def measure(resid: torch.Tensor, hook: Any) -> None:
+        sums = homogenization_sums(
+            resid, positions_from_mask(state["mask"]), n_pos, per_sequence=True
+        )
+        to_others = sums["seq_to_others"].nan_to_num(0.0).cpu()
+        width = to_others.shape[1]
+        metrics[state["v"]] += (state["w"][..., :width] * to_others).sum((1, 2))
+        curve[state["v"], :width] += to_others.sum(0)
+
+    def cache(layer: int) -> Any:
+        def hook(resid: torch.Tensor, hook: Any) -> None:
+            state["cache"][layer] = resid.clone()
+
+        return hook
+
+    measure_hook = (resid_hook_name(target), measure)
+    cache_hooks = (
+        [(f"blocks.{s}.hook_resid_pre", cache(s)) for s in sorted(set(starts))] if skip else []
+    )
+    hooks = {i: _ablation_hooks(pairs, ablation, key, mean_z) for i, pairs in enumerate(variants)}
+    try:
+        for tokens, mask in forward_batches(
+            batch, batch_size, device, desc="sink attribution", progress=progress
+        ):
+            lengths = mask.sum(1)
+            state.update(
+                mask=mask,
+                cache={},
+                w=_token_weights(lengths, mask.shape[1], key, edge_k, totals),
+                v=0,
+            )
+            count[: mask.shape[1]] += mask.sum(0).to(f64).cpu()
+            model.run_with_hooks(
+                tokens,
+                attention_mask=mask,
+                return_type=None,
+                stop_at_layer=target,
+                fwd_hooks=[*cache_hooks, measure_hook],
+            )
+            for i, start in enumerate(starts):
+                state["v"] = i + 1
+                fwd_hooks = [*hooks[i], measure_hook]
+                if skip:
+                    model.run_with_hooks(
+                        state["cache"][start],
+                        start_at_layer=start,
+                        attention_mask=mask,
+                        return_type=None,
+                        stop_at_layer=target,
+                        fwd_hooks=fwd_hooks,
+                    )
+                else:
+                    model.run_with_hooks(
+                        tokens,
+                        attention_mask=mask,
+                        return_type=None,
+                        stop_at_layer=target,
+                        fwd_hooks=fwd_hooks,
+                    )
+    finally:
+        state.clear()
+    to_others = _nan_div(curve, count)
+    delta = metrics[1:] - metrics[0]
+    delta_curve = to_others[1:] - to_others[0]
+    has_joint = len(variants) > len(chosen)
+    rerun = (
+        "from the ablated block (HookedTransformer start_at_layer on the cached "
+        "blocks.{l}.hook_resid_pre)"
+        if skip
+        else "full forward pass (a TransformerBridge cannot skip the blocks before the ablated one)"
+    )
+    return {
+        "rerun": rerun,
+        "base": metrics[0],
+        "delta": delta[: len(chosen)],
+        "joint_delta": delta[-1] if has_joint else None,
+        "base_to_others": to_others[0],
+        "delta_to_others": delta_curve[: len(chosen)],
+        "joint_delta_to_others": delta_curve[-1] if has_joint else None,
+    }
+
+
+def _metric_grads(
+    values: Float[torch.Tensor, " metric"], acts: list[torch.Tensor]
+) -> tuple[list[list[torch.Tensor | None]], bool]:
+    """``grads[j][i]`` = d values[j] / d acts[i]: one backward pass vectorised over the metrics
+    (``is_grads_batched``), or one pass per metric where an op does not support that."""
+    m = len(values)
+    try:
+        batched = torch.autograd.grad(
+            values,
+            acts,
+            grad_outputs=torch.eye(m, dtype=values.dtype, device=values.device),
+            is_grads_batched=True,
+            retain_graph=True,
+            allow_unused=True,
+        )
+        return [[None if g is None else g[j] for g in batched] for j in range(m)], True
+    except RuntimeError:  # an op without a batching rule
+        grads = [
+            list(torch.autograd.grad(values[j], acts, retain_graph=j < m - 1, allow_unused=True))
+            for j in range(m)
+        ]
+        return grads, False
+
+
+def _fast_attribution(
+    model: HookedModel,
+    batch: TokenBatch,
+    chosen: list[tuple[int, int]],
+    target: int,
+    key: int,
+    edge_k: int,
+    ablation: str,
+    mean_z: dict[int, torch.Tensor],
+    totals: torch.Tensor,
+    batch_size: int,
+    progress: bool,
+    joint: bool,
+) -> dict[str, Any]:
+    from homoglens.hooks import sink_removal_delta
+    from homoglens.profile import resid_hook_name
+
+    n_layers, n_heads = target, int(model.cfg.n_heads)
+    device = _model_device(model)
+    f64 = torch.float64
+    m = len(ATTRIBUTION_METRICS)
+    total = torch.zeros(n_layers, n_heads, m, dtype=f64)
+    base = torch.zeros(m, dtype=f64)
+    curve = torch.zeros(int(batch.lengths.max()), dtype=f64)
+    count = torch.zeros_like(curve)
+    point = "hook_pattern" if ablation == "sink" else "hook_z"
+    store: dict[Any, torch.Tensor] = {}
+    vectorised = True
+
+    def probe(i: int) -> Any:
+        # Differentiate with respect to a zero added to the activation the hook hands on: that
+        # is the tensor the rest of the forward pass uses, on every backend (a bridge may fire
+        # a hook on a reshaped copy whose input is not on the gradient path).
+        def hook(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+            zero = torch.zeros_like(activation, requires_grad=True)
+            store[i], store[("act", i)] = zero, activation.detach()
+            return activation + zero
+
+        return hook
+
+    def keep(resid: torch.Tensor, hook: Any) -> None:
+        store["resid"] = resid
+
+    fwd_hooks = [(f"blocks.{i}.attn.{point}", probe(i)) for i in range(n_layers)]
+    fwd_hooks.append((resid_hook_name(target), keep))
+    try:
+        for tokens, mask in forward_batches(
+            batch, batch_size, device, desc="fast sink attribution", progress=progress
+        ):
+            with torch.inference_mode(False), torch.enable_grad():
+                tokens_g, mask_g = tokens.clone(), mask.clone()  # leave inference-mode tensors
+                model.run_with_hooks(
+                    tokens_g,
+                    attention_mask=mask_g,
+                    return_type=None,
+                    stop_at_layer=target,
+                    fwd_hooks=fwd_hooks,
+                )
+                to_others = _token_to_others(store["resid"], mask_g)
+                w = _token_weights(mask_g.sum(1), mask_g.shape[1], key, edge_k, totals).to(device)
+                values = (w * to_others).sum((1, 2))
+                acts = [store[i] for i in range(n_layers)]
+                grads, batched = _metric_grads(values, acts)
+                vectorised = vectorised and batched
+            with torch.no_grad():
+                base += values.detach().cpu()
+                curve[: mask.shape[1]] += to_others.detach().sum(0).cpu()
+                count[: mask.shape[1]] += mask.sum(0).to(f64).cpu()
+                for i in range(n_layers):
+                    act = store[("act", i)].double()
+                    if ablation == "sink":
+                        change = sink_removal_delta(act, key)  # [batch head query key]
+                        dims = (0, 2, 3)
+                    else:
+                        real = mask[..., None, None].to(f64)
+                        change = (mean_z[i].to(device)[None, None] - act) * real  # [b pos head d]
+                        dims = (0, 1, 3)
+                    for j in range(m):
+                        if grads[j][i] is not None:
+                            total[i, :, j] += (grads[j][i].double() * change).sum(dims).cpu()
+            store.clear()
+    finally:
+        store.clear()
+    return {
+        "rerun": "first order: per batch 1 forward pass with gradients and "
+        + (
+            f"one backward pass vectorised over the {m} metrics"
+            if vectorised
+            else f"{m} backward passes"
+        )
+        + " (autograd.grad on the activations only)",
+        "base": base,
+        "delta": total.reshape(n_layers * n_heads, m),
+        "joint_delta": None,
+        "base_to_others": _nan_div(curve, count),
+        "delta_to_others": None,
+        "joint_delta_to_others": None,
+    }
+
+
+def attention_view(
+    model: HookedModel,
+    text: str,
+    heads: list[tuple[int, int]],
+    *,
+    bos: BosPolicy | bool = "auto",
+) -> Any:
+    """A circuitsvis view of the chosen heads' attention patterns on one text, for notebooks.
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        text: One text (at most ``n_ctx`` tokens).
+        heads: ``(layer, head)`` pairs, e.g. ``scores.top_heads(4)`` rows.
+        bos: BOS policy, as for :func:`sink_scores`.
+
+    Returns:
+        ``circuitsvis.attention.attention_heads`` output (renders in Jupyter; ``str()`` gives
+        HTML), with the heads named ``L{layer}H{head}``.
+
+    Raises:
+        InvalidInputError: a head that does not exist, or bad text.
+
+    References:
+        Cooney & Nanda, CircuitsVis (github.com/TransformerLensOrg/CircuitsVis).
+    """
+    import circuitsvis as cv
+
+    chosen = _check_heads(heads, int(model.cfg.n_layers), int(model.cfg.n_heads))
+    if not isinstance(text, str):
+        raise InvalidInputError(f"text must be one string, got {type(text).__name__}")
+    batch = to_token_batch(model, [text], bos=bos)
+    names = {f"blocks.{lay}.attn.hook_pattern" for lay, _ in chosen}
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(
+            batch.tokens.to(_model_device(model)), names_filter=lambda n: n in names
+        )
+    patterns = torch.stack(
+        [cache[f"blocks.{lay}.attn.hook_pattern"][0, h].float().cpu() for lay, h in chosen]
+    )
+    tokenizer = model.tokenizer
+    tokens = [tokenizer.decode([int(t)]) for t in batch.tokens[0]]
+    return cv.attention.attention_heads(
+        attention=patterns,
+        tokens=tokens,
+        attention_head_names=[f"L{lay}H{h}" for lay, h in chosen],
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class SinkAnalysis:
+    """Everything homoglens measures about attention sinks on one corpus, for reports.
+
+    Attributes:
+        scores: Sink mass, importance and sink rate of every head.
+        massive: Massive-activation statistics.
+        fast: First-order attribution of every head (sink removal).
+        exact: Exact attribution of the top sink heads, one by one and jointly.
+    """
+
+    scores: SinkScores
+    massive: MassiveActivations
+    fast: SinkAttribution
+    exact: SinkAttribution
+
+    def save(self, path: str | Path) -> Path:
+        """Save each part in a subfolder (``scores``, ``massive``, ``fast``, ``exact``)."""
+        folder = Path(path)
+        for name in ("scores", "massive", "fast", "exact"):
+            getattr(self, name).save(folder / name)
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> SinkAnalysis:
+        """Load what :meth:`save` wrote.
+
+        Raises:
+            ResultsNotFoundError: a part is missing. IncompatibleResultsError: a bad file."""
+        folder = Path(path)
+        return cls(
+            scores=SinkScores.load(folder / "scores"),
+            massive=MassiveActivations.load(folder / "massive"),
+            fast=SinkAttribution.load(folder / "fast"),
+            exact=SinkAttribution.load(folder / "exact"),
+        )
+
+    def __repr__(self) -> str:
+        return f"SinkAnalysis({self.scores!r}, exact top heads={list(self.exact.heads)})"
+
+
+def sink_analysis(
     model: HookedModel,
     data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
     *,
-    layer: int | None = None,
     key: int = 0,
+    eps: float = 0.3,
+    top_k: int = 3,
+    edge_k: int = 8,
+    attribution_n_seq: int | None = None,
     batch_size: int = 8,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
     progress: bool = True,
-) -> Float[torch.Tensor, "layer head_index"]:
-    """First-order estimate, for every head at once, of how removing its attention sink changes
-    the mean pairwise cosine at residual entry ``layer`` (attribution patching).
-
-    One forward and one backward pass per batch: the gradient of the summed per-sequence
-    mean pairwise cosine with respect to every head's attention pattern, times the change
-    that removing the sink (attention to ``key`` set to 0, rows renormalised) makes to that
-    pattern, summed over queries and keys and averaged over sequences. Compare with
-    :func:`sink_attribution` (exact, one rerun per head); the estimate is exact to first order
-    in the size of the pattern change. Parameter gradients are never touched
-    (``torch.autograd.grad`` on the patterns only).
+) -> SinkAnalysis:
+    """Sink scores and massive activations on all of ``data``, then fast attribution of every
+    head and exact attribution of the ``top_k`` heads by sink mass (plus their joint removal)
+    at the last block's output, on the first ``attribution_n_seq`` sequences (default: all).
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
         data: As for :func:`homogenization_profile`.
-        layer: Residual entry measured (default ``n_layers``).
-        key: Sink key position (0-indexed).
-        batch_size: Sequences per forward/backward pass.
+        key: Sink key position.
+        eps: Sink-rate threshold (Gu et al.: 0.3).
+        top_k: Heads for the exact attribution.
+        edge_k: Tokens per edge in the attribution metrics.
+        attribution_n_seq: Sequences used by the attributions (they cost several passes).
+        batch_size: Sequences per forward pass.
         attention_mask: For token input.
         bos: For text input.
-        progress: Show a progress bar.
+        progress: Show progress bars.
 
     Returns:
-        ``[layer head_index]`` estimated change of mean pairwise cosine (same units as
-        ``SinkAttribution.delta_mean_pairwise``).
+        :class:`SinkAnalysis`.
 
     Raises:
-        InvalidInputError: bad ``layer``/``key`` or data. No hook stays attached after errors.
+        InvalidInputError: bad arguments or data (see :func:`sink_scores`,
+            :func:`sink_attribution`).
 
     References:
-        Nanda 2023, "Attribution Patching"; Syed, Rager, Conmy 2023, arXiv 2310.10348;
-        Gu et al. 2024, arXiv 2410.10781.
+        Gu et al. 2024, arXiv 2410.10781; Sun et al. 2024, arXiv 2402.17762;
+        Barbero et al. 2025, arXiv 2504.02732; Syed, Rager, Conmy 2023, arXiv 2310.10348.
     """
     from homoglens._checks import as_int
-    from homoglens.hooks import sink_removal_delta
-    from homoglens.profile import _check_min_tokens, resid_hook_name
 
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    key, _ = _check_key_eps(key, 0.3, int(model.cfg.n_ctx))
-    target = n_layers if layer is None else as_int("layer", layer, low=1, high=n_layers)
-    batch_size = as_int("batch_size", batch_size, low=1)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
-    _check_min_tokens(batch, False)
-    device = _model_device(model)
-    total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    blocks = range(min(target, n_layers))  # blocks after the measured entry cannot matter
-    store: dict[Any, torch.Tensor] = {}
-
-    def keep(name: Any) -> Any:
-        def hook(activation: torch.Tensor, hook: Any) -> None:
-            store[name] = activation
-
-        return hook
-
-    fwd_hooks = [(f"blocks.{i}.attn.hook_pattern", keep(i)) for i in blocks]
-    fwd_hooks.append((resid_hook_name(target), keep("resid")))
-    for tokens, mask in forward_batches(
-        batch, batch_size, device, desc="fast sink attribution", progress=progress
-    ):
-        with torch.inference_mode(False), torch.enable_grad():
-            tokens_g, mask_g = tokens.clone(), mask.clone()  # leave inference-mode tensors
-            model.run_with_hooks(
-                tokens_g,
-                attention_mask=mask_g,
-                return_type=None,
-                stop_at_layer=max(1, target),
-                fwd_hooks=fwd_hooks,
-            )
-            x = store["resid"].double()
-            w = mask_g.to(x.dtype)
-            u = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30) * w[..., None]
-            s = u.sum(1)
-            t = w.sum(1)
-            metric = (((s * s).sum(-1) - t) / (t * (t - 1))).sum()
-            patterns = [store[i] for i in blocks]
-            grads = torch.autograd.grad(metric, patterns, allow_unused=True)
-        for i, pattern, grad in zip(blocks, patterns, grads, strict=True):
-            if grad is None:
-                continue
-            delta = sink_removal_delta(pattern.detach().double(), key)
-            total[i] += (grad.double() * delta).sum(dim=(0, 2, 3)).cpu()
-        store.clear()
-    return (total / len(batch)).float()
+    n_attr = (
+        len(batch)
+        if attribution_n_seq is None
+        else as_int("attribution_n_seq", attribution_n_seq, low=1)
+    )
+    common = {"batch_size": batch_size, "progress": progress}
+    scores = sink_scores(model, batch, key=key, eps=eps, **common)
+    massive = massive_activations(model, batch, **common)
+    subset = batch[: min(n_attr, len(batch))]
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    top_k = as_int("top_k", top_k, low=1, high=n_layers * n_heads)
+    top = scores.top_heads(top_k)
+    heads = [(int(r.layer), int(r.head)) for r in top.itertuples()]
+    attr = {"key": key, "edge_k": edge_k, **common}
+    fast = sink_attribution(model, subset, method="fast", **attr)
+    exact = sink_attribution(model, subset, heads=heads, **attr)
+    return SinkAnalysis(scores=scores, massive=massive, fast=fast, exact=exact)
