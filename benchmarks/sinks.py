@@ -63,7 +63,12 @@ def main() -> None:
 
     runs = {
         "bare forward": bare,
-        "fast (all heads)": lambda: sink_attribution(model, batch, method="fast", **common),
+        "fast (all heads, 1 metric)": lambda: sink_attribution(
+            model, batch, method="fast", metrics=["first_excess"], **common
+        ),
+        "fast (all heads, 3 metrics)": lambda: sink_attribution(
+            model, batch, method="fast", **common
+        ),
         f"exact ({len(heads)} heads + joint)": lambda: sink_attribution(
             model, batch, heads=list(heads), **common
         ),
@@ -81,7 +86,7 @@ def main() -> None:
         f"{platform.machine()}, torch {version('torch')}, "
         f"transformer-lens {version('transformer-lens')}"
     )
-    print(f"exact rerun: {exact.rerun}")
+    print(f"exact heads: {list(exact.heads)}; rerun: {exact.rerun}")
     print("| run | forward equivalents | median s |\n|---|---|---|")
     for name, values in times.items():
         med = statistics.median(values)

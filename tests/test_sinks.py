@@ -70,6 +70,9 @@ def test_sink_scores_tables_and_plot(get_model) -> None:
     assert 0.0 <= scores.sink_rate <= 100.0
     assert math.isnan(scores.mass_by_query[0, 0, 0].item())  # q <= key undefined
     assert len(scores.plot().axes) >= 2
+    assert scores.key_holds_bos is True  # GPT-2 prepends a BOS by default
+    plain = sink_scores(model, ["The cat sat on the mat."], bos="never", key=1, progress=False)
+    assert plain.key_holds_bos is False and plain.provenance.bos is False
 
 
 def test_sink_bad_input(get_model) -> None:
@@ -279,7 +282,15 @@ def test_fast_attribution_is_the_first_order_of_exact(backend, ablation) -> None
 
 
 def test_attribution_results_round_trip_and_plot(tmp_path, get_model) -> None:
-    from homoglens import SinkAttribution, attention_view, sink_attribution
+    from homoglens import (
+        IncompatibleResultsError,
+        MassiveActivations,
+        ResultsNotFoundError,
+        SinkAttribution,
+        SinkScores,
+        attention_view,
+        sink_attribution,
+    )
 
     model = get_model("gpt2", BACKENDS[-1])
     batch = corpus_windows(model, n_seq=2, seq_len=24)
@@ -288,6 +299,19 @@ def test_attribution_results_round_trip_and_plot(tmp_path, get_model) -> None:
     scores = sink_scores(model, batch, progress=False)
     top = scores.top_heads(3)
     assert list(exact.heads) == list(zip(top["layer"], top["head"], strict=True))
+    loaded_scores = SinkScores.load(scores.save(tmp_path / "scores"))
+    assert torch.equal(loaded_scores.mass, scores.mass) and loaded_scores.key == scores.key
+    massive = massive_activations(model, batch, progress=False)
+    loaded_massive = MassiveActivations.load(massive.save(tmp_path / "massive"))
+    assert loaded_massive.layers == massive.layers
+    assert torch.equal(loaded_massive.dim_counts, massive.dim_counts)
+    assert len(massive.plot().axes) >= 1
+    with pytest.raises(ResultsNotFoundError):
+        SinkScores.load(tmp_path / "nothing")
+    meta = tmp_path / "scores" / "sink_scores.json"
+    meta.write_text(meta.read_text().replace("SinkScores/1", "SinkScores/9"))
+    with pytest.raises(IncompatibleResultsError, match="SinkScores/1"):
+        SinkScores.load(tmp_path / "scores")
     for result in (exact, fast):
         loaded = SinkAttribution.load(result.save(tmp_path / result.method))
         assert loaded.heads == result.heads and loaded.rerun == result.rerun
@@ -295,6 +319,13 @@ def test_attribution_results_round_trip_and_plot(tmp_path, get_model) -> None:
         assert (loaded.joint_delta is None) == (result.joint_delta is None)
         assert len(result.plot().axes) >= 1
         assert len(result.to_pandas()) == len(result.heads)
+    one = sink_attribution(
+        model, batch, method="fast", edge_k=3, metrics=["first_excess"], progress=False
+    )
+    assert torch.allclose(one.delta[:, 1], fast.delta[:, 1], atol=1e-9)
+    assert one.delta[:, [0, 2]].isnan().all() and "1 backward" in one.rerun
+    with pytest.raises(InvalidInputError, match="metrics"):
+        sink_attribution(model, batch, method="fast", metrics=["loss"], progress=False)
     grid = fast.grid("first_excess")
     assert tuple(grid.shape) == (model.cfg.n_layers, model.cfg.n_heads)
     assert grid[1, 2].item() == pytest.approx(fast.delta[1 * model.cfg.n_heads + 2, 1].item())
@@ -306,4 +337,30 @@ def test_attribution_results_round_trip_and_plot(tmp_path, get_model) -> None:
     assert "L1H0" in view and "L0H3" in view
     with pytest.raises(InvalidInputError, match="head index"):
         attention_view(model, "The cat sat.", [(0, 99)])
+    assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("method", ["exact", "fast"])
+def test_attribution_ignores_padding(method, backend, get_model) -> None:
+    """Unequal lengths in one padded batch == each sequence in its own batch."""
+    from homoglens import sink_attribution
+
+    model = get_model("llama", backend)
+    texts = [
+        "It is a truth universally acknowledged, that a single man in possession of a good "
+        "fortune, must be in want of a wife.",
+        "However little known the feelings or views of such a man may be on his first entering "
+        "a neighbourhood, this truth is so well fixed.",
+        "Emma Woodhouse, handsome, clever, and rich, with a comfortable home.",
+    ]
+    batch = to_token_batch(model, texts)
+    assert len(set(batch.lengths.tolist())) == 3
+    kwargs = {"method": method, "edge_k": 3, "progress": False}
+    if method == "exact":
+        kwargs["heads"] = [(0, 1), (1, 3)]
+    padded = sink_attribution(model, batch, batch_size=3, **kwargs)
+    alone = sink_attribution(model, batch, batch_size=1, **kwargs)
+    assert torch.allclose(padded.delta, alone.delta, atol=1e-6)
+    assert torch.allclose(padded.base, alone.base, atol=1e-6)
+    assert torch.allclose(padded.base_to_others, alone.base_to_others, atol=1e-6, equal_nan=True)
     assert hook_count(model) == 0

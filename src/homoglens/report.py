@@ -173,7 +173,9 @@ def _sinks_section(analysis: SinkAnalysis, out: Path) -> str:
     change = float(joint[0])
     direction = "raises" if change > 0 else "lowers"
     heads = ", ".join(f"L{lay}H{h}" for lay, h in exact.heads)
-    bos = {True: "a BOS token", False: "a real token", None: "mixed"}[scores.provenance.bos]
+    bos = {True: "a BOS token", False: "a real token", None: "a BOS in some sequences"}[
+        scores.key_holds_bos
+    ]
     share = -float(joint[1]) / float(exact.base[1]) if float(exact.base[1]) else float("nan")
     return f"""
 <h2>Attention sinks</h2>

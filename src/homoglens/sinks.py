@@ -143,6 +143,11 @@ class SinkScores:
             )
 
     @property
+    def key_holds_bos(self) -> bool | None:
+        """Whether position ``key`` held a BOS token (``None``: in some sequences only)."""
+        return self.provenance.bos if self.key == 0 else False
+
+    @property
     def sink_rate(self) -> float:
         """Sink_k^eps in percent: share of (sequence, layer, head) with alpha_k > eps."""
         return float(self.sink_rate_by_head.mean() * 100)
@@ -226,6 +231,7 @@ class SinkScores:
     def __repr__(self) -> str:
         return (
             f"SinkScores(model={self.provenance.model!r}, key={self.key}, "
+            f"key_holds_bos={self.key_holds_bos}, "
             f"layers={self.mass.shape[0]}, heads={self.mass.shape[1]}, "
             f"sink_rate={self.sink_rate:.1f}%, n_sequences={self.n_sequences})"
         )
@@ -895,6 +901,7 @@ def sink_attribution(
     key: int = 0,
     edge_k: int = 8,
     joint: bool = True,
+    metrics: tuple[str, ...] | list[str] = ATTRIBUTION_METRICS,
     batch_size: int = 8,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
@@ -914,7 +921,8 @@ def sink_attribution(
       reruns the full forward pass. ``rerun`` says which. Also gives per-position curves.
     * ``method="fast"``: attribution patching, for every head before ``layer`` at once
       (``heads``/``top_k`` are ignored): per batch one forward pass with gradients and one
-      backward pass (``torch.autograd.grad`` on the patterns or ``z`` only) per metric; each
+      backward pass (``torch.autograd.grad`` on the patterns or ``z`` only) per metric in
+      ``metrics``; each
       head's estimate is the gradient times the ablation's change of its pattern (or ``z``).
       First-order: exact for small changes, an approximation for strong sinks.
 
@@ -930,6 +938,8 @@ def sink_attribution(
         key: Sink key position (0-indexed; tokens ``<= key`` are left out of the edge groups).
         edge_k: Tokens per edge; every sequence needs ``key + 2 * edge_k + 2`` tokens.
         joint: Exact mode: also ablate all ``heads`` together.
+        metrics: Fast mode: the :data:`ATTRIBUTION_METRICS` to attribute, one backward pass
+            each (the others are NaN). The exact mode always gives all three.
         batch_size: Sequences per forward pass.
         attention_mask: For token input.
         bos: For text input.
@@ -969,6 +979,14 @@ def sink_attribution(
     edge_k = as_int("edge_k", edge_k, low=1)
     batch_size = as_int("batch_size", batch_size, low=1)
     joint = as_bool("joint", joint)
+    if isinstance(metrics, str):
+        metrics = (metrics,)
+    metrics = tuple(metrics)
+    unknown = [name for name in metrics if name not in ATTRIBUTION_METRICS]
+    if not metrics or unknown or len(set(metrics)) != len(metrics):
+        raise InvalidInputError(
+            f"metrics={metrics!r} must be distinct names from {ATTRIBUTION_METRICS}"
+        )
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     _check_key_in(batch, key)
     need = key + 2 * edge_k + 2
@@ -1001,6 +1019,7 @@ def sink_attribution(
         batch_size,
         progress,
         joint,
+        metrics,
     )
     return SinkAttribution(
         heads=tuple(chosen),
@@ -1028,6 +1047,7 @@ def _exact_attribution(
     batch_size: int,
     progress: bool,
     joint: bool,
+    metrics: tuple[str, ...],  # the exact mode always measures all of them
 ) -> dict[str, Any]:
     from homoglens.homogenization import homogenization_sums, positions_from_mask
     from homoglens.profile import resid_hook_name
@@ -1038,7 +1058,7 @@ def _exact_attribution(
     skip = _can_start_at_layer(model)
     n_pos = int(batch.lengths.max())
     f64 = torch.float64
-    metrics = torch.zeros(len(variants) + 1, len(ATTRIBUTION_METRICS), dtype=f64)
+    values = torch.zeros(len(variants) + 1, len(ATTRIBUTION_METRICS), dtype=f64)
     curve = torch.zeros(len(variants) + 1, n_pos, dtype=f64)
     count = torch.zeros(n_pos, dtype=f64)
     state: dict[str, Any] = {}
@@ -1049,7 +1069,7 @@ def _exact_attribution(
         )
         to_others = sums["seq_to_others"].nan_to_num(0.0).cpu()
         width = to_others.shape[1]
-        metrics[state["v"]] += (state["w"][..., :width] * to_others).sum((1, 2))
+        values[state["v"]] += (state["w"][..., :width] * to_others).sum((1, 2))
         curve[state["v"], :width] += to_others.sum(0)
 
     def cache(layer: int) -> Any:
@@ -1105,7 +1125,7 @@ def _exact_attribution(
     finally:
         state.clear()
     to_others = _nan_div(curve, count)
-    delta = metrics[1:] - metrics[0]
+    delta = values[1:] - values[0]
     delta_curve = to_others[1:] - to_others[0]
     has_joint = len(variants) > len(chosen)
     rerun = (
@@ -1116,37 +1136,13 @@ def _exact_attribution(
     )
     return {
         "rerun": rerun,
-        "base": metrics[0],
+        "base": values[0],
         "delta": delta[: len(chosen)],
         "joint_delta": delta[-1] if has_joint else None,
         "base_to_others": to_others[0],
         "delta_to_others": delta_curve[: len(chosen)],
         "joint_delta_to_others": delta_curve[-1] if has_joint else None,
     }
-
-
-def _metric_grads(
-    values: Float[torch.Tensor, " metric"], acts: list[torch.Tensor]
-) -> tuple[list[list[torch.Tensor | None]], bool]:
-    """``grads[j][i]`` = d values[j] / d acts[i]: one backward pass vectorised over the metrics
-    (``is_grads_batched``), or one pass per metric where an op does not support that."""
-    m = len(values)
-    try:
-        batched = torch.autograd.grad(
-            values,
-            acts,
-            grad_outputs=torch.eye(m, dtype=values.dtype, device=values.device),
-            is_grads_batched=True,
-            retain_graph=True,
-            allow_unused=True,
-        )
-        return [[None if g is None else g[j] for g in batched] for j in range(m)], True
-    except RuntimeError:  # an op without a batching rule
-        grads = [
-            list(torch.autograd.grad(values[j], acts, retain_graph=j < m - 1, allow_unused=True))
-            for j in range(m)
-        ]
-        return grads, False
 
 
 def _fast_attribution(
@@ -1162,6 +1158,7 @@ def _fast_attribution(
     batch_size: int,
     progress: bool,
     joint: bool,
+    metrics: tuple[str, ...],
 ) -> dict[str, Any]:
     from homoglens.hooks import sink_removal_delta
     from homoglens.profile import resid_hook_name
@@ -1176,7 +1173,7 @@ def _fast_attribution(
     count = torch.zeros_like(curve)
     point = "hook_pattern" if ablation == "sink" else "hook_z"
     store: dict[Any, torch.Tensor] = {}
-    vectorised = True
+    wanted = [ATTRIBUTION_METRICS.index(name) for name in metrics]
 
     def probe(i: int) -> Any:
         # Differentiate with respect to a zero added to the activation the hook hands on: that
@@ -1211,35 +1208,38 @@ def _fast_attribution(
                 w = _token_weights(mask_g.sum(1), mask_g.shape[1], key, edge_k, totals).to(device)
                 values = (w * to_others).sum((1, 2))
                 acts = [store[i] for i in range(n_layers)]
-                grads, batched = _metric_grads(values, acts)
-                vectorised = vectorised and batched
+                grads = {  # one backward pass per metric, to the activations only
+                    j: torch.autograd.grad(
+                        values[j], acts, retain_graph=j != wanted[-1], allow_unused=True
+                    )
+                    for j in wanted
+                }
             with torch.no_grad():
                 base += values.detach().cpu()
                 curve[: mask.shape[1]] += to_others.detach().sum(0).cpu()
                 count[: mask.shape[1]] += mask.sum(0).to(f64).cpu()
                 for i in range(n_layers):
-                    act = store[("act", i)].double()
+                    act = store[("act", i)]
                     if ablation == "sink":
                         change = sink_removal_delta(act, key)  # [batch head query key]
                         dims = (0, 2, 3)
                     else:
-                        real = mask[..., None, None].to(f64)
-                        change = (mean_z[i].to(device)[None, None] - act) * real  # [b pos head d]
+                        real = mask[..., None, None].to(act.dtype)
+                        mean = mean_z[i].to(device=device, dtype=act.dtype)
+                        change = (mean[None, None] - act) * real  # [batch pos head d_head]
                         dims = (0, 1, 3)
-                    for j in range(m):
-                        if grads[j][i] is not None:
-                            total[i, :, j] += (grads[j][i].double() * change).sum(dims).cpu()
+                    for j in wanted:
+                        grad = grads[j][i]
+                        if grad is not None:
+                            total[i, :, j] += (grad * change).sum(dims, dtype=f64).cpu()
             store.clear()
     finally:
         store.clear()
+    for j in set(range(m)) - set(wanted):
+        total[..., j] = float("nan")
     return {
-        "rerun": "first order: per batch 1 forward pass with gradients and "
-        + (
-            f"one backward pass vectorised over the {m} metrics"
-            if vectorised
-            else f"{m} backward passes"
-        )
-        + " (autograd.grad on the activations only)",
+        "rerun": f"first order: per batch 1 forward pass with gradients and {len(wanted)} "
+        "backward pass(es), one per metric (autograd.grad on the activations only)",
         "base": base,
         "delta": total.reshape(n_layers * n_heads, m),
         "joint_delta": None,
