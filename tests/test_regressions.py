@@ -104,6 +104,7 @@ def test_short_windows_with_exclude_first_still_write_a_report(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "Too few counted positions" in (tmp_path / "r" / "report.html").read_text()
+    assert "no sinks section" in result.output
 
 
 @pytest.mark.parametrize("mode", ["permute", "mean"])

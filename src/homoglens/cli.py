@@ -160,16 +160,22 @@ def _load(opts: dict[str, Any]) -> tuple[Any, Any]:
     return model, windows
 
 
-def _sinks(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
+def _sinks(model: Any, windows: Any, opts: dict[str, Any], *, required: bool) -> Any:
+    """The sink analysis; ``None`` (with a warning) when the windows are too short for it and
+    it is only a section of the profile report."""
     from homoglens.sinks import sink_analysis
 
     shortest = int(windows.lengths.min())
     edge_k = min(opts["edge_k"], (shortest - 2) // 2)  # as the profile's edge table does
     if edge_k < 1:
-        raise click.BadParameter(
+        message = (
             f"windows of {shortest} tokens are too short for the sink attribution; use "
-            "--seq-len 4 or more, or --no-sinks"
+            "--seq-len 4 or more"
         )
+        if required:
+            raise click.BadParameter(message)
+        click.echo(f"warning: {message}; the report has no sinks section", err=True)
+        return None
     return sink_analysis(
         model,
         windows,
@@ -211,7 +217,7 @@ def _run(
                 model, windows, modes=modes or default_ablation_modes(model), **ablation, **common
             )
             profile = study.profiles["none"]
-        analysis = _sinks(model, windows, opts) if sinks else None
+        analysis = _sinks(model, windows, opts, required=False) if sinks else None
         with staged_output(folder) as tmp:
             write_profile_report(profile, tmp, edge_k=opts["edge_k"], study=study, sinks=analysis)
         report = folder / "report.html"
@@ -270,7 +276,7 @@ def sinks(**opts: Any) -> None:
         )
         start = time.perf_counter()
         model, windows = _load(opts)
-        analysis = _sinks(model, windows, opts)
+        analysis = _sinks(model, windows, opts, required=True)
         with staged_output(folder) as tmp:
             write_sinks_report(analysis, tmp)
     except HomoglensError as err:
