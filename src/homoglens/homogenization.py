@@ -23,7 +23,14 @@ from jaxtyping import Float, Int
 
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 
-__all__ = ["homogenization_sums", "positions_from_mask", "SUM_FIELDS"]
+__all__ = [
+    "homogenization_sums",
+    "positions_from_mask",
+    "SUM_FIELDS",
+    "scalar_metric_weights",
+    "token_to_others",
+    "edge_totals",
+]
 
 SUM_FIELDS = ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")
 
@@ -172,3 +179,70 @@ def homogenization_sums(
         entropy = -(torch.where(p > 0, p * torch.log(p), torch.zeros_like(p))).sum(-1)
         out["effective_rank_sum"] = torch.exp(entropy).sum()
     return out
+
+
+def scalar_metric_weights(
+    lengths: Int[torch.Tensor, " batch"], n_pos: int, key: int, edge_k: int, totals: torch.Tensor
+) -> Float[torch.Tensor, "metric batch pos"]:
+    """Per-token weights W_m of the scalar metrics (``mean_pairwise``, ``first_excess``,
+    ``last_excess``; see :data:`homoglens.sinks.ATTRIBUTION_METRICS`): over a corpus,
+    metric_m = sum over every token of W_m * to_others (float64), so it adds up over batches.
+
+    Args:
+        lengths: ``[batch]`` real tokens per (right-aligned) sequence.
+        n_pos: Width of the position axis.
+        key: Tokens at or before ``key`` are left out of the edge groups.
+        edge_k: Tokens per edge.
+        totals: Corpus counts (sequences, first-edge tokens, middle tokens, last-edge tokens),
+            from :func:`edge_totals`.
+
+    Returns:
+        ``[metric batch pos]`` weights.
+    """
+    p = torch.arange(n_pos)[None, :]
+    t = lengths.cpu()[:, None]
+    real = p < t
+    first = (p > key) & (p <= key + edge_k)
+    last = real & (p >= t - edge_k)
+    middle = real & (p > key + edge_k) & (p < t - edge_k)
+    n_seq, n_first, n_middle, n_last = totals.tolist()
+    f64 = torch.float64
+    mid = middle.to(f64) / n_middle
+    return torch.stack(
+        [
+            real.to(f64) / (t.to(f64) * n_seq),
+            first.to(f64) / n_first - mid,
+            last.to(f64) / n_last - mid,
+        ]
+    )
+
+
+def token_to_others(
+    resid: Float[torch.Tensor, "batch pos d_model"], mask: Int[torch.Tensor, "batch pos"]
+) -> Float[torch.Tensor, "batch pos"]:
+    """Differentiable ``to_others`` of every real token (float64; 0 at pads and zero vectors),
+    the formula of :func:`homogenization_sums` (SCIENCE: (u_p . S - 1) / (T - 1)).
+
+    Args:
+        resid: ``[batch pos d_model]`` residual vectors (right-aligned rows).
+        mask: ``[batch pos]`` 1 on real tokens.
+
+    Returns:
+        ``[batch pos]`` cosines in [-1, 1].
+    """
+    x = resid.double()
+    w = mask.to(x.dtype)
+    norm = x.norm(dim=-1)
+    nonzero = (norm > 0) & (w > 0)
+    u = x / torch.where(nonzero, norm, torch.ones_like(norm))[..., None] * nonzero[..., None]
+    s = u.sum(1, keepdim=True)
+    t = w.sum(1, keepdim=True)
+    return ((u * s).sum(-1) - nonzero.to(x.dtype)) / (t - 1) * w
+
+
+def edge_totals(lengths: Int[torch.Tensor, " batch"], key: int, edge_k: int) -> torch.Tensor:
+    """(sequences, first-edge tokens, middle tokens, last-edge tokens) of a corpus, for
+    :func:`scalar_metric_weights`; every length must be at least ``key + 2 * edge_k + 2``."""
+    n = len(lengths)
+    middle = float((lengths - key - 1 - 2 * edge_k).sum())
+    return torch.tensor([n, edge_k * n, middle, edge_k * n], dtype=torch.float64)

@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 
 from homoglens.data import TokenBatch, to_token_batch
 from homoglens.errors import InvalidInputError
+from homoglens.homogenization import edge_totals, scalar_metric_weights, token_to_others
 from homoglens.models import model_info
 from homoglens.profile import _check_positive_int, _model_device, _provenance, forward_batches
 from homoglens.results import Provenance, _nan_div, load_result, save_result
@@ -753,46 +754,6 @@ class SinkAttribution:
         )
 
 
-def _token_weights(
-    lengths: Int[torch.Tensor, " batch"], n_pos: int, key: int, edge_k: int, totals: torch.Tensor
-) -> Float[torch.Tensor, "metric batch pos"]:
-    """Per-token weights W_m with metric_m = sum over tokens of W_m * to_others (float64).
-
-    ``totals`` = (sequences, first-edge tokens, middle tokens, last-edge tokens) of the corpus.
-    """
-    p = torch.arange(n_pos)[None, :]
-    t = lengths.cpu()[:, None]
-    real = p < t
-    first = (p > key) & (p <= key + edge_k)
-    last = real & (p >= t - edge_k)
-    middle = real & (p > key + edge_k) & (p < t - edge_k)
-    n_seq, n_first, n_middle, n_last = totals.tolist()
-    f64 = torch.float64
-    mid = middle.to(f64) / n_middle
-    return torch.stack(
-        [
-            real.to(f64) / (t.to(f64) * n_seq),
-            first.to(f64) / n_first - mid,
-            last.to(f64) / n_last - mid,
-        ]
-    )
-
-
-def _token_to_others(
-    resid: Float[torch.Tensor, "batch pos d_model"], mask: Int[torch.Tensor, "batch pos"]
-) -> Float[torch.Tensor, "batch pos"]:
-    """Differentiable ``to_others`` of every real token (float64; 0 at pads and zero vectors),
-    the formula of :func:`homoglens.homogenization.homogenization_sums`."""
-    x = resid.double()
-    w = mask.to(x.dtype)
-    norm = x.norm(dim=-1)
-    nonzero = (norm > 0) & (w > 0)
-    u = x / torch.where(nonzero, norm, torch.ones_like(norm))[..., None] * nonzero[..., None]
-    s = u.sum(1, keepdim=True)
-    t = w.sum(1, keepdim=True)
-    return ((u * s).sum(-1) - nonzero.to(x.dtype)) / (t - 1) * w
-
-
 def _check_heads(heads: Any, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
     """Validate ``(layer, head)`` pairs with ``layer < n_layers``."""
     from homoglens._checks import as_int
@@ -1000,9 +961,7 @@ def sink_attribution(
         chosen = [(lay, h) for lay in range(target) for h in range(n_heads)]
     else:
         chosen = _choose_heads(model, batch, heads, top_k, target, key, batch_size)
-    lengths = batch.lengths
-    n_middle = float((lengths - key - 1 - 2 * edge_k).sum())
-    totals = torch.tensor([len(batch), edge_k * len(batch), n_middle, edge_k * len(batch)])
+    totals = edge_totals(batch.lengths, key, edge_k)
     layers = sorted({lay for lay, _ in chosen})
     mean_z = _mean_z(model, batch, layers, batch_size) if ablation == "mean" else {}
     run = _fast_attribution if method == "fast" else _exact_attribution
@@ -1091,7 +1050,7 @@ def _exact_attribution(
             state.update(
                 mask=mask,
                 cache={},
-                w=_token_weights(lengths, mask.shape[1], key, edge_k, totals),
+                w=scalar_metric_weights(lengths, mask.shape[1], key, edge_k, totals),
                 v=0,
             )
             count[: mask.shape[1]] += mask.sum(0).to(f64).cpu()
@@ -1204,8 +1163,10 @@ def _fast_attribution(
                     stop_at_layer=target,
                     fwd_hooks=fwd_hooks,
                 )
-                to_others = _token_to_others(store["resid"], mask_g)
-                w = _token_weights(mask_g.sum(1), mask_g.shape[1], key, edge_k, totals).to(device)
+                to_others = token_to_others(store["resid"], mask_g)
+                w = scalar_metric_weights(mask_g.sum(1), mask_g.shape[1], key, edge_k, totals).to(
+                    device
+                )
                 values = (w * to_others).sum((1, 2))
                 acts = [store[i] for i in range(n_layers)]
                 grads = {  # one backward pass per metric, to the activations only
