@@ -301,3 +301,21 @@ def test_load_model_raw_errors_become_typed(tmp_path: Path):
     with pytest.raises(ModelFolderNotFoundError):
         os.chdir(tmp_path)
         load_model("mdl/nothere")
+
+
+def test_ablation_hooks_built_in_inference_mode_work_with_gradients(backend, get_model):
+    """Cached position plans made under torch.inference_mode must not break a later forward
+    pass that tracks gradients (found while writing the patching tests)."""
+    from homoglens import position_ablation_hooks
+
+    for arch in ("gpt2", "neox"):
+        model = get_model(arch, backend)
+        tokens = torch.randint(0, 1000, (2, 9))
+        hooks = position_ablation_hooks(model, "permute", seed=11)
+        with torch.inference_mode(), model.hooks(fwd_hooks=hooks):
+            expected = model(tokens)
+        with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
+            logits = model(tokens)
+            logits.sum().backward()
+        assert torch.allclose(logits.detach(), expected, atol=1e-5)
+        model.zero_grad(set_to_none=True)

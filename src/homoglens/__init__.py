@@ -26,6 +26,12 @@ from homoglens.interventions import (
     position_ablation_hooks,
 )
 from homoglens.models import EMBEDDED_MODELS, ModelInfo, load_model, model_info
+from homoglens.patching import (
+    PATCH_COMPONENTS,
+    PATCH_METRICS,
+    PositionalPatchingResult,
+    positional_patching,
+)
 from homoglens.profile import (
     cosine_homogenization,
     homogenization_profile,
@@ -51,6 +57,9 @@ __version__ = "0.1.0"
 __all__ = [
     "ARCHITECTURES",
     "ATTRIBUTION_METRICS",
+    "PATCH_COMPONENTS",
+    "PATCH_METRICS",
+    "PositionalPatchingResult",
     "ArchitectureSpec",
     "EMBEDDED_MODELS",
     "HomogenizationProfile",
@@ -88,6 +97,7 @@ __all__ = [
     "model_info",
     "position_ablation_hooks",
     "position_ablation_study",
+    "positional_patching",
     "resid_hook_name",
     "sink_analysis",
     "sink_attribution",

@@ -205,7 +205,8 @@ def scalar_metric_weights(
     first = (p > key) & (p <= key + edge_k)
     last = real & (p >= t - edge_k)
     middle = real & (p > key + edge_k) & (p < t - edge_k)
-    n_seq, n_first, n_middle, n_last = totals.tolist()
+    # An empty group (no tokens) has zero weights; clamp its count so nothing divides by 0.
+    n_seq, n_first, n_middle, n_last = (max(float(x), 1.0) for x in totals.tolist())
     f64 = torch.float64
     mid = middle.to(f64) / n_middle
     return torch.stack(

@@ -75,8 +75,15 @@ class PositionPlan:
         return source.clone(), changed.clone()
 
 
-@lru_cache(maxsize=256)
 def _source(plan: PositionPlan, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # Cached tensors are made outside inference mode: a plan first used under
+    # torch.inference_mode must still work in a later forward pass that tracks gradients.
+    with torch.inference_mode(False):
+        return _cached_source(plan, n_pos)
+
+
+@lru_cache(maxsize=256)
+def _cached_source(plan: PositionPlan, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
     own = torch.arange(n_pos)
     changed = torch.ones(n_pos, dtype=torch.bool)
     if plan.positions is not None:
@@ -200,17 +207,19 @@ def rerotate_hook(
     tables: dict[str, Any] = {}
 
     def rows(source: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Any:
-        # The plan returns the same source tensor for every forward of a given length.
+        # The plan returns the same source tensor for every forward of a given length. The
+        # cache is built outside inference mode, so passes with gradients can use it too.
         if tables.get("source") is not source or tables.get("key") != (device, dtype):
-            delta = source - torch.arange(len(source))
-            index = delta.abs().to(cos.device)
-            sign = torch.where(delta < 0, -1.0, 1.0).to(cos.device, sin.dtype)[:, None]
-            tables.update(
-                source=source,
-                key=(device, dtype),
-                c=cos[index].to(device=device, dtype=dtype)[None, :, None, :],
-                s=(sin[index] * sign).to(device=device, dtype=dtype)[None, :, None, :],
-            )
+            with torch.inference_mode(False):
+                delta = source - torch.arange(len(source))
+                index = delta.abs().to(cos.device)
+                sign = torch.where(delta < 0, -1.0, 1.0).to(cos.device, sin.dtype)[:, None]
+                tables.update(
+                    source=source,
+                    key=(device, dtype),
+                    c=cos[index].to(device=device, dtype=dtype)[None, :, None, :],
+                    s=(sin[index] * sign).to(device=device, dtype=dtype)[None, :, None, :],
+                )
         return tables["c"], tables["s"]
 
     def hook(rotated: Float[torch.Tensor, "batch pos head d_head"], hook: Any) -> torch.Tensor:

@@ -169,7 +169,8 @@ def _bridge_rotary(model: HookedModel, spec: ArchitectureSpec) -> Any:
         if hit is not None and hit[0] is source:
             return hit[1], hit[2]
         dummy = torch.zeros(1, dtype=dtype, device=device)
-        with torch.no_grad():
+        # Cached across passes: made outside inference mode so a pass with gradients can use it.
+        with torch.inference_mode(False), torch.no_grad():
             cos, sin = module(dummy, source.to(device)[None])
         if len(cache) > 64:
             cache.clear()

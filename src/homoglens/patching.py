@@ -1,0 +1,589 @@
+"""Activation patching between a normal run and a run with positional information ablated.
+
+``restore``: the receiving run has its positions ablated (``ablated_positions``) and gets one
+activation from the normal run; ``break``: the normal run gets one activation from the ablated
+run. Each cell patches one component at one layer, at one bin of positions (or one head at every
+position); the metric is measured on the patched run and normalised as in TransformerLens'
+``patching`` conventions: 0 = the patch changed nothing, 1 = the metric reached the source run.
+
+Cells are batched: one forward pass runs ``cell_batch`` copies of a batch, each copy patched at a
+different cell. On a HookedTransformer each pass starts at the patched block from the receiving
+run's cached ``blocks.{l}.hook_resid_pre`` (``start_at_layer``); passes stop at the measured
+residual entry when no metric needs the logits.
+
+References:
+    Meng et al. 2022, "Locating and Editing Factual Associations in GPT", arXiv 2202.05262
+    (causal tracing); Heimersheim & Nanda 2024, "How to use and interpret activation
+    patching", arXiv 2404.15255; Zhang & Nanda 2024, arXiv 2309.16042 (metrics and methods).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Float, Int
+
+from homoglens._checks import as_int
+from homoglens.architectures import architecture_of
+from homoglens.data import TokenBatch, to_token_batch
+from homoglens.errors import InvalidInputError
+from homoglens.homogenization import (
+    edge_totals,
+    homogenization_sums,
+    positions_from_mask,
+    scalar_metric_weights,
+)
+from homoglens.interventions import POSITION_ABLATIONS, position_ablation_hooks
+from homoglens.models import model_info
+from homoglens.profile import (
+    _model_device,
+    _next_token_loss,
+    _provenance,
+    forward_batches,
+    resid_hook_name,
+)
+from homoglens.results import Provenance, load_result, save_result
+from homoglens.types import BosPolicy, HookedModel
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "PATCH_COMPONENTS",
+    "PATCH_METRICS",
+    "PositionalPatchingResult",
+    "positional_patching",
+]
+
+PATCH_COMPONENTS = ("resid_pre", "resid_mid", "attn_out", "mlp_out", "head")
+"""What a cell patches: ``blocks.{l}.hook_resid_pre`` / ``hook_resid_mid`` (not on GPT-NeoX,
+whose attention and MLP run in parallel) / ``hook_attn_out`` / ``hook_mlp_out`` at a bin of
+positions, or ``head``: one head's ``blocks.{l}.attn.hook_z`` at every position."""
+
+PATCH_METRICS = ("mean_pairwise", "first_excess", "last_excess", "loss")
+"""Built-in metrics: the scalar homogenization metrics of :data:`homoglens.ATTRIBUTION_METRICS`
+at residual entry ``metric_layer``, and ``loss`` (mean next-token cross-entropy per sequence,
+nats, averaged over sequences)."""
+
+MetricFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | float]
+
+_HOOKS = {
+    "resid_pre": "blocks.{l}.hook_resid_pre",
+    "resid_mid": "blocks.{l}.hook_resid_mid",
+    "attn_out": "blocks.{l}.hook_attn_out",
+    "mlp_out": "blocks.{l}.hook_mlp_out",
+    "head": "blocks.{l}.attn.hook_z",
+}
+
+
+@dataclass(frozen=True, eq=False)
+class PositionalPatchingResult:
+    """Metric values of every patched cell, with the two unpatched runs.
+
+    Attributes:
+        component: One of :data:`PATCH_COMPONENTS`.
+        how: The positional ablation of the ablated run.
+        direction: ``"restore"`` (ablated run receives normal activations) or ``"break"``.
+        metrics: Metric names (built-in or a callable's ``__name__``).
+        metric_layer: Residual entry the homogenization metrics are measured at.
+        layers: Blocks patched, one row each.
+        cells: Position bins ``(start, stop)`` (or ``(head, head + 1)`` for ``head``).
+        cell_axis: ``"pos"`` or ``"head_index"``.
+        patched: ``[metric layer cell]`` metric of the patched run.
+        normal: ``[metric]`` metric of the unablated run.
+        ablated: ``[metric]`` metric of the position-ablated run.
+        forward_equivalents: Compute spent, in full forward passes over the data (counting the
+            blocks each pass ran).
+        batching: How cells were batched and where passes started and stopped.
+        provenance: Model, backend, weights, BOS, data.
+
+    References:
+        Heimersheim & Nanda 2024, arXiv 2404.15255; Zhang & Nanda 2024, arXiv 2309.16042.
+    """
+
+    component: str
+    how: str
+    direction: str
+    metrics: tuple[str, ...]
+    metric_layer: int
+    layers: tuple[int, ...]
+    cells: tuple[tuple[int, int], ...]
+    cell_axis: str
+    patched: Float[torch.Tensor, "metric layer cell"]
+    normal: Float[torch.Tensor, " metric"]
+    ablated: Float[torch.Tensor, " metric"]
+    forward_equivalents: float
+    batching: str
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        shape = (len(self.metrics), len(self.layers), len(self.cells))
+        if tuple(self.patched.shape) != shape:
+            raise ValueError(f"patched has shape {tuple(self.patched.shape)}, expected {shape}")
+
+    @property
+    def receiving(self) -> Float[torch.Tensor, " metric"]:
+        """Metric of the run that receives the patches (ablated for restore)."""
+        return self.ablated if self.direction == "restore" else self.normal
+
+    @property
+    def source(self) -> Float[torch.Tensor, " metric"]:
+        """Metric of the run the patched activations come from."""
+        return self.normal if self.direction == "restore" else self.ablated
+
+    @property
+    def effect(self) -> Float[torch.Tensor, "metric layer cell"]:
+        """(patched - receiving) / (source - receiving): 0 = no change, 1 = the source run's
+        value; NaN where source and receiving agree (to 1e-12)."""
+        gap = (self.source - self.receiving)[:, None, None]
+        out = (self.patched - self.receiving[:, None, None]) / gap
+        return torch.where(gap.abs() > 1e-12, out, torch.full_like(out, math.nan))
+
+    def _metric(self, metric: str | None) -> int:
+        if metric is None:
+            return 0
+        if metric not in self.metrics:
+            raise InvalidInputError(f"metric={metric!r} is not one of {self.metrics}")
+        return self.metrics.index(metric)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: one row per (metric, layer, cell) with ``patched`` and ``effect``."""
+        import pandas as pd
+
+        rows = []
+        effect = self.effect
+        for m, name in enumerate(self.metrics):
+            for i, layer in enumerate(self.layers):
+                for j, (start, stop) in enumerate(self.cells):
+                    rows.append(
+                        {
+                            "metric": name,
+                            "layer": layer,
+                            self.cell_axis: start if self.cell_axis == "head_index" else None,
+                            "pos_start": start if self.cell_axis == "pos" else None,
+                            "pos_stop": stop if self.cell_axis == "pos" else None,
+                            "patched": float(self.patched[m, i, j]),
+                            "effect": float(effect[m, i, j]),
+                        }
+                    )
+        frame = pd.DataFrame(rows)
+        drop = ["pos_start", "pos_stop"] if self.cell_axis == "head_index" else ["pos"]
+        return frame.drop(columns=[c for c in drop if c in frame])
+
+    def plot(self, metric: str | None = None) -> Figure:
+        """Heatmap of the normalised effect, layer x cell (one metric; default the first)."""
+        from matplotlib.figure import Figure
+
+        m = self._metric(metric)
+        fig = Figure(figsize=(7, 4.5), layout="constrained")
+        ax = fig.add_subplot()
+        image = ax.imshow(
+            self.effect[m].numpy(),
+            aspect="auto",
+            origin="lower",
+            cmap="RdBu_r",
+            vmin=-1,
+            vmax=1,
+            interpolation="nearest",
+        )
+        if self.cell_axis == "pos":
+            labels = [f"{a}" if b - a == 1 else f"{a}-{b - 1}" for a, b in self.cells]
+            ax.set_xlabel("position")
+        else:
+            labels = [str(a) for a, _ in self.cells]
+            ax.set_xlabel("head")
+        step = max(1, len(labels) // 12)
+        ax.set_xticks(range(0, len(labels), step), labels[::step], rotation=45, fontsize=7)
+        ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers], fontsize=7)
+        ax.set_ylabel("block")
+        ax.set_title(
+            f"{self.direction}: {self.component}, {self.metrics[m]} (ablation {self.how})",
+            fontsize=10,
+        )
+        fig.colorbar(image, ax=ax, label="normalised effect")
+        return fig
+
+    def save(self, path: str | Path) -> Path:
+        """Save as ``patching.safetensors`` + ``patching.json`` (no pickle)."""
+        return save_result(self, path, "patching")
+
+    @classmethod
+    def load(cls, path: str | Path) -> PositionalPatchingResult:
+        """Load what :meth:`save` wrote.
+
+        Raises:
+            ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file."""
+        return load_result(cls, path, "patching")
+
+    def __repr__(self) -> str:
+        return (
+            f"PositionalPatchingResult(model={self.provenance.model!r}, {self.direction} "
+            f"{self.component}, how={self.how}, metrics={list(self.metrics)}, "
+            f"layers={len(self.layers)}, cells={len(self.cells)}, "
+            f"forward_equivalents={self.forward_equivalents:.1f})"
+        )
+
+
+def _check_metrics(metric: Any) -> tuple[list[str | MetricFn], tuple[str, ...]]:
+    chosen = list(metric) if isinstance(metric, (list, tuple)) else [metric]
+    if not chosen:
+        raise InvalidInputError("metric is empty; give a name from PATCH_METRICS or a callable")
+    names = []
+    for m in chosen:
+        if callable(m):
+            names.append(getattr(m, "__name__", "custom"))
+        elif isinstance(m, str) and m in PATCH_METRICS:
+            names.append(m)
+        else:
+            raise InvalidInputError(
+                f"metric {m!r} must be one of {PATCH_METRICS} or a callable "
+                "f(logits [batch pos d_vocab], tokens, attention_mask) -> scalar"
+            )
+    if len(set(names)) != len(names):
+        raise InvalidInputError(f"metric names {names} repeat")
+    return chosen, tuple(names)
+
+
+def _check_cells(
+    component: str, bins: Any, n_pos: int, n_heads: int
+) -> tuple[tuple[tuple[int, int], ...], str]:
+    if component == "head":
+        return tuple((h, h + 1) for h in range(n_heads)), "head_index"
+    if bins is None:
+        return tuple((p, p + 1) for p in range(n_pos)), "pos"
+    if isinstance(bins, int) and not isinstance(bins, bool):
+        n = as_int("bins", bins, low=1, high=n_pos)
+        edges = [round(i * n_pos / n) for i in range(n + 1)]
+        return tuple((edges[i], edges[i + 1]) for i in range(n)), "pos"
+    cells = []
+    for pair in bins:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise InvalidInputError(f"bins must be an int or (start, stop) pairs, got {pair!r}")
+        start = as_int("bin start", pair[0], low=0, high=n_pos - 1)
+        stop = as_int("bin stop", pair[1], low=start + 1, high=n_pos)
+        cells.append((start, stop))
+    if not cells:
+        raise InvalidInputError("bins is empty")
+    return tuple(cells), "pos"
+
+
+def positional_patching(
+    model: HookedModel,
+    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    *,
+    how: str = "zero",
+    component: str = "resid_pre",
+    metric: str | MetricFn | Sequence[str | MetricFn] = "mean_pairwise",
+    direction: str = "restore",
+    layers: Sequence[int] | None = None,
+    bins: int | Sequence[tuple[int, int]] | None = None,
+    metric_layer: int | None = None,
+    edge_k: int = 8,
+    seed: int = 0,
+    shift: int = 1,
+    batch_size: int = 4,
+    cell_batch: int = 8,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+    progress: bool = True,
+) -> PositionalPatchingResult:
+    """Activation patching between the normal run and a position-ablated run, layer x position
+    (or layer x head).
+
+    Each cell copies the source run's activation of ``component`` at one block, at one bin of
+    positions (every position for ``component="head"``), into the receiving run, and measures
+    ``metric``. ``restore``: receiving = ablated run, source = normal run; ``break``: the other
+    way round. ``effect`` = (patched - receiving) / (source - receiving).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        data: As for :func:`homogenization_profile`.
+        how: Positional ablation of the ablated run (:func:`position_ablation_hooks`).
+        component: One of :data:`PATCH_COMPONENTS`.
+        metric: A name from :data:`PATCH_METRICS`, a callable
+            ``f(logits [batch pos d_vocab], tokens [batch pos], attention_mask [batch pos])``
+            returning the scalar mean over the given sequences, or a list of them (all measured
+            on the same patched runs).
+        direction: ``"restore"`` or ``"break"``.
+        layers: Blocks to patch (default: every block that can change the metric).
+        bins: ``None`` (every position is a cell), a number of equal position bins, or
+            ``(start, stop)`` pairs. Ignored for ``component="head"``.
+        metric_layer: Residual entry of the homogenization metrics (default ``n_layers``).
+        edge_k: Tokens per edge for ``first_excess`` / ``last_excess``.
+        seed: Seed of ``how="permute"``.
+        shift: Offset of ``how="shift"``.
+        batch_size: Sequences per forward pass before cell copies.
+        cell_batch: Cells per forward pass (the pass holds ``batch_size * cell_batch`` rows).
+        attention_mask: For token input.
+        bos: For text input.
+        progress: Show a progress bar.
+
+    Returns:
+        :class:`PositionalPatchingResult`.
+
+    Raises:
+        InvalidInputError: unknown ``component``/``direction``/``metric``/``how``, a component
+            the architecture lacks (``resid_mid`` on GPT-NeoX), a metric that does not return a
+            scalar, bad layers or bins, or bad data. No hook stays attached after any error.
+
+    References:
+        Heimersheim & Nanda 2024, arXiv 2404.15255; Zhang & Nanda 2024, arXiv 2309.16042;
+        Yusupov et al. 2025, arXiv 2508.17126.
+    """
+    info = model_info(model)
+    spec = architecture_of(model)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    if component not in PATCH_COMPONENTS:
+        raise InvalidInputError(f"component={component!r} must be one of {PATCH_COMPONENTS}")
+    if component == "resid_mid" and not spec.has_resid_mid:
+        raise InvalidInputError(
+            f"component='resid_mid' does not exist in {spec.family} models (attention and MLP "
+            "run in parallel); patch 'attn_out' or 'mlp_out' instead"
+        )
+    if direction not in ("restore", "break"):
+        raise InvalidInputError(f"direction={direction!r} must be 'restore' or 'break'")
+    if how not in POSITION_ABLATIONS:
+        raise InvalidInputError(f"how={how!r} must be one of {list(POSITION_ABLATIONS)}")
+    chosen_metrics, names = _check_metrics(metric)
+    measured = n_layers if metric_layer is None else as_int("metric_layer", metric_layer, low=0)
+    if measured > n_layers:
+        raise InvalidInputError(f"metric_layer={measured} must be in [0, {n_layers}]")
+    needs_logits = any(m == "loss" or callable(m) for m in chosen_metrics)
+    homog = [i for i, m in enumerate(chosen_metrics) if isinstance(m, str) and m != "loss"]
+    if layers is None:
+        last = n_layers if needs_logits else min(measured + (component == "resid_pre"), n_layers)
+        chosen_layers = tuple(range(last))
+    else:
+        chosen_layers = tuple(as_int("layer", x, low=0, high=n_layers - 1) for x in layers)
+        if not chosen_layers or len(set(chosen_layers)) != len(chosen_layers):
+            raise InvalidInputError(f"layers={layers!r} must be distinct blocks")
+    if not chosen_layers:
+        raise InvalidInputError(
+            f"no block before metric_layer={measured} can change the metric; raise metric_layer"
+        )
+    batch_size = as_int("batch_size", batch_size, low=1)
+    cell_batch = as_int("cell_batch", cell_batch, low=1)
+    edge_k = as_int("edge_k", edge_k, low=1)
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    if any(chosen_metrics[i] in ("first_excess", "last_excess") for i in homog):
+        short = torch.nonzero(batch.lengths < 2 * edge_k + 2).flatten().tolist()
+        if short:
+            raise InvalidInputError(
+                f"sequences {short[:10]} have fewer than 2 * edge_k + 2 = {2 * edge_k + 2} "
+                "tokens; use a smaller edge_k or longer sequences"
+            )
+    n_pos = int(batch.lengths.max())
+    cells, cell_axis = _check_cells(component, bins, n_pos, n_heads)
+    options = {"permute": {"seed": seed}, "shift": {"shift": shift}}.get(how, {})
+    ablation = position_ablation_hooks(model, how, **options)  # type: ignore[arg-type]
+    order = torch.sort(batch.lengths, stable=True).indices  # uniform-length batches
+    batch = batch[order]
+    totals = edge_totals(batch.lengths, 0, edge_k) if homog else None
+    skip = info.backend == "hooked"
+    runner = _Runner(
+        model, chosen_metrics, homog, measured, needs_logits, totals, edge_k, len(batch)
+    )
+    n_m, n_l, n_c = len(names), len(chosen_layers), len(cells)
+    patched = torch.zeros(n_m, n_l, n_c, dtype=torch.float64)
+    normal = torch.zeros(n_m, dtype=torch.float64)
+    ablated = torch.zeros(n_m, dtype=torch.float64)
+    stop = None if needs_logits else max(1, measured)
+    hook_names = [_HOOKS[component].format(l=layer) for layer in chosen_layers]
+    device = _model_device(model)
+    blocks_run = 0.0
+    source_run = "normal" if direction == "restore" else "ablated"
+    receiving_hooks = ablation if direction == "restore" else []
+    starts = {
+        layer: skip and (not homog or layer < measured or layer == measured == 0)
+        for layer in chosen_layers
+    }
+    for tokens, mask in forward_batches(
+        batch, batch_size, device, desc="patching", progress=progress, uniform_length=True
+    ):
+        stores: dict[str, dict[str, torch.Tensor]] = {"normal": {}, "ablated": {}}
+        for run, hooks, out in (("normal", [], normal), ("ablated", ablation, ablated)):
+            wanted = hook_names if run == source_run else []
+            if run != source_run:  # the receiving run: its resid_pre, to start passes from
+                wanted = [f"blocks.{x}.hook_resid_pre" for x in chosen_layers if starts[x]]
+            grab = [(name, _keep(stores[run], name)) for name in dict.fromkeys(wanted)]
+            out += runner.run(tokens, mask, [*hooks, *grab], copies=1, start=None, stop=stop)[:, 0]
+        blocks_run += 2 * (n_layers if stop is None else stop) * len(tokens)
+        for i, (layer, name) in enumerate(zip(chosen_layers, hook_names, strict=True)):
+            source = stores[source_run][name]
+            receiving = stores["ablated" if direction == "restore" else "normal"]
+            for lo in range(0, n_c, cell_batch):
+                chunk = cells[lo : lo + cell_batch]
+                values = runner.run(
+                    tokens,
+                    mask,
+                    [*receiving_hooks, (name, _patch_hook(source, chunk, cell_axis))],
+                    copies=len(chunk),
+                    start=receiving[f"blocks.{layer}.hook_resid_pre"] if starts[layer] else None,
+                    start_layer=layer if starts[layer] else None,
+                    stop=stop,
+                )
+                patched[:, i, lo : lo + len(chunk)] += values
+                end = n_layers if stop is None else stop
+                begin = layer if starts[layer] else 0
+                blocks_run += max(end - begin, 0) * len(tokens) * len(chunk)
+    full = n_layers * len(batch)
+    batching = (
+        f"{cell_batch} cells per forward pass ({batch_size} sequences each)"
+        + (
+            "; each pass starts at the patched block (HookedTransformer start_at_layer on the "
+            "receiving run's cached resid_pre)"
+            if skip
+            else "; each pass runs from the embeddings (TransformerBridge)"
+        )
+        + ("" if stop is None else f" and stops at residual entry {stop}")
+    )
+    return PositionalPatchingResult(
+        component=component,
+        how=how,
+        direction=direction,
+        metrics=names,
+        metric_layer=measured,
+        layers=chosen_layers,
+        cells=cells,
+        cell_axis=cell_axis,
+        patched=patched,
+        normal=normal,
+        ablated=ablated,
+        forward_equivalents=blocks_run / full,
+        batching=batching,
+        provenance=_provenance(info, batch, (measured,), False),
+    )
+
+
+def _keep(store: dict[str, torch.Tensor], name: str) -> Callable[[torch.Tensor, Any], None]:
+    def hook(activation: torch.Tensor, hook: Any) -> None:
+        store[name] = activation.detach().clone()
+
+    return hook
+
+
+def _patch_hook(
+    source: torch.Tensor, cells: tuple[tuple[int, int], ...], cell_axis: str
+) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    """Hook patching ``source`` into copy j of the batch at cell j (positions or a head)."""
+    b, width = source.shape[0], source.shape[1]
+    n = len(cells)
+    if cell_axis == "pos":
+        where = torch.zeros(n, 1, width, dtype=torch.bool)
+        for j, (start, stop) in enumerate(cells):
+            where[j, 0, start:stop] = True
+        where = where.view(n, 1, width, *([1] * (source.ndim - 2)))
+    else:  # one head per copy: source is [batch pos head_index d_head]
+        where = torch.zeros(n, 1, 1, source.shape[2], 1, dtype=torch.bool)
+        for j, (head, _) in enumerate(cells):
+            where[j, 0, 0, head, 0] = True
+    where = where.to(source.device)
+
+    def hook(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+        view = activation.view(n, b, *activation.shape[1:])
+        return torch.where(where, source[None], view).view_as(activation)
+
+    return hook
+
+
+class _Runner:
+    """Runs (copies of) a batch with hooks and returns each metric summed per copy."""
+
+    def __init__(
+        self,
+        model: HookedModel,
+        metrics: list[Any],
+        homog: list[int],
+        measured: int,
+        needs_logits: bool,
+        totals: torch.Tensor | None,
+        edge_k: int,
+        n_sequences: int,
+    ) -> None:
+        self.model, self.metrics, self.homog = model, metrics, homog
+        self.measured, self.needs_logits = measured, needs_logits
+        self.totals, self.edge_k, self.n = totals, edge_k, n_sequences
+
+    def run(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor,
+        hooks: list[tuple[str, Any]],
+        *,
+        copies: int,
+        start: torch.Tensor | None,
+        stop: int | None,
+        start_layer: int | None = None,
+    ) -> Float[torch.Tensor, "metric copy"]:
+        """Metric contributions (already divided by the corpus size) of each copy."""
+        b = tokens.shape[0]
+        out = torch.zeros(len(self.metrics), copies, dtype=torch.float64)
+        rows_mask = mask.repeat(copies, 1)
+        captured: dict[str, torch.Tensor] = {}
+
+        def measure(resid: torch.Tensor, hook: Any) -> None:
+            captured["resid"] = resid
+
+        fwd_hooks = list(hooks)
+        if self.homog:
+            fwd_hooks.append((resid_hook_name(self.measured), measure))
+        kwargs: dict[str, Any] = {
+            "attention_mask": rows_mask,
+            "return_type": "logits" if self.needs_logits else None,
+            "fwd_hooks": fwd_hooks,
+        }
+        if stop is not None:
+            kwargs["stop_at_layer"] = stop
+        if start is not None:
+            inputs = start.repeat(copies, *([1] * (start.ndim - 1)))
+            kwargs["start_at_layer"] = start_layer
+        else:
+            inputs = tokens.repeat(copies, 1)
+        logits = self.model.run_with_hooks(inputs, **kwargs)
+        if self.homog:
+            lengths = rows_mask.sum(1)
+            sums = homogenization_sums(
+                captured.pop("resid"),
+                positions_from_mask(rows_mask),
+                tokens.shape[1],
+                per_sequence=True,
+            )
+            assert self.totals is not None
+            w = scalar_metric_weights(lengths, tokens.shape[1], 0, self.edge_k, self.totals)
+            per_row = (w * sums["seq_to_others"].nan_to_num(0.0).cpu()).sum(-1)  # [3 rows]
+            index = {"mean_pairwise": 0, "first_excess": 1, "last_excess": 2}
+            for m in self.homog:
+                out[m] = per_row[index[self.metrics[m]]].view(copies, b).sum(1)
+        if self.needs_logits:
+            rows_tokens = tokens.repeat(copies, 1)
+            for m, metric in enumerate(self.metrics):
+                if metric == "loss":
+                    loss = _next_token_loss(logits, rows_tokens, rows_mask).double().cpu()
+                    out[m] = loss.view(copies, b).sum(1) / self.n
+                elif callable(metric):
+                    for j in range(copies):
+                        rows = slice(j * b, (j + 1) * b)
+                        value = metric(logits[rows], rows_tokens[rows], rows_mask[rows])
+                        out[m, j] = _scalar(value, metric) * b / self.n
+        return out
+
+
+def _scalar(value: Any, metric: Any) -> float:
+    name = getattr(metric, "__name__", "metric")
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise InvalidInputError(
+                f"metric {name} returned a tensor of shape {tuple(value.shape)}; it must return "
+                "a scalar (the mean over the given sequences)"
+            )
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidInputError(f"metric {name} returned {value!r}; it must return a finite scalar")
+    return float(value)
