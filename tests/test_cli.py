@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from homoglens import HomogenizationProfile, SinkAnalysis
+from homoglens import HomogenizationProfile, PositionalPatchingResult, SinkAnalysis
 from homoglens.cli import main
 from homoglens.testing import tiny_model_folder
 
@@ -54,6 +54,51 @@ def test_profile_writes_report(tmp_path) -> None:
     sinks = SinkAnalysis.load(out / "sinks")
     assert sinks.scores.n_sequences == 6 and sinks.exact.n_sequences == 6
     assert len(sinks.exact.heads) == 3 and sinks.fast.method == "fast"
+    assert "Activation patching" in html
+    patched = PositionalPatchingResult.load(out / "patching")
+    assert patched.metrics == ("mean_pairwise", "loss") and len(patched.cells) == 8
+    assert patched.provenance.data and patched.layers == (0, 1)
+
+
+def test_patch_command(tmp_path) -> None:
+    out = tmp_path / "patch"
+    result = run(
+        "patch",
+        "--model",
+        str(tiny_model_folder("neox")),
+        "--component",
+        "head",
+        "--metrics",
+        "loss,first_excess",
+        "--patch-n-seq",
+        "2",
+        "--n-seq",
+        "3",
+        "--seq-len",
+        "20",
+        "--out",
+        str(out),
+        "--no-progress",
+    )
+    assert result.exit_code == 0, result.output
+    assert (out / "patching.csv").is_file() and (out / "figures" / "patching_loss.png").is_file()
+    loaded = PositionalPatchingResult.load(out / "patching")
+    assert loaded.cell_axis == "head_index" and loaded.metrics == ("loss", "first_excess")
+    bad = run(
+        "patch",
+        "--model",
+        str(tiny_model_folder("neox")),
+        "--component",
+        "resid_mid",
+        "--n-seq",
+        "2",
+        "--seq-len",
+        "20",
+        "--out",
+        str(tmp_path / "bad"),
+        "--no-progress",
+    )
+    assert bad.exit_code != 0 and "resid_mid" in bad.output and not (tmp_path / "bad").exists()
 
 
 def test_sinks_command_writes_its_report(tmp_path) -> None:

@@ -4,6 +4,7 @@
         --out homoglens-report
     homoglens ablate --modes none,zero,permute --out ablation-report
     homoglens sinks --sink-top-k 4 --out sinks-report
+    homoglens patch --component head --metrics mean_pairwise,loss --out patching-report
 """
 
 from __future__ import annotations
@@ -137,6 +138,75 @@ def _sink_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
 
 
+def _patch_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Options of the positional patching sweep."""
+    options = [
+        click.option(
+            "--patch-n-seq",
+            type=click.IntRange(min=1),
+            default=4,
+            show_default=True,
+            help="Windows used by the patching sweep (each cell is a forward pass over them).",
+        ),
+        click.option(
+            "--patch-bins",
+            type=click.IntRange(min=1),
+            default=8,
+            show_default=True,
+            help="Position bins of the patching sweep.",
+        ),
+        click.option(
+            "--patch-layer-step",
+            type=click.IntRange(min=1),
+            default=3,
+            show_default=True,
+            help="Patch every k-th block (and the last).",
+        ),
+    ]
+    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+
+def _patching(
+    model: Any,
+    windows: Any,
+    opts: dict[str, Any],
+    *,
+    how: str = "zero",
+    component: str = "resid_pre",
+    metrics: tuple[str, ...] = ("mean_pairwise", "loss"),
+    direction: str = "restore",
+) -> Any:
+    from homoglens.patching import positional_patching
+
+    n_layers = int(model.cfg.n_layers)
+    layers = sorted(set(range(0, n_layers, opts["patch_layer_step"])) | {n_layers - 1})
+    subset = windows[: opts["patch_n_seq"]]
+    shortest = int(subset.lengths.min())
+    bins = min(opts["patch_bins"], shortest)
+    edge_k = min(opts["edge_k"], (shortest - 2) // 2)
+    if edge_k < 1 and any(m in ("first_excess", "last_excess") for m in metrics):
+        raise click.BadParameter(f"windows of {shortest} tokens are too short for edge metrics")
+    cells = n_layers if component == "head" else bins
+    click.echo(
+        f"patching sweep: {len(layers)} blocks x {cells} cells on {len(subset)} windows "
+        f"(about {len(layers) * cells + 2} forward passes over them)",
+        err=True,
+    )
+    return positional_patching(
+        model,
+        subset,
+        how=how,
+        component=component,
+        metric=list(metrics),
+        direction=direction,
+        layers=layers,
+        bins=bins,
+        edge_k=max(edge_k, 1),
+        batch_size=opts["batch_size"],
+        progress=opts["progress"],
+    )
+
+
 def _load(opts: dict[str, Any]) -> tuple[Any, Any]:
     """Load the model and cut the corpus windows the options ask for."""
     from homoglens.data import corpus_windows
@@ -194,6 +264,7 @@ def _run(
     default_out: str,
     ablation: dict[str, Any],
     sinks: bool = False,
+    patching: bool = False,
 ) -> None:
     from homoglens.profile import homogenization_profile
     from homoglens.report import check_output_dir, staged_output, write_profile_report
@@ -218,8 +289,11 @@ def _run(
             )
             profile = study.profiles["none"]
         analysis = _sinks(model, windows, opts, required=False) if sinks else None
+        patched = _patching(model, windows, opts) if patching else None
         with staged_output(folder) as tmp:
-            write_profile_report(profile, tmp, edge_k=opts["edge_k"], study=study, sinks=analysis)
+            write_profile_report(
+                profile, tmp, edge_k=opts["edge_k"], study=study, sinks=analysis, patching=patched
+            )
         report = folder / "report.html"
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
@@ -243,7 +317,14 @@ def _run(
     help="Add the attention-sink section (scores, massive activations, attribution).",
 )
 @_sink_options
-def profile(ablation: bool, sinks: bool, **opts: Any) -> None:
+@click.option(
+    "--patching/--no-patching",
+    default=True,
+    show_default=True,
+    help="Add the patching section (restore the normal run into the position-ablated one).",
+)
+@_patch_options
+def profile(ablation: bool, sinks: bool, patching: bool, **opts: Any) -> None:
     """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV).
 
     With --ablation (default) the report also compares the model's default positional
@@ -251,7 +332,10 @@ def profile(ablation: bool, sinks: bool, **opts: Any) -> None:
     windows: homogenization by layer and next-token loss, with bootstrap CIs. With --sinks
     (default) it adds attention-sink scores, massive activations, and the attribution of
     homogenization to the sink heads (fast for all heads, exact for the top --sink-top-k on
-    the first --sink-n-seq windows).
+    the first --sink-n-seq windows). With --patching (default) it adds a coarse activation
+    patching sweep (residual stream of every --patch-layer-step-th block x --patch-bins
+    position bins, normal run restored into the 'zero'-ablated one, on --patch-n-seq windows);
+    the full sweep is `homoglens patch`.
     """
     _run(
         opts,
@@ -259,6 +343,7 @@ def profile(ablation: bool, sinks: bool, **opts: Any) -> None:
         default_out="homoglens-report",
         ablation={"seed": 0, "shift": 1},
         sinks=sinks,
+        patching=patching,
     )
 
 
@@ -282,6 +367,54 @@ def sinks(**opts: Any) -> None:
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
     click.echo(repr(analysis), err=True)
+    click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
+
+
+@main.command()
+@_data_options
+@click.option(
+    "--how",
+    type=click.Choice(["zero", "permute", "shift", "mean"]),
+    default="zero",
+    show_default=True,
+    help="Positional ablation of the ablated run.",
+)
+@click.option(
+    "--component",
+    type=click.Choice(["resid_pre", "resid_mid", "attn_out", "mlp_out", "head"]),
+    default="resid_pre",
+    show_default=True,
+)
+@click.option(
+    "--metrics",
+    default="mean_pairwise,loss",
+    show_default=True,
+    help="Comma-separated from mean_pairwise,first_excess,last_excess,loss.",
+)
+@click.option(
+    "--direction", type=click.Choice(["restore", "break"]), default="restore", show_default=True
+)
+@_patch_options
+def patch(how: str, component: str, metrics: str, direction: str, **opts: Any) -> None:
+    """Activation patching between the normal and the position-ablated run (layer x position
+    bin, or layer x head), and a report with one heatmap per metric."""
+    from homoglens.report import check_output_dir, staged_output, write_patching_report
+
+    names = tuple(m.strip() for m in metrics.split(",") if m.strip())
+    try:
+        folder = check_output_dir(
+            opts["out"] or Path("homoglens-patching"), overwrite=opts["overwrite"]
+        )
+        start = time.perf_counter()
+        model, windows = _load(opts)
+        result = _patching(
+            model, windows, opts, how=how, component=component, metrics=names, direction=direction
+        )
+        with staged_output(folder) as tmp:
+            write_patching_report(result, tmp)
+    except HomoglensError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(repr(result), err=True)
     click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
 
 

@@ -22,10 +22,17 @@ from homoglens.errors import InvalidInputError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from homoglens.patching import PositionalPatchingResult
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
     from homoglens.sinks import SinkAnalysis
 
-__all__ = ["check_output_dir", "staged_output", "write_profile_report", "write_sinks_report"]
+__all__ = [
+    "check_output_dir",
+    "staged_output",
+    "write_profile_report",
+    "write_sinks_report",
+    "write_patching_report",
+]
 
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
@@ -238,6 +245,16 @@ def _provenance_table(rows: dict[str, Any]) -> str:
     )
 
 
+def _section_page(out: Path, heading: str, section: str, provenance: Any) -> Path:
+    """Write ``report.html``: one section and the provenance table."""
+    prov = asdict(provenance)
+    prov.pop("hook_points", None)
+    body = section + "<h2>Provenance</h2>" + _provenance_table(prov)
+    path = out / "report.html"
+    path.write_text(_page(heading, body), encoding="utf-8")
+    return path
+
+
 def write_sinks_report(analysis: SinkAnalysis, out: Path, *, title: str | None = None) -> Path:
     """Write the attention-sink analysis (``sinks/`` results, CSVs, figures, ``report.html``)
     into the prepared folder ``out``.
@@ -249,13 +266,66 @@ def write_sinks_report(analysis: SinkAnalysis, out: Path, *, title: str | None =
 
     matplotlib.use("Agg", force=False)
     out = Path(out)
-    prov = asdict(analysis.scores.provenance)
-    prov.pop("hook_points", None)
-    body = _sinks_section(analysis, out) + "<h2>Provenance</h2>" + _provenance_table(prov)
-    path = out / "report.html"
     heading = title or f"Attention sinks: {analysis.scores.provenance.model}"
-    path.write_text(_page(heading, body), encoding="utf-8")
-    return path
+    return _section_page(out, heading, _sinks_section(analysis, out), analysis.scores.provenance)
+
+
+def _patching_section(result: PositionalPatchingResult, out: Path) -> str:
+    """Save the patching result and return its HTML section (one heatmap per metric)."""
+    result.save(out / "patching")
+    table = result.to_pandas()
+    table.to_csv(out / "patching.csv", index=False)
+    figures = out / "figures"
+    figures.mkdir(exist_ok=True)
+    images = []
+    for name in result.metrics:
+        png = _png(result.plot(name), figures / f"patching_{name}.png")
+        images.append(f'<img alt="patching {html.escape(name)}" src="data:image/png;base64,{png}">')
+    baselines = "; ".join(
+        f"{html.escape(n)}: normal {float(a):.4f}, ablated {float(b):.4f}"
+        for n, a, b in zip(result.metrics, result.normal, result.ablated, strict=True)
+    )
+    receiving = "position-ablated" if result.direction == "restore" else "normal"
+    unit = "head" if result.cell_axis == "head_index" else "position bin"
+    source = "normal" if result.direction == "restore" else "position-ablated"
+    effect = result.effect
+    top = []
+    for m, name in enumerate(result.metrics):
+        values = effect[m].nan_to_num(float("-inf"))
+        i, j = divmod(int(values.argmax()), values.shape[1])
+        start, stop = result.cells[j]
+        cell = f"head {start}" if unit == "head" else f"positions {start}-{stop - 1}"
+        value = float(effect[m, i, j])
+        top.append(f"{html.escape(name)}: block {result.layers[i]}, {cell} (effect {value:.2f})")
+    return f"""
+<h2>Activation patching: where the positional signal acts</h2>
+<p class="note">{html.escape(result.direction)}: the {receiving} run (ablation
+'{html.escape(result.how)}') receives the {source} run's
+<code>{html.escape(result.component)}</code> of one block at one {unit}; the metric is
+measured on the patched run (homogenization at residual entry {result.metric_layer}; loss in
+nats/token). Normalised effect = (patched - receiving) / (source - receiving): 0 = no change,
+1 = the source run's value. Baselines: {baselines}. {result.provenance.data}; cost
+{result.forward_equivalents:.0f} forward-pass equivalents ({html.escape(result.batching)}).</p>
+<p>Largest single-cell effect per metric: {"; ".join(top)}.</p>
+{"".join(images)}
+"""
+
+
+def write_patching_report(
+    result: PositionalPatchingResult, out: Path, *, title: str | None = None
+) -> Path:
+    """Write a patching result (``patching/``, ``patching.csv``, figures, ``report.html``)
+    into the prepared folder ``out``.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    out = Path(out)
+    heading = title or f"Positional activation patching: {result.provenance.model}"
+    return _section_page(out, heading, _patching_section(result, out), result.provenance)
 
 
 def _first_token_warning(profile: HomogenizationProfile) -> str:
@@ -286,6 +356,7 @@ def write_profile_report(
     title: str | None = None,
     study: PositionAblationStudy | None = None,
     sinks: SinkAnalysis | None = None,
+    patching: PositionalPatchingResult | None = None,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
 
@@ -294,7 +365,8 @@ def write_profile_report(
     ``figures/curves.png``, ``figures/curves_adjusted.png``, ``figures/heatmap.png``,
     ``report.html``; with a ``study``: ``study/``, ``ablation_loss.csv``,
     ``ablation_layers.csv``, ``figures/ablation.png`` and a report section; with ``sinks``:
-    ``sinks/``, ``sink_*.csv``, sink figures and a section.
+    ``sinks/``, ``sink_*.csv``, sink figures and a section; with ``patching``: ``patching/``,
+    ``patching.csv``, heatmaps and a section.
 
     Returns:
         The path of ``report.html``.
@@ -346,6 +418,8 @@ def write_profile_report(
     ablation = _study_section(study, out) if study is not None else ""
     if sinks is not None:
         ablation += _sinks_section(sinks, out)
+    if patching is not None:
+        ablation += _patching_section(patching, out)
     source = (
         f"Model source: {html.escape(profile.provenance.model_source)}."
         if profile.provenance.model_source
