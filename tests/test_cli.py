@@ -55,7 +55,9 @@ def test_profile_writes_report(tmp_path) -> None:
     assert sinks.scores.n_sequences == 6 and sinks.exact.n_sequences == 6
     assert len(sinks.exact.heads) == 3 and sinks.fast.method == "fast"
     assert "Activation patching" in html
-    patched = PositionalPatchingResult.load(out / "patching")
+    patched = PositionalPatchingResult.load(out / "patching_resid_pre")
+    entry = PositionalPatchingResult.load(out / "patching_positions")
+    assert entry.component == "positions" and entry.layers == (0,)  # learned: embeddings only
     assert patched.metrics == ("mean_pairwise", "loss") and len(patched.cells) == 8
     assert patched.provenance.data and patched.layers == (0, 1)
 

@@ -207,3 +207,41 @@ def test_result_round_trip_and_plot(tmp_path, get_model) -> None:
     with pytest.raises(InvalidInputError, match="metric="):
         result.plot("mean_pairwise")
     assert result.forward_equivalents > 2
+
+
+def test_positions_component_restores_one_block_of_rotation(backend, get_model) -> None:
+    model = get_model("llama", backend)
+    tokens = corpus_windows(model, n_seq=3, seq_len=16).tokens
+    measured = model.cfg.n_layers
+    restore = positional_patching(
+        model, tokens, component="positions", metric=["mean_pairwise", "loss"], progress=False
+    )
+    broken = positional_patching(
+        model,
+        tokens,
+        component="positions",
+        direction="break",
+        metric=["mean_pairwise", "loss"],
+        progress=False,
+    )
+    assert restore.layers == (0, 1) and restore.cells == ((0, 16),)
+    for layer in (0, 1):
+        other = 1 - layer
+        want = _hand_run(
+            model, tokens, position_ablation_hooks(model, "zero", layers=[other]), measured
+        )
+        assert torch.allclose(
+            restore.patched[:, layer, 0], torch.tensor(want, dtype=torch.float64), atol=1e-5
+        )
+        want = _hand_run(
+            model, tokens, position_ablation_hooks(model, "zero", layers=[layer]), measured
+        )
+        assert torch.allclose(
+            broken.patched[:, layer, 0], torch.tensor(want, dtype=torch.float64), atol=1e-5
+        )
+    gpt2 = get_model("gpt2", backend)
+    learned = positional_patching(gpt2, tokens, component="positions", progress=False)
+    assert learned.layers == (0,) and learned.effect[0, 0, 0].item() == pytest.approx(1.0)
+    with pytest.raises(InvalidInputError, match="only block 0"):
+        positional_patching(gpt2, tokens, component="positions", layers=[1], progress=False)
+    assert hook_count(model) == 0 and hook_count(gpt2) == 0

@@ -176,17 +176,21 @@ def _patching(
     metrics: tuple[str, ...] = ("mean_pairwise", "loss"),
     direction: str = "restore",
 ) -> Any:
+    from homoglens.architectures import architecture_of
     from homoglens.patching import positional_patching
 
     n_layers = int(model.cfg.n_layers)
     layers = sorted(set(range(0, n_layers, opts["patch_layer_step"])) | {n_layers - 1})
+    if component == "positions":  # one pass per block: cheap, so every block
+        learned = architecture_of(model).positional == "learned_absolute"
+        layers = [0] if learned else list(range(n_layers))
     subset = windows[: opts["patch_n_seq"]]
     shortest = int(subset.lengths.min())
     bins = min(opts["patch_bins"], shortest)
     edge_k = min(opts["edge_k"], (shortest - 2) // 2)
     if edge_k < 1 and any(m in ("first_excess", "last_excess") for m in metrics):
         raise click.BadParameter(f"windows of {shortest} tokens are too short for edge metrics")
-    cells = n_layers if component == "head" else bins
+    cells = {"head": int(model.cfg.n_heads), "positions": 1}.get(component, bins)
     click.echo(
         f"patching sweep: {len(layers)} blocks x {cells} cells on {len(subset)} windows "
         f"(about {len(layers) * cells + 2} forward passes over them)",
@@ -289,7 +293,14 @@ def _run(
             )
             profile = study.profiles["none"]
         analysis = _sinks(model, windows, opts, required=False) if sinks else None
-        patched = _patching(model, windows, opts) if patching else None
+        patched = (
+            [
+                _patching(model, windows, opts),
+                _patching(model, windows, opts, component="positions"),
+            ]
+            if patching
+            else None
+        )
         with staged_output(folder) as tmp:
             write_profile_report(
                 profile, tmp, edge_k=opts["edge_k"], study=study, sinks=analysis, patching=patched
@@ -381,7 +392,7 @@ def sinks(**opts: Any) -> None:
 )
 @click.option(
     "--component",
-    type=click.Choice(["resid_pre", "resid_mid", "attn_out", "mlp_out", "head"]),
+    type=click.Choice(["resid_pre", "resid_mid", "attn_out", "mlp_out", "head", "positions"]),
     default="resid_pre",
     show_default=True,
 )

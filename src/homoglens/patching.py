@@ -62,10 +62,12 @@ __all__ = [
     "positional_patching",
 ]
 
-PATCH_COMPONENTS = ("resid_pre", "resid_mid", "attn_out", "mlp_out", "head")
+PATCH_COMPONENTS = ("resid_pre", "resid_mid", "attn_out", "mlp_out", "head", "positions")
 """What a cell patches: ``blocks.{l}.hook_resid_pre`` / ``hook_resid_mid`` (not on GPT-NeoX,
 whose attention and MLP run in parallel) / ``hook_attn_out`` / ``hook_mlp_out`` at a bin of
-positions, or ``head``: one head's ``blocks.{l}.attn.hook_z`` at every position."""
+positions; ``head``: one head's ``blocks.{l}.attn.hook_z`` at every position; ``positions``:
+the positional signal itself where it enters block l (rotary models: the rotation of block l's
+queries and keys; learned-absolute models: the embedding, block 0 only), at every position."""
 
 PATCH_METRICS = ("mean_pairwise", "first_excess", "last_excess", "loss")
 """Built-in metrics: the scalar homogenization metrics of :data:`homoglens.ATTRIBUTION_METRICS`
@@ -99,6 +101,7 @@ class PositionalPatchingResult:
         patched: ``[metric layer cell]`` metric of the patched run.
         normal: ``[metric]`` metric of the unablated run.
         ablated: ``[metric]`` metric of the position-ablated run.
+        n_sequences: Number of sequences.
         forward_equivalents: Compute spent, in full forward passes over the data (counting the
             blocks each pass ran).
         batching: How cells were batched and where passes started and stopped.
@@ -119,6 +122,7 @@ class PositionalPatchingResult:
     patched: Float[torch.Tensor, "metric layer cell"]
     normal: Float[torch.Tensor, " metric"]
     ablated: Float[torch.Tensor, " metric"]
+    n_sequences: int
     forward_equivalents: float
     batching: str
     provenance: Provenance = field(default_factory=Provenance)
@@ -141,10 +145,12 @@ class PositionalPatchingResult:
     @property
     def effect(self) -> Float[torch.Tensor, "metric layer cell"]:
         """(patched - receiving) / (source - receiving): 0 = no change, 1 = the source run's
-        value; NaN where source and receiving agree (to 1e-12)."""
+        value; NaN where source and receiving agree to 1e-6 relative (float32 forward passes
+        carry ~1e-7 relative noise, which a smaller gap would turn into arbitrary effects)."""
         gap = (self.source - self.receiving)[:, None, None]
+        scale = torch.maximum(self.source.abs(), self.receiving.abs())[:, None, None]
         out = (self.patched - self.receiving[:, None, None]) / gap
-        return torch.where(gap.abs() > 1e-12, out, torch.full_like(out, math.nan))
+        return torch.where(gap.abs() > 1e-6 * scale + 1e-12, out, torch.full_like(out, math.nan))
 
     def _metric(self, metric: str | None) -> int:
         if metric is None:
@@ -178,12 +184,22 @@ class PositionalPatchingResult:
         return frame.drop(columns=[c for c in drop if c in frame])
 
     def plot(self, metric: str | None = None) -> Figure:
-        """Heatmap of the normalised effect, layer x cell (one metric; default the first)."""
+        """Heatmap of the normalised effect, layer x cell (one metric; default the first), or a
+        curve over blocks when there is one cell per block."""
         from matplotlib.figure import Figure
 
         m = self._metric(metric)
         fig = Figure(figsize=(7, 4.5), layout="constrained")
         ax = fig.add_subplot()
+        title = f"{self.direction}: {self.component}, {self.metrics[m]} (ablation {self.how})"
+        if len(self.cells) == 1:  # one cell per block: a curve over blocks
+            ax.plot(list(self.layers), self.effect[m, :, 0].numpy(), "o-", color="C3")
+            ax.axhline(0, color="grey", lw=0.6)
+            ax.axhline(1, color="grey", lw=0.6, ls="--")
+            ax.set_xlabel("block")
+            ax.set_ylabel("normalised effect")
+            ax.set_title(title, fontsize=10)
+            return fig
         image = ax.imshow(
             self.effect[m].numpy(),
             aspect="auto",
@@ -203,10 +219,7 @@ class PositionalPatchingResult:
         ax.set_xticks(range(0, len(labels), step), labels[::step], rotation=45, fontsize=7)
         ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers], fontsize=7)
         ax.set_ylabel("block")
-        ax.set_title(
-            f"{self.direction}: {self.component}, {self.metrics[m]} (ablation {self.how})",
-            fontsize=10,
-        )
+        ax.set_title(title, fontsize=10)
         fig.colorbar(image, ax=ax, label="normalised effect")
         return fig
 
@@ -226,7 +239,7 @@ class PositionalPatchingResult:
         return (
             f"PositionalPatchingResult(model={self.provenance.model!r}, {self.direction} "
             f"{self.component}, how={self.how}, metrics={list(self.metrics)}, "
-            f"layers={len(self.layers)}, cells={len(self.cells)}, "
+            f"layers={len(self.layers)}, cells={len(self.cells)}, n_sequences={self.n_sequences}, "
             f"forward_equivalents={self.forward_equivalents:.1f})"
         )
 
@@ -357,13 +370,21 @@ def positional_patching(
         raise InvalidInputError(f"metric_layer={measured} must be in [0, {n_layers}]")
     needs_logits = any(m == "loss" or callable(m) for m in chosen_metrics)
     homog = [i for i, m in enumerate(chosen_metrics) if isinstance(m, str) and m != "loss"]
-    if layers is None:
+    learned = spec.positional == "learned_absolute"
+    if layers is None and component == "positions" and learned:
+        chosen_layers: tuple[int, ...] = (0,)
+    elif layers is None:
         last = n_layers if needs_logits else min(measured + (component == "resid_pre"), n_layers)
         chosen_layers = tuple(range(last))
     else:
         chosen_layers = tuple(as_int("layer", x, low=0, high=n_layers - 1) for x in layers)
         if not chosen_layers or len(set(chosen_layers)) != len(chosen_layers):
             raise InvalidInputError(f"layers={layers!r} must be distinct blocks")
+    if component == "positions" and learned and chosen_layers != (0,):
+        raise InvalidInputError(
+            f"layers={list(chosen_layers)}: a learned-absolute model ({spec.family}) gets its "
+            "positions once, at the embeddings; component='positions' has only block 0"
+        )
     if not chosen_layers:
         raise InvalidInputError(
             f"no block before metric_layer={measured} can change the metric; raise metric_layer"
@@ -380,7 +401,10 @@ def positional_patching(
                 "tokens; use a smaller edge_k or longer sequences"
             )
     n_pos = int(batch.lengths.max())
-    cells, cell_axis = _check_cells(component, bins, n_pos, n_heads)
+    if component == "positions":
+        cells, cell_axis = ((0, n_pos),), "pos"
+    else:
+        cells, cell_axis = _check_cells(component, bins, n_pos, n_heads)
     options = {"permute": {"seed": seed}, "shift": {"shift": shift}}.get(how, {})
     ablation = position_ablation_hooks(model, how, **options)  # type: ignore[arg-type]
     order = torch.sort(batch.lengths, stable=True).indices  # uniform-length batches
@@ -395,7 +419,9 @@ def positional_patching(
     normal = torch.zeros(n_m, dtype=torch.float64)
     ablated = torch.zeros(n_m, dtype=torch.float64)
     stop = None if needs_logits else max(1, measured)
-    hook_names = [_HOOKS[component].format(l=layer) for layer in chosen_layers]
+    hook_names = [_HOOKS.get(component, "").format(l=layer) for layer in chosen_layers]
+    if component == "positions":  # the ablation's own hooks, one set per cell
+        ablation_of = _positions_cells(model, how, options, chosen_layers, direction, learned)
     device = _model_device(model)
     blocks_run = 0.0
     source_run = "normal" if direction == "restore" else "ablated"
@@ -409,12 +435,19 @@ def positional_patching(
     ):
         stores: dict[str, dict[str, torch.Tensor]] = {"normal": {}, "ablated": {}}
         for run, hooks, out in (("normal", [], normal), ("ablated", ablation, ablated)):
-            wanted = hook_names if run == source_run else []
+            wanted = hook_names if run == source_run and component != "positions" else []
             if run != source_run:  # the receiving run: its resid_pre, to start passes from
                 wanted = [f"blocks.{x}.hook_resid_pre" for x in chosen_layers if starts[x]]
+                wanted = wanted if component != "positions" else []
             grab = [(name, _keep(stores[run], name)) for name in dict.fromkeys(wanted)]
             out += runner.run(tokens, mask, [*hooks, *grab], copies=1, start=None, stop=stop)[:, 0]
         blocks_run += 2 * (n_layers if stop is None else stop) * len(tokens)
+        if component == "positions":
+            for i, hooks in enumerate(ablation_of):
+                values = runner.run(tokens, mask, hooks, copies=1, start=None, stop=stop)
+                patched[:, i, 0] += values[:, 0]
+                blocks_run += (n_layers if stop is None else stop) * len(tokens)
+            continue
         for i, (layer, name) in enumerate(zip(chosen_layers, hook_names, strict=True)):
             source = stores[source_run][name]
             receiving = stores["ablated" if direction == "restore" else "normal"]
@@ -434,16 +467,20 @@ def positional_patching(
                 begin = layer if starts[layer] else 0
                 blocks_run += max(end - begin, 0) * len(tokens) * len(chunk)
     full = n_layers * len(batch)
-    batching = (
-        f"{cell_batch} cells per forward pass ({batch_size} sequences each)"
-        + (
-            "; each pass starts at the patched block (HookedTransformer start_at_layer on the "
-            "receiving run's cached resid_pre)"
-            if skip
-            else "; each pass runs from the embeddings (TransformerBridge)"
+    if component == "positions":
+        batching = "one forward pass per block (each cell changes which blocks are ablated)"
+    else:
+        batching = (
+            f"up to {cell_batch} cells per forward pass, each a copy of up to {batch_size} "
+            "sequences"
+            + (
+                "; each pass starts at the patched block (HookedTransformer start_at_layer on the "
+                "receiving run's cached resid_pre)"
+                if skip
+                else "; each pass runs from the embeddings (TransformerBridge)"
+            )
         )
-        + ("" if stop is None else f" and stops at residual entry {stop}")
-    )
+    batching += "" if stop is None else f"; passes stop at residual entry {stop}"
     return PositionalPatchingResult(
         component=component,
         how=how,
@@ -456,10 +493,36 @@ def positional_patching(
         patched=patched,
         normal=normal,
         ablated=ablated,
+        n_sequences=len(batch),
         forward_equivalents=blocks_run / full,
         batching=batching,
         provenance=_provenance(info, batch, (measured,), False),
     )
+
+
+def _positions_cells(
+    model: HookedModel,
+    how: str,
+    options: dict[str, Any],
+    layers: tuple[int, ...],
+    direction: str,
+    learned: bool,
+) -> list[list[tuple[str, Any]]]:
+    """Hooks of each ``positions`` cell: restore = ablate every block but this one; break =
+    ablate this block only (learned models: the embedding is the only place)."""
+    n_layers = int(model.cfg.n_layers)
+    cells = []
+    for layer in layers:
+        if learned:
+            cells.append(
+                [] if direction == "restore" else position_ablation_hooks(model, how, **options)
+            )  # type: ignore[arg-type]
+            continue
+        blocks = [b for b in range(n_layers) if b != layer] if direction == "restore" else [layer]
+        cells.append(
+            position_ablation_hooks(model, how, layers=blocks, **options) if blocks else []
+        )  # type: ignore[arg-type]
+    return cells
 
 
 def _keep(store: dict[str, torch.Tensor], name: str) -> Callable[[torch.Tensor, Any], None]:

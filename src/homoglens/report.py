@@ -270,17 +270,19 @@ def write_sinks_report(analysis: SinkAnalysis, out: Path, *, title: str | None =
     return _section_page(out, heading, _sinks_section(analysis, out), analysis.scores.provenance)
 
 
-def _patching_section(result: PositionalPatchingResult, out: Path) -> str:
-    """Save the patching result and return its HTML section (one heatmap per metric)."""
-    result.save(out / "patching")
+def _patching_section(
+    result: PositionalPatchingResult, out: Path, *, name: str = "patching"
+) -> str:
+    """Save the patching result (as ``out/name``) and return its HTML section."""
+    result.save(out / name)
     table = result.to_pandas()
-    table.to_csv(out / "patching.csv", index=False)
+    table.to_csv(out / f"{name}.csv", index=False)
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
     images = []
-    for name in result.metrics:
-        png = _png(result.plot(name), figures / f"patching_{name}.png")
-        images.append(f'<img alt="patching {html.escape(name)}" src="data:image/png;base64,{png}">')
+    for metric in result.metrics:
+        png = _png(result.plot(metric), figures / f"{name}_{metric}.png")
+        images.append(f'<img alt="{name} {html.escape(metric)}" src="data:image/png;base64,{png}">')
     baselines = "; ".join(
         f"{html.escape(n)}: normal {float(a):.4f}, ablated {float(b):.4f}"
         for n, a, b in zip(result.metrics, result.normal, result.ablated, strict=True)
@@ -290,21 +292,32 @@ def _patching_section(result: PositionalPatchingResult, out: Path) -> str:
     source = "normal" if result.direction == "restore" else "position-ablated"
     effect = result.effect
     top = []
-    for m, name in enumerate(result.metrics):
+    for m, metric_name in enumerate(result.metrics):
         values = effect[m].nan_to_num(float("-inf"))
         i, j = divmod(int(values.argmax()), values.shape[1])
         start, stop = result.cells[j]
         cell = f"head {start}" if unit == "head" else f"positions {start}-{stop - 1}"
         value = float(effect[m, i, j])
-        top.append(f"{html.escape(name)}: block {result.layers[i]}, {cell} (effect {value:.2f})")
+        top.append(
+            f"{html.escape(metric_name)}: block {result.layers[i]}, {cell} (effect {value:.2f})"
+        )
+    if result.component == "positions":
+        heading = "Where the positional signal enters: patching it one block at a time"
+        what = (
+            "the positional signal (rotation of queries and keys; for learned positions, the "
+            "embedding) of one block, at every position"
+        )
+    else:
+        heading = "Activation patching: where the positional signal acts"
+        what = f"<code>{html.escape(result.component)}</code> of one block at one {unit}"
     return f"""
-<h2>Activation patching: where the positional signal acts</h2>
+<h2>{heading}</h2>
 <p class="note">{html.escape(result.direction)}: the {receiving} run (ablation
-'{html.escape(result.how)}') receives the {source} run's
-<code>{html.escape(result.component)}</code> of one block at one {unit}; the metric is
+'{html.escape(result.how)}') receives the {source} run's {what}; the metric is
 measured on the patched run (homogenization at residual entry {result.metric_layer}; loss in
 nats/token). Normalised effect = (patched - receiving) / (source - receiving): 0 = no change,
-1 = the source run's value. Baselines: {baselines}. {result.provenance.data}; cost
+1 = the source run's value. Baselines: {baselines}. {result.n_sequences} sequences of
+{html.escape(result.provenance.data)}; cost
 {result.forward_equivalents:.0f} forward-pass equivalents ({html.escape(result.batching)}).</p>
 <p>Largest single-cell effect per metric: {"; ".join(top)}.</p>
 {"".join(images)}
@@ -356,7 +369,7 @@ def write_profile_report(
     title: str | None = None,
     study: PositionAblationStudy | None = None,
     sinks: SinkAnalysis | None = None,
-    patching: PositionalPatchingResult | None = None,
+    patching: PositionalPatchingResult | list[PositionalPatchingResult] | None = None,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
 
@@ -419,7 +432,9 @@ def write_profile_report(
     if sinks is not None:
         ablation += _sinks_section(sinks, out)
     if patching is not None:
-        ablation += _patching_section(patching, out)
+        sweeps = patching if isinstance(patching, list) else [patching]
+        for sweep in sweeps:
+            ablation += _patching_section(sweep, out, name=f"patching_{sweep.component}")
     source = (
         f"Model source: {html.escape(profile.provenance.model_source)}."
         if profile.provenance.model_source
