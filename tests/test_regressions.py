@@ -319,3 +319,85 @@ def test_ablation_hooks_built_in_inference_mode_work_with_gradients(backend, get
             logits.sum().backward()
         assert torch.allclose(logits.detach(), expected, atol=1e-5)
         model.zero_grad(set_to_none=True)
+
+
+def test_breaker_findings_sinks_and_patching(get_model, tmp_path):
+    """Findings of a bad-input review of sink_attribution / positional_patching (round 2)."""
+    from homoglens import (
+        HomoglensError,
+        attention_view,
+        corpus_windows,
+        positional_patching,
+        sink_attribution,
+        sink_scores,
+    )
+
+    model = get_model("gpt2", BACKENDS[-1])
+    batch = corpus_windows(model, n_seq=3, seq_len=24)
+    # An intermediate metric_layer: default layers stop before it; later blocks are refused.
+    mid = positional_patching(model, batch, metric_layer=1, progress=False)
+    assert mid.layers == (0,) and not mid.patched.isnan().any()
+    with pytest.raises(InvalidInputError, match="cannot change"):
+        positional_patching(model, batch, metric_layer=1, layers=[1], progress=False)
+    both = positional_patching(
+        model, batch, metric_layer=1, layers=[1], metric=["mean_pairwise", "loss"], progress=False
+    )
+    assert both.patched[0, 0].sub(both.receiving[0]).abs().max() < 1e-6  # too late: no change
+    # A one-token sequence has no next-token loss.
+    one = torch.tensor([[5, 0, 0], [5, 6, 7]])
+    with pytest.raises(InvalidInputError, match="single token"):
+        positional_patching(
+            model,
+            one,
+            attention_mask=torch.tensor([[1, 0, 0], [1, 1, 1]]),
+            metric="loss",
+            progress=False,
+        )
+    # No query after the key: mass is undefined (NaN), not 0.
+    short = sink_scores(model, torch.tensor([[5, 6, 7], [8, 9, 10]]), key=2, progress=False)
+    assert short.mass.isnan().all()
+    # Typed errors and accepted numpy/tensor scalars.
+    assert len(positional_patching(model, batch, bins=np.int64(2), progress=False).cells) == 2
+    assert positional_patching(model, batch, layers=np.int64(0), progress=False).layers == (0,)
+    for kwargs in ({"bins": 2.0}, {"bins": True}, {"layers": "0"}):
+        with pytest.raises(InvalidInputError):
+            positional_patching(model, batch, progress=False, **kwargs)
+    with pytest.raises(InvalidInputError, match="metrics"):
+        sink_attribution(model, batch, method="fast", metrics=None, progress=False)
+    scores = sink_scores(model, batch, key=np.int64(1), eps=np.float32(0.3), progress=False)
+    assert scores.key == 1
+    with pytest.raises(InvalidInputError):
+        scores.top_heads(0)
+    with pytest.raises(InvalidInputError, match="by="):
+        scores.top_heads(by="x")
+    attr = sink_attribution(model, batch, heads=[(0, 1)], edge_k=3, joint=np.False_, progress=False)
+    with pytest.raises(InvalidInputError):
+        attr.correlation(None)
+    top = scores.top_heads(2)
+    assert "L" in str(attention_view(model, "The cat sat.", top))  # a top_heads() frame works
+    with pytest.raises(InvalidInputError, match="training mode"):
+        model.train()
+        try:
+            sink_scores(model, batch, progress=False)
+        finally:
+            model.eval()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(HomoglensError):
+        attr.save(tmp_path / "afile" / "sub")
+
+    def first(logits, tokens, mask):
+        return np.float32(logits[:, -1, 0].mean().item())
+
+    def edits(logits, tokens, mask):
+        logits.zero_()
+        return 0.0
+
+    ok = positional_patching(
+        model, batch, metric=[edits, first, "loss"], layers=[0], progress=False
+    )
+    assert ok.normal[2] > 1  # the in-place edit of one metric does not reach the loss
+    with pytest.raises(InvalidInputError, match="its own name"):
+        positional_patching(model, batch, metric=[lambda a, b, c: 0.0, lambda a, b, c: 1.0])
+    with pytest.raises(InvalidInputError, match="must accept"):
+        positional_patching(model, batch, metric=[lambda logits: 0.0], layers=[0], progress=False)
+    assert hook_count(model) == 0

@@ -23,7 +23,9 @@ def as_int(name: str, value: Any, *, low: int | None = None, high: int | None = 
 
 def as_bool(name: str, value: Any) -> bool:
     """Return ``value`` if it is a bool (numpy bools accepted); refuse strings and numbers."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise InvalidInputError(f"{name}={value!r} must be True or False")
 
@@ -36,6 +38,6 @@ def as_float(name: str, value: Any, *, low: float, high: float) -> float:
         number = float(value)
     except (TypeError, ValueError) as err:
         raise InvalidInputError(f"{name}={value!r} must be a number") from err
-    if not low < number < high:
+    if not low < number < high:  # also refuses NaN
         raise InvalidInputError(f"{name}={number} must lie in ({low}, {high})")
     return number

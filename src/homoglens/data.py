@@ -425,6 +425,7 @@ def to_token_batch(
         SequenceTooLongError: a sequence longer than ``cfg.n_ctx``.
     """
     if isinstance(data, TokenBatch):
+        _resolve_bos(model, bos)  # a bad policy is an error whatever the input
         if attention_mask is not None:
             raise InvalidInputError("a TokenBatch already carries its attention_mask")
         checked = _tensor_batch(model, data.tokens, data.attention_mask)

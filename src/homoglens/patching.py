@@ -260,7 +260,10 @@ def _check_metrics(metric: Any) -> tuple[list[str | MetricFn], tuple[str, ...]]:
                 "f(logits [batch pos d_vocab], tokens, attention_mask) -> scalar"
             )
     if len(set(names)) != len(names):
-        raise InvalidInputError(f"metric names {names} repeat")
+        raise InvalidInputError(
+            f"metric names {names} repeat; give each metric function its own name (def, not "
+            "lambda, or set fn.__name__)"
+        )
     return chosen, tuple(names)
 
 
@@ -271,10 +274,14 @@ def _check_cells(
         return tuple((h, h + 1) for h in range(n_heads)), "head_index"
     if bins is None:
         return tuple((p, p + 1) for p in range(n_pos)), "pos"
-    if isinstance(bins, int) and not isinstance(bins, bool):
+    if hasattr(bins, "__index__") or (isinstance(bins, torch.Tensor) and bins.ndim == 0):
         n = as_int("bins", bins, low=1, high=n_pos)
         edges = [round(i * n_pos / n) for i in range(n + 1)]
         return tuple((edges[i], edges[i + 1]) for i in range(n)), "pos"
+    if isinstance(bins, (str, bytes, float, bool)) or not hasattr(bins, "__iter__"):
+        raise InvalidInputError(
+            f"bins={bins!r} must be None, a number of bins, or (start, stop) pairs"
+        )
     cells = []
     for pair in bins:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
@@ -373,13 +380,23 @@ def positional_patching(
     learned = spec.positional == "learned_absolute"
     if layers is None and component == "positions" and learned:
         chosen_layers: tuple[int, ...] = (0,)
-    elif layers is None:
-        last = n_layers if needs_logits else min(measured + (component == "resid_pre"), n_layers)
-        chosen_layers = tuple(range(last))
+    elif layers is None:  # every block that can change the metrics
+        chosen_layers = tuple(range(n_layers if needs_logits else measured))
     else:
+        if hasattr(layers, "__index__") and not isinstance(layers, bool):
+            layers = [layers]  # type: ignore[list-item]
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+            raise InvalidInputError(f"layers={layers!r} must be a list of block indices")
         chosen_layers = tuple(as_int("layer", x, low=0, high=n_layers - 1) for x in layers)
         if not chosen_layers or len(set(chosen_layers)) != len(chosen_layers):
             raise InvalidInputError(f"layers={layers!r} must be distinct blocks")
+        late = [x for x in chosen_layers if x >= measured]
+        if late and not needs_logits:
+            raise InvalidInputError(
+                f"blocks {late} come at or after residual entry metric_layer={measured} (the "
+                f"output of block {measured - 1}), so they cannot change a homogenization metric "
+                "measured there; patch earlier blocks, raise metric_layer, or add 'loss'"
+            )
     if component == "positions" and learned and chosen_layers != (0,):
         raise InvalidInputError(
             f"layers={list(chosen_layers)}: a learned-absolute model ({spec.family}) gets its "
@@ -400,6 +417,12 @@ def positional_patching(
                 f"sequences {short[:10]} have fewer than 2 * edge_k + 2 = {2 * edge_k + 2} "
                 "tokens; use a smaller edge_k or longer sequences"
             )
+    if needs_logits and bool((batch.lengths < 2).any()):
+        short = torch.nonzero(batch.lengths < 2).flatten().tolist()
+        raise InvalidInputError(
+            f"sequences {short[:10]} have a single token, so no next-token loss; drop them or "
+            "use a homogenization metric"
+        )
     n_pos = int(batch.lengths.max())
     if component == "positions":
         cells, cell_axis = ((0, n_pos),), "pos"
@@ -633,15 +656,24 @@ class _Runner:
                 elif callable(metric):
                     for j in range(copies):
                         rows = slice(j * b, (j + 1) * b)
-                        value = metric(logits[rows], rows_tokens[rows], rows_mask[rows])
+                        try:  # a copy: a metric that edits its input cannot touch the others
+                            value = metric(logits[rows].clone(), rows_tokens[rows], rows_mask[rows])
+                        except TypeError as err:
+                            name = getattr(metric, "__name__", "metric")
+                            raise InvalidInputError(
+                                f"metric {name} failed: {err}; it must accept (logits [batch pos "
+                                "d_vocab], tokens [batch pos], attention_mask [batch pos])"
+                            ) from err
                         out[m, j] = _scalar(value, metric) * b / self.n
         return out
 
 
 def _scalar(value: Any, metric: Any) -> float:
     name = getattr(metric, "__name__", "metric")
+    if hasattr(value, "shape") and not isinstance(value, torch.Tensor):  # numpy scalar/array
+        value = torch.as_tensor(value)
     if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
+        if value.numel() != 1 or value.is_complex():
             raise InvalidInputError(
                 f"metric {name} returned a tensor of shape {tuple(value.shape)}; it must return "
                 "a scalar (the mean over the given sequences)"

@@ -147,6 +147,13 @@ def _check_min_tokens(batch: TokenBatch, exclude_first: bool) -> None:
 
 
 def _model_device(model: HookedModel) -> torch.device:
+    """The model's device; refuses a model in training mode (dropout would make every
+    measurement random). Every streaming function calls this before its first pass."""
+    if getattr(model, "training", False):
+        raise InvalidInputError(
+            "the model is in training mode (dropout is active, so results would be random); "
+            "call model.eval() first"
+        )
     return next(model.parameters()).device
 
 

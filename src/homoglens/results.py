@@ -96,10 +96,13 @@ def save_result(result: Any, path: str | Path, stem: str) -> Path:
     """
     from safetensors.torch import save_file
 
-    folder = Path(path)
+    folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
         raise InvalidInputError(f"{str(folder)!r} is a file; save() needs a folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidInputError(f"cannot create the folder {str(folder)!r}: {err}") from None
     tensors, meta = {}, {"format": f"homoglens.{type(result).__name__}/1"}
     for f in fields(result):
         value = getattr(result, f.name)
@@ -121,7 +124,7 @@ def load_result(cls: Any, path: str | Path, stem: str) -> Any:
         ResultsNotFoundError: a file is missing.
         IncompatibleResultsError: wrong format, missing or unknown fields, bad shapes.
     """
-    folder = Path(path)
+    folder = Path(path).expanduser()
     meta, tensors = _read_saved(folder, stem)
     fmt = f"homoglens.{cls.__name__}/1"
     if not isinstance(meta, dict) or meta.pop("format", None) != fmt:
@@ -510,7 +513,7 @@ class HomogenizationProfile:
         """
         from safetensors.torch import save_file
 
-        folder = Path(path)
+        folder = Path(path).expanduser()
         if folder.exists() and not folder.is_dir():
             raise InvalidInputError(f"{str(folder)!r} is a file; save() needs a folder")
         folder.mkdir(parents=True, exist_ok=True)
@@ -541,7 +544,7 @@ class HomogenizationProfile:
             IncompatibleResultsError: unknown format, unreadable files, missing/extra keys or
                 tensors, or shapes that do not fit together.
         """
-        folder = Path(path)
+        folder = Path(path).expanduser()
         meta, tensors = _read_saved(folder, "profile")
         if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
             got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
@@ -843,7 +846,7 @@ class PositionAblationStudy:
         """Save as ``study.safetensors`` + ``study.json`` + one profile folder per mode."""
         from safetensors.torch import save_file
 
-        folder = Path(path)
+        folder = Path(path).expanduser()
         folder.mkdir(parents=True, exist_ok=True)
         save_file(
             {
@@ -874,7 +877,7 @@ class PositionAblationStudy:
             ResultsNotFoundError: a file of the study is missing.
             IncompatibleResultsError: wrong format, keys, tensors or settings.
         """
-        folder = Path(path)
+        folder = Path(path).expanduser()
         meta, tensors = _read_saved(folder, "study")
         if not isinstance(meta, dict) or meta.get("format") != "homoglens.PositionAblationStudy/1":
             raise IncompatibleResultsError(f"{folder} does not hold a PositionAblationStudy")

@@ -161,10 +161,13 @@ class SinkScores:
         """
         import pandas as pd
 
+        from homoglens._checks import as_int
+
         if by not in ("mass", "importance"):
-            raise ValueError(f"by={by!r} must be 'mass' or 'importance'")
-        values = getattr(self, by).flatten()
-        order = torch.argsort(values, descending=True)[: max(1, k)]
+            raise InvalidInputError(f"by={by!r} must be 'mass' or 'importance'")
+        k = as_int("k", k, low=1)
+        values = getattr(self, by).flatten().nan_to_num(float("-inf"))
+        order = torch.argsort(values, descending=True)[:k]
         n_heads = self.mass.shape[1]
         return pd.DataFrame(
             {
@@ -239,11 +242,14 @@ class SinkScores:
 
 
 def _check_key_eps(key: Any, eps: Any, n_ctx: int) -> tuple[int, float]:
-    if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < n_ctx:
-        raise InvalidInputError(f"key={key!r} must be an int position in [0, {n_ctx})")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-        raise InvalidInputError(f"eps={eps!r} must lie in (0, 1); Gu et al. use 0.3")
-    return key, float(eps)
+    from homoglens._checks import as_float, as_int
+
+    key = as_int("key", key, low=0, high=n_ctx - 1)
+    try:
+        eps = as_float("eps", eps, low=0.0, high=1.0)
+    except InvalidInputError as err:
+        raise InvalidInputError(f"{err}; Gu et al. use eps=0.3") from None
+    return key, eps
 
 
 def _check_key_in(batch: TokenBatch, key: int) -> None:
@@ -252,6 +258,18 @@ def _check_key_in(batch: TokenBatch, key: int) -> None:
         raise InvalidInputError(
             f"key={key} lies outside sequences {short[:10]} (they have <= {key} tokens); use a "
             "smaller key or longer sequences"
+        )
+
+
+def _check_edge(batch: TokenBatch, key: int, edge_k: int) -> None:
+    """Every sequence must hold the key and, after it, two edges of ``edge_k`` and a middle."""
+    _check_key_in(batch, key)
+    need = key + 2 * edge_k + 2
+    short = torch.nonzero(batch.lengths < need).flatten().tolist()
+    if short:
+        raise InvalidInputError(
+            f"sequences {short[:10]} have fewer than key + 2 * edge_k + 2 = {need} tokens; "
+            "use a smaller key or edge_k, or longer sequences"
         )
 
 
@@ -350,7 +368,9 @@ def sink_scores(
     return SinkScores(
         key=key,
         eps=eps,
-        mass=(acc["mass_sum"] / max(counts["mass_count"], 1.0)).cpu(),
+        mass=(acc["mass_sum"] / counts["mass_count"]).cpu()  # NaN: no query after key
+        if counts["mass_count"] > 0
+        else torch.full_like(acc["mass_sum"], float("nan")).cpu(),
         mass_by_query=by_query,
         importance=(acc["importance_sum"] / n_seq).cpu(),
         sink_rate_by_head=(acc["sink_count"] / n_seq).cpu(),
@@ -391,6 +411,9 @@ class MassiveActivations:
         """Per layer, the ``k`` dimensions that most often hold a massive activation."""
         import pandas as pd
 
+        from homoglens._checks import as_int
+
+        k = as_int("k", k, low=1)
         rows = []
         for i, layer in enumerate(self.layers):
             counts = self.dim_counts[i]
@@ -495,8 +518,9 @@ def massive_activations(
     from homoglens.profile import resid_hook_name
 
     info = model_info(model)
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold <= 1:
-        raise InvalidInputError(f"threshold={threshold!r} must be a number > 1")
+    from homoglens._checks import as_float
+
+    threshold = as_float("threshold", threshold, low=1.0, high=float("inf"))
     batch_size = _check_positive_int("batch_size", batch_size)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
@@ -679,6 +703,8 @@ class SinkAttribution:
     ) -> float:
         """Pearson correlation of ``delta`` over the heads both results share (e.g. fast versus
         exact), or Spearman's with ``rank=True``; NaN with fewer than 3 shared heads."""
+        if not isinstance(other, SinkAttribution):
+            raise InvalidInputError(f"other must be a SinkAttribution, got {type(other).__name__}")
         j = self._metric(metric)
         mine = dict(zip(self.heads, self.delta[:, j].tolist(), strict=True))
         theirs = dict(zip(other.heads, other.delta[:, j].tolist(), strict=True))
@@ -746,11 +772,13 @@ class SinkAttribution:
         return load_result(cls, path, "attribution")
 
     def __repr__(self) -> str:
-        j = self.delta[:, 0]
+        shown = [m for j, m in enumerate(ATTRIBUTION_METRICS) if not self.delta[:, j].isnan().all()]
+        j = ATTRIBUTION_METRICS.index(shown[0]) if shown else 0
         return (
             f"SinkAttribution(model={self.provenance.model!r}, method={self.method}, "
             f"ablation={self.ablation}, heads={len(self.heads)}, layer={self.layer}, "
-            f"largest |delta mean_pairwise|={float(j.abs().max()):.4f})"
+            f"largest |delta {ATTRIBUTION_METRICS[j]}|="
+            f"{float(self.delta[:, j].abs().nan_to_num().max()):.4f})"
         )
 
 
@@ -758,13 +786,22 @@ def _check_heads(heads: Any, n_layers: int, n_heads: int) -> list[tuple[int, int
     """Validate ``(layer, head)`` pairs with ``layer < n_layers``."""
     from homoglens._checks import as_int
 
+    if hasattr(heads, "columns") and {"layer", "head"} <= set(heads.columns):  # a DataFrame
+        heads = list(zip(heads["layer"], heads["head"], strict=True))
+    elif hasattr(heads, "tolist") and not isinstance(heads, (str, bytes)):  # numpy / torch [k 2]
+        heads = heads.tolist()
     if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
         raise InvalidInputError(f"heads={heads!r} must be a list of (layer, head) pairs")
     chosen = []
     for pair in heads:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise InvalidInputError(f"heads must be (layer, head) pairs, got {pair!r}")
-        lay = as_int("head layer", pair[0], low=0, high=n_layers - 1)
+        lay = as_int("head layer", pair[0], low=0)
+        if lay >= n_layers:
+            raise InvalidInputError(
+                f"head ({pair[0]}, {pair[1]}): layer {lay} must be below {n_layers} (heads must "
+                "exist and, for sink_attribution, come before the measured residual entry)"
+            )
         chosen.append((lay, as_int("head index", pair[1], low=0, high=n_heads - 1)))
     if not chosen or len(set(chosen)) != len(chosen):
         raise InvalidInputError(f"heads={heads!r} must be non-empty and without repeats")
@@ -786,7 +823,7 @@ def _choose_heads(
     n_heads = int(model.cfg.n_heads)
     if heads is not None:
         return _check_heads(heads, target, n_heads)
-    top_k = as_int("top_k", top_k, low=1, high=target * n_heads)
+    top_k = min(as_int("top_k", top_k, low=1), target * n_heads)
     scores = sink_scores(model, batch, key=key, batch_size=batch_size, progress=False)
     mass = scores.mass[:target].flatten()  # heads after the measured entry cannot matter
     order = torch.argsort(mass, descending=True)[:top_k]
@@ -942,6 +979,8 @@ def sink_attribution(
     joint = as_bool("joint", joint)
     if isinstance(metrics, str):
         metrics = (metrics,)
+    if not isinstance(metrics, (tuple, list)):
+        raise InvalidInputError(f"metrics={metrics!r} must be a list of {ATTRIBUTION_METRICS}")
     metrics = tuple(metrics)
     unknown = [name for name in metrics if name not in ATTRIBUTION_METRICS]
     if not metrics or unknown or len(set(metrics)) != len(metrics):
@@ -949,14 +988,7 @@ def sink_attribution(
             f"metrics={metrics!r} must be distinct names from {ATTRIBUTION_METRICS}"
         )
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
-    _check_key_in(batch, key)
-    need = key + 2 * edge_k + 2
-    short = torch.nonzero(batch.lengths < need).flatten().tolist()
-    if short:
-        raise InvalidInputError(
-            f"sequences {short[:10]} have fewer than key + 2 * edge_k + 2 = {need} tokens; "
-            "use a smaller edge_k or longer sequences"
-        )
+    _check_edge(batch, key, edge_k)
     if method == "fast":
         chosen = [(lay, h) for lay in range(target) for h in range(n_heads)]
     else:
@@ -1276,7 +1308,7 @@ class SinkAnalysis:
 
     def save(self, path: str | Path) -> Path:
         """Save each part in a subfolder (``scores``, ``massive``, ``fast``, ``exact``)."""
-        folder = Path(path)
+        folder = Path(path).expanduser()
         for name in ("scores", "massive", "fast", "exact"):
             getattr(self, name).save(folder / name)
         return folder
@@ -1287,7 +1319,7 @@ class SinkAnalysis:
 
         Raises:
             ResultsNotFoundError: a part is missing. IncompatibleResultsError: a bad file."""
-        folder = Path(path)
+        folder = Path(path).expanduser()
         return cls(
             scores=SinkScores.load(folder / "scores"),
             massive=MassiveActivations.load(folder / "massive"),
@@ -1343,19 +1375,20 @@ def sink_analysis(
     """
     from homoglens._checks import as_int
 
+    key, eps = _check_key_eps(key, eps, int(model.cfg.n_ctx))
+    top_k = as_int("top_k", top_k, low=1)
+    edge_k = as_int("edge_k", edge_k, low=1)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
-    n_attr = (
-        len(batch)
-        if attribution_n_seq is None
-        else as_int("attribution_n_seq", attribution_n_seq, low=1)
-    )
+    n_attr = len(batch)
+    if attribution_n_seq is not None:
+        n_attr = as_int("attribution_n_seq", attribution_n_seq, low=1)
+    _check_edge(batch[: min(n_attr, len(batch))], key, edge_k)  # fail before any pass
     common = {"batch_size": batch_size, "progress": progress}
     scores = sink_scores(model, batch, key=key, eps=eps, **common)
     massive = massive_activations(model, batch, **common)
     subset = batch[: min(n_attr, len(batch))]
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    top_k = as_int("top_k", top_k, low=1, high=n_layers * n_heads)
-    top = scores.top_heads(top_k)
+    top = scores.top_heads(min(top_k, n_layers * n_heads))
     heads = [(int(r.layer), int(r.head)) for r in top.itertuples()]
     attr = {"key": key, "edge_k": edge_k, **common}
     fast = sink_attribution(model, subset, method="fast", **attr)
