@@ -124,14 +124,14 @@ def test_sinks_command_writes_its_report(tmp_path) -> None:
         "sinks",
         "--model",
         str(tiny_model_folder("llama")),
-        "--sink-top-k",
-        "999",
-        *args[:4],
+        "--seq-len",
+        "3",
+        *args[:2],
         "--no-progress",
         "--out",
         str(tmp_path / "bad"),
     )
-    assert bad.exit_code != 0 and "top_k" in bad.output
+    assert bad.exit_code != 0 and "too short" in bad.output
     assert not (tmp_path / "bad").exists()
 
 

@@ -207,8 +207,8 @@ def test_attribution_bad_input(get_model) -> None:
     model = get_model("gpt2", BACKENDS[-1])
     batch = corpus_windows(model, n_seq=2, seq_len=24)
     for kwargs, match in (
-        ({"heads": [(5, 0)]}, "head layer"),
-        ({"heads": [(1, 0)], "layer": 1}, "head layer"),  # a head after the measured entry
+        ({"heads": [(5, 0)]}, "must be below 2"),
+        ({"heads": [(1, 0)], "layer": 1}, "must be below 1"),  # a head after the measured entry
         ({"heads": [(0, 9)]}, "head index"),
         ({"heads": [(0, 1), (0, 1)]}, "repeats"),
         ({"heads": [3]}, "pairs"),
