@@ -364,3 +364,28 @@ def test_attribution_ignores_padding(method, backend, get_model) -> None:
     assert torch.allclose(padded.base, alone.base, atol=1e-6)
     assert torch.allclose(padded.base_to_others, alone.base_to_others, atol=1e-6, equal_nan=True)
     assert hook_count(model) == 0
+
+
+def test_joint_removal_of_two_heads_in_one_layer_equals_a_hand_hook(backend, get_model) -> None:
+    from homoglens import sink_attribution
+
+    model = get_model("llama", backend)
+    batch = corpus_windows(model, n_seq=3, seq_len=24)
+
+    def hand(pattern, hook):
+        out = pattern.clone()
+        for h in (1, 2):
+            rows = out[:, h].clone()
+            rest = 1 - rows[..., 0]
+            rows[..., 0] = 0
+            scaled = rows / rest.clamp_min(1e-30)[..., None]
+            out[:, h] = torch.where((rest > 0)[..., None], scaled, pattern[:, h])
+        return out
+
+    base = _hand_metrics(_hand_to_others(_resid_with(model, batch.tokens, 2, [])), 3)
+    moved = _hand_to_others(
+        _resid_with(model, batch.tokens, 2, [("blocks.0.attn.hook_pattern", hand)])
+    )
+    result = sink_attribution(model, batch, heads=[(0, 1), (0, 2)], edge_k=3, progress=False)
+    assert torch.allclose(result.joint_delta, _hand_metrics(moved, 3) - base, atol=1e-5)
+    assert hook_count(model) == 0
