@@ -29,4 +29,7 @@ def test_peak_memory_flat_in_number_of_sequences() -> None:
     few, many = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
     cache_difference = many["cache_all_mib"] - few["cache_all_mib"]
     assert cache_difference > 200
-    assert many["growth_mib"] - few["growth_mib"] < 0.35 * cache_difference, (few, many)
+    # Compare the absolute peaks of the two runs: the warm-up peak ("before") alone varies by
+    # tens of MiB between fresh processes (seen in CI: 1120 vs 1073 MiB), which made the growth
+    # difference flaky; the peaks themselves differ by far less than caching would add.
+    assert many["peak_after_mib"] - few["peak_after_mib"] < 0.35 * cache_difference, (few, many)
