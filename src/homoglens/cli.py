@@ -466,5 +466,49 @@ def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **op
     )
 
 
+@main.command()
+@click.option(
+    "--variant",
+    type=click.Choice(["learned", "rotary", "none", "all"]),
+    default="all",
+    show_default=True,
+    help="Positional scheme (all: the three, one after the other).",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=3000, show_default=True)
+@click.option("--n-layers", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--d-model", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--n-heads", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--n-ctx", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--vocab-size", type=click.IntRange(min=260), default=4096, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("homoglens-models"),
+    show_default=True,
+    help="Parent folder; each variant goes into tiny-<variant>/.",
+)
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
+    """Train small causal LMs on Austen (Sense and Sensibility held out) that differ only in
+    their positional scheme: learned (GPT-2), rotary (GPT-NeoX, sequential), none (GPT-2, no
+    positions). Deterministic from --seed; each folder is a standard Hugging Face model."""
+    from homoglens.training import POSITIONAL_VARIANTS, TrainingConfig, train_model
+
+    try:
+        variants = POSITIONAL_VARIANTS if variant == "all" else (variant,)
+        configs = [TrainingConfig(variant=v, **sizes) for v in variants]
+        for config in configs:
+            record = train_model(config, out / f"tiny-{config.variant}", progress=progress)
+            click.echo(
+                f"{config.variant}: held-out loss {record['heldout_loss']:.3f} nats/token "
+                f"(unigram entropy {record['heldout_unigram_entropy']:.3f}) in "
+                f"{record['wall_seconds']:.0f} s -> {out / f'tiny-{config.variant}'}"
+            )
+    except HomoglensError as err:
+        raise click.ClickException(str(err)) from err
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,376 @@
+"""Controlled retraining: small causal LMs that differ only in how they get positions.
+
+Three variants, trained on the same Austen text (Sense and Sensibility held out), with the same
+tokenizer, sizes, initialisation scheme, data order, optimiser and number of steps:
+
+* ``learned``: GPT-2 architecture (``GPT2LMHeadModel``), learned absolute positions (``wpe``);
+* ``rotary``: GPT-NeoX architecture (``GPTNeoXForCausalLM``), rotary positions on every channel
+  (``rotary_pct=1``), sequential attention then MLP (``use_parallel_residual=False``);
+* ``none``: GPT-2 architecture with ``wpe`` zeroed and frozen (NoPE), so it stays a standard
+  GPT-2 folder that every loader reads.
+
+Matched: d_model, layers, heads, MLP width (4 x), activation (``gelu_new``), LayerNorm (eps
+1e-5), biases on every linear layer, tied input/output embeddings, no dropout, initialisation
+(normal(0, 0.02), residual output projections scaled by 1/sqrt(2 n_layers), zero biases).
+What still differs: the GPT-NeoX attention fuses q, k, v per head in another memory layout (the
+same function), and GPT-2 has the positional table (trained or frozen at zero).
+
+Tokenizer: a byte-level BPE of ``vocab_size`` (default 4096) trained on the training split with
+``tokenizers``; the GPT-2 vocabulary (50,257) would spend most of a CPU budget on the embedding
+and the softmax of a model this small.
+
+References:
+    Yusupov et al. 2025, arXiv 2508.17126 (controlled experiments without positional features);
+    Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length Generalization in
+    Transformers", arXiv 2305.19466 (NoPE); Haviv et al. 2022, arXiv 2203.16634 (causal LMs
+    without positional encodings still learn positional information).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from homoglens._checks import as_int
+from homoglens.errors import InvalidInputError
+
+__all__ = [
+    "TrainingConfig",
+    "POSITIONAL_VARIANTS",
+    "split_austen",
+    "train_tokenizer",
+    "build_model",
+    "train_model",
+    "heldout_loss",
+    "unigram_entropy",
+]
+
+PositionalVariant = Literal["learned", "rotary", "none"]
+POSITIONAL_VARIANTS: tuple[str, ...] = ("learned", "rotary", "none")
+HELD_OUT = "SENSE AND SENSIBILITY"
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Everything that defines one training run (saved as ``training.json`` beside the model).
+
+    Attributes:
+        variant: ``"learned"``, ``"rotary"`` or ``"none"``.
+        n_layers, d_model, n_heads: Model size (d_mlp = 4 d_model).
+        n_ctx: Context length and training window length (tokens).
+        vocab_size: BPE vocabulary size (trained on the training split).
+        steps: Optimiser steps.
+        batch_size: Windows per step.
+        lr: Peak learning rate (AdamW, linear warm-up then cosine decay to 10 %).
+        warmup: Warm-up steps.
+        weight_decay: AdamW weight decay (matrices only).
+        seed: Seed of initialisation and data order.
+        threads: torch threads (results depend slightly on it).
+    """
+
+    variant: str = "learned"
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_ctx: int = 128
+    vocab_size: int = 4096
+    steps: int = 3000
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.1
+    seed: int = 0
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.variant not in POSITIONAL_VARIANTS:
+            raise InvalidInputError(
+                f"variant={self.variant!r} must be one of {POSITIONAL_VARIANTS}"
+            )
+        for name in (
+            "n_layers",
+            "d_model",
+            "n_heads",
+            "n_ctx",
+            "vocab_size",
+            "steps",
+            "batch_size",
+            "threads",
+        ):
+            as_int(name, getattr(self, name), low=1)
+        as_int("warmup", self.warmup, low=0)
+        as_int("seed", self.seed, low=0)
+        if self.d_model % self.n_heads:
+            raise InvalidInputError(
+                f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}"
+            )
+        if self.vocab_size < 260:
+            raise InvalidInputError("vocab_size must be at least 260 (256 bytes + specials)")
+
+
+def split_austen(text: str | None = None) -> tuple[str, str]:
+    """Split the Austen corpus into (training text, held-out text): the held-out text is the
+    last novel, *Sense and Sensibility*; the training text holds the other five.
+
+    Raises:
+        InvalidInputError: the text does not contain the held-out novel's title line.
+    """
+    import gzip
+    from importlib.resources import files
+
+    if text is None:
+        raw = (files("homoglens") / "assets" / "corpora" / "austen.txt.gz").read_bytes()
+        text = gzip.decompress(raw).decode("utf-8")
+    match = re.search(rf"^{HELD_OUT}\s*$", text, re.M)
+    if match is None:
+        raise InvalidInputError(f"the corpus has no line {HELD_OUT!r} to split at")
+    return text[: match.start()], text[match.start() :]
+
+
+def train_tokenizer(text: str, vocab_size: int, out: Path | None = None) -> Any:
+    """Train a byte-level BPE (``tokenizers``) on ``text``; ``<|endoftext|>`` is BOS/EOS/pad.
+
+    Returns:
+        A ``transformers.PreTrainedTokenizerFast`` (saved into ``out`` when given).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = "<|endoftext|>"
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[special],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([text], trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=special, eos_token=special, pad_token=special
+    )
+    if out is not None:
+        fast.save_pretrained(str(out))
+    return fast
+
+
+def build_model(config: TrainingConfig, vocab_size: int, special_id: int) -> Any:
+    """The untrained Hugging Face model of ``config.variant``, initialised with ``config.seed``.
+
+    Returns:
+        ``GPT2LMHeadModel`` (learned, none) or ``GPTNeoXForCausalLM`` (rotary).
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    torch.manual_seed(config.seed)
+    common = {
+        "vocab_size": vocab_size,
+        "bos_token_id": special_id,
+        "eos_token_id": special_id,
+        "tie_word_embeddings": True,
+    }
+    if config.variant == "rotary":
+        hf = GPTNeoXConfig(
+            hidden_size=config.d_model,
+            num_hidden_layers=config.n_layers,
+            num_attention_heads=config.n_heads,
+            intermediate_size=4 * config.d_model,
+            hidden_act="gelu_new",
+            rotary_pct=1.0,
+            max_position_embeddings=config.n_ctx,
+            use_parallel_residual=False,
+            attention_bias=True,
+            layer_norm_eps=1e-5,
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            **common,
+        )
+        model = GPTNeoXForCausalLM(hf)
+        out_proj = ("attention.dense", "mlp.dense_4h_to_h")
+    else:
+        hf = GPT2Config(
+            n_embd=config.d_model,
+            n_layer=config.n_layers,
+            n_head=config.n_heads,
+            n_inner=4 * config.d_model,
+            n_positions=config.n_ctx,
+            activation_function="gelu_new",
+            layer_norm_epsilon=1e-5,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
+        model = GPT2LMHeadModel(hf)
+        out_proj = ("attn.c_proj", "mlp.c_proj")
+    _init(model, config, out_proj)
+    if config.variant == "none":
+        wpe = model.transformer.wpe.weight
+        with torch.no_grad():
+            wpe.zero_()
+        wpe.requires_grad_(False)
+    return model
+
+
+def _init(model: Any, config: TrainingConfig, out_proj: tuple[str, ...]) -> None:
+    """Same scheme for every variant: N(0, 0.02) weights, 1/sqrt(2L)-scaled residual outputs,
+    zero biases, unit LayerNorms (the GPT-2 paper's initialisation)."""
+    scale = 0.02 / math.sqrt(2 * config.n_layers)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()
+            elif "ln" in name.split(".")[-2] or "layernorm" in name.lower() or "norm" in name:
+                param.fill_(1.0)
+            elif any(p in name for p in out_proj):
+                param.normal_(0.0, scale)
+            else:
+                param.normal_(0.0, 0.02)
+
+
+def _token_stream(tokenizer: Any, text: str) -> torch.Tensor:
+    paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+    special = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    ids: list[int] = []
+    for para in paragraphs:
+        ids.extend(tokenizer.encode(re.sub(r"\s*\n\s*", " ", para).strip()))
+        ids.append(special)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@lru_cache(maxsize=2)
+def _prepared_corpus(vocab_size: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """Tokenizer trained on the training split, and both splits as token streams (deterministic,
+    so cached per vocabulary size within a process)."""
+    train_text, held_text = split_austen()
+    tokenizer = train_tokenizer(train_text, vocab_size)
+    return tokenizer, _token_stream(tokenizer, train_text), _token_stream(tokenizer, held_text)
+
+
+def heldout_loss(
+    model: Any, tokens: torch.Tensor, n_ctx: int, *, max_windows: int | None = None
+) -> float:
+    """Mean next-token cross-entropy (nats/token) over consecutive ``n_ctx`` windows of
+    ``tokens`` (a Hugging Face causal LM, evaluation mode, no gradients)."""
+    n = (len(tokens) - 1) // n_ctx
+    if max_windows is not None:
+        n = min(n, max_windows)
+    windows = tokens[: n * n_ctx].view(n, n_ctx)
+    total, count = 0.0, 0
+    model.eval()
+    with torch.inference_mode():
+        for chunk in windows.split(32):
+            logits = model(chunk).logits[:, :-1].float()
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"
+            )
+            total += float(loss)
+            count += chunk[:, 1:].numel()
+    return total / count
+
+
+def unigram_entropy(tokens: torch.Tensor, vocab_size: int) -> float:
+    """Entropy (nats) of the unigram distribution of ``tokens``: the loss of a model that
+    ignores all context."""
+    counts = torch.bincount(tokens, minlength=vocab_size).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log()).sum())
+
+
+def train_model(
+    config: TrainingConfig, out: str | Path, *, log_every: int = 50, progress: bool = True
+) -> dict[str, Any]:
+    """Train one variant deterministically and save it as a Hugging Face folder.
+
+    Writes into ``out``: ``config.json`` + ``model.safetensors`` (standard Hugging Face),
+    the tokenizer, ``training.json`` (the config, the loss curve every ``log_every`` steps,
+    held-out loss, unigram entropy of the held-out text, wall time, versions).
+
+    Args:
+        config: The run.
+        out: Folder to write (created; existing files are replaced).
+        log_every: Steps between logged training losses.
+        progress: Show a progress bar.
+
+    Returns:
+        The ``training.json`` content.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126.
+    """
+    from importlib.metadata import version
+
+    from tqdm.auto import tqdm
+
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(config.threads)
+    torch.use_deterministic_algorithms(True)
+    tokenizer, train_ids, held_ids = _prepared_corpus(config.vocab_size)
+    tokenizer.save_pretrained(str(out))
+    special = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    model = build_model(config, len(tokenizer), special)
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
+    optim = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": config.weight_decay},
+            {"params": rest, "weight_decay": 0.0},
+        ],
+        lr=config.lr,
+        betas=(0.9, 0.95),
+    )
+
+    def lr_at(step: int) -> float:
+        if step < config.warmup:
+            return config.lr * (step + 1) / config.warmup
+        frac = (step - config.warmup) / max(1, config.steps - config.warmup)
+        return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    gen = torch.Generator().manual_seed(config.seed)
+    n_start = len(train_ids) - config.n_ctx - 1
+    curve: list[tuple[int, float]] = []
+    model.train()
+    start = time.perf_counter()
+    running = 0.0
+    for step in tqdm(range(config.steps), desc=f"train {config.variant}", disable=not progress):
+        starts = torch.randint(0, n_start, (config.batch_size,), generator=gen)
+        batch = torch.stack([train_ids[s : s + config.n_ctx] for s in starts.tolist()])
+        for group in optim.param_groups:
+            group["lr"] = lr_at(step)
+        loss = model(batch, labels=batch).loss
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        running += float(loss.detach())
+        if (step + 1) % log_every == 0 or step + 1 == config.steps:
+            count = (step % log_every) + 1
+            curve.append((step + 1, running / count))
+            running = 0.0
+    wall = time.perf_counter() - start
+    model.eval()
+    record = {
+        "config": asdict(config),
+        "loss_curve": curve,
+        "heldout_loss": heldout_loss(model, held_ids, config.n_ctx),
+        "heldout_unigram_entropy": unigram_entropy(held_ids, len(tokenizer)),
+        "heldout": HELD_OUT.title(),
+        "train_tokens": len(train_ids),
+        "heldout_tokens": len(held_ids),
+        "wall_seconds": wall,
+        "versions": {name: version(name) for name in ("torch", "transformers", "tokenizers")},
+    }
+    model.save_pretrained(str(out))
+    (out / "training.json").write_text(json.dumps(record, indent=2))
+    torch.use_deterministic_algorithms(False)
+    return record

@@ -1,0 +1,75 @@
+"""Controlled retraining: a micro configuration trains deterministically, and its folders load
+on every backend and match Hugging Face (CI never trains the real models)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from conftest import BACKENDS
+from homoglens import InvalidInputError, load_model
+from homoglens.cli import main
+from homoglens.training import TrainingConfig, split_austen, train_model, unigram_entropy
+
+MICRO = {
+    "steps": 4,
+    "d_model": 32,
+    "n_layers": 2,
+    "n_heads": 2,
+    "vocab_size": 300,
+    "n_ctx": 32,
+    "batch_size": 4,
+    "warmup": 1,
+}
+
+
+def test_split_holds_out_sense_and_sensibility() -> None:
+    train, held = split_austen()
+    assert held.startswith("SENSE AND SENSIBILITY") and "SENSE AND SENSIBILITY" not in train
+    assert "PRIDE AND PREJUDICE" in train and 600_000 < len(held) < 700_000
+
+
+def test_unigram_entropy_of_a_uniform_stream() -> None:
+    tokens = torch.arange(8).repeat(5)
+    assert unigram_entropy(tokens, 8) == pytest.approx(torch.log(torch.tensor(8.0)).item())
+
+
+@pytest.mark.slow
+def test_micro_training_is_deterministic_and_loads(tmp_path) -> None:
+    first = train_model(
+        TrainingConfig(variant="learned", **MICRO), tmp_path / "a", progress=False, log_every=2
+    )
+    again = train_model(
+        TrainingConfig(variant="learned", **MICRO), tmp_path / "b", progress=False, log_every=2
+    )
+    assert (
+        first["loss_curve"] == again["loss_curve"]
+        and first["heldout_loss"] == again["heldout_loss"]
+    )
+    assert (
+        json.loads((tmp_path / "a" / "training.json").read_text())["config"]["variant"] == "learned"
+    )
+    none = train_model(TrainingConfig(variant="none", **MICRO), tmp_path / "n", progress=False)
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "n"))
+    assert hf.transformer.wpe.weight.abs().max() == 0  # no positions, still a GPT-2 folder
+    assert none["config"]["variant"] == "none"
+    for backend in BACKENDS:
+        model = load_model(tmp_path / "a", backend=backend)
+        tokens = model.to_tokens("It is a truth universally acknowledged.")
+        ref = AutoModelForCausalLM.from_pretrained(str(tmp_path / "a"))
+        with torch.no_grad():
+            assert (ref(tokens).logits - model(tokens)).abs().max() < 1e-4
+
+
+def test_training_config_and_cli_reject_bad_input(tmp_path) -> None:
+    with pytest.raises(InvalidInputError, match="variant"):
+        TrainingConfig(variant="alibi")
+    with pytest.raises(InvalidInputError, match="multiple"):
+        TrainingConfig(d_model=30, n_heads=4)
+    result = CliRunner().invoke(main, ["train", "--variant", "alibi", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "alibi" in result.output
