@@ -585,8 +585,9 @@ def massive_activations(
 ATTRIBUTION_METRICS = ("mean_pairwise", "first_excess", "last_excess")
 """Scalar homogenization metrics that :func:`sink_attribution` attributes to heads:
 ``mean_pairwise`` (mean over sequences of the per-sequence mean pairwise cosine), and
-``first_excess`` / ``last_excess`` (mean ``to_others`` of the first / last ``edge_k`` tokens of
-each sequence minus that of its middle tokens; tokens at or before the sink key are left out)."""
+``first_excess`` / ``last_excess`` (mean ``to_others`` over the first / last ``edge_k`` tokens of
+every sequence minus the mean over all middle tokens, each pooled over the corpus' tokens;
+tokens at or before the sink key are left out)."""
 
 
 @dataclass(frozen=True, eq=False)
