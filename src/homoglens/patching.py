@@ -362,10 +362,10 @@ def positional_patching(
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     if component not in PATCH_COMPONENTS:
         raise InvalidInputError(f"component={component!r} must be one of {PATCH_COMPONENTS}")
-    if component == "resid_mid" and not spec.has_resid_mid:
-        raise InvalidInputError(
-            f"component='resid_mid' does not exist in {spec.family} models (attention and MLP "
-            "run in parallel); patch 'attn_out' or 'mlp_out' instead"
+    if component == "resid_mid" and "blocks.0.hook_resid_mid" not in model.hook_dict:
+        raise InvalidInputError(  # e.g. GPT-NeoX / Pythia with parallel attention and MLP
+            f"component='resid_mid' does not exist in this {spec.family} model (attention and "
+            "MLP run in parallel); patch 'attn_out' or 'mlp_out' instead"
         )
     if direction not in ("restore", "break"):
         raise InvalidInputError(f"direction={direction!r} must be 'restore' or 'break'")
