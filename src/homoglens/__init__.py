@@ -25,7 +25,7 @@ from homoglens.interventions import (
     ablated_positions,
     position_ablation_hooks,
 )
-from homoglens.models import EMBEDDED_MODELS, ModelInfo, load_model, model_info
+from homoglens.models import EMBEDDED_MODELS, SHIPPED_MODELS, ModelInfo, load_model, model_info
 from homoglens.patching import (
     PATCH_COMPONENTS,
     PATCH_METRICS,
@@ -62,6 +62,7 @@ __all__ = [
     "PositionalPatchingResult",
     "ArchitectureSpec",
     "EMBEDDED_MODELS",
+    "SHIPPED_MODELS",
     "HomogenizationProfile",
     "HomoglensError",
     "IncompatibleResultsError",

