@@ -23,8 +23,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -48,7 +47,7 @@ from homoglens.profile import (
     forward_batches,
     resid_hook_name,
 )
-from homoglens.results import Provenance, load_result, save_result
+from homoglens.results import Provenance, SavedResult
 from homoglens.types import BosPolicy, HookedModel
 
 if TYPE_CHECKING:
@@ -86,7 +85,7 @@ _HOOKS = {
 
 
 @dataclass(frozen=True, eq=False)
-class PositionalPatchingResult:
+class PositionalPatchingResult(SavedResult):
     """Metric values of every patched cell, with the two unpatched runs.
 
     Attributes:
@@ -110,6 +109,8 @@ class PositionalPatchingResult:
     References:
         Heimersheim & Nanda 2024, arXiv 2404.15255; Zhang & Nanda 2024, arXiv 2309.16042.
     """
+
+    _stem: ClassVar[str] = "patching"
 
     component: str
     how: str
@@ -222,18 +223,6 @@ class PositionalPatchingResult:
         ax.set_title(title, fontsize=10)
         fig.colorbar(image, ax=ax, label="normalised effect")
         return fig
-
-    def save(self, path: str | Path) -> Path:
-        """Save as ``patching.safetensors`` + ``patching.json`` (no pickle)."""
-        return save_result(self, path, "patching")
-
-    @classmethod
-    def load(cls, path: str | Path) -> PositionalPatchingResult:
-        """Load what :meth:`save` wrote.
-
-        Raises:
-            ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file."""
-        return load_result(cls, path, "patching")
 
     def __repr__(self) -> str:
         return (

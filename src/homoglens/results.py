@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -146,6 +146,28 @@ def load_result(cls: Any, path: str | Path, stem: str) -> Any:
         raise IncompatibleResultsError(
             f"{folder} does not hold a consistent result: {err}"
         ) from None
+
+
+class SavedResult:
+    """Mixin of the result dataclasses: ``save(path)`` / ``load(path)`` as
+    ``{_stem}.safetensors`` (tensor fields) + ``{_stem}.json`` (the rest); never pickle."""
+
+    _stem: ClassVar[str]
+
+    def save(self, path: str | Path) -> Path:
+        """Save into the folder ``path`` (created if missing) as safetensors + JSON.
+
+        Raises:
+            InvalidInputError: ``path`` is a file or cannot be created."""
+        return save_result(self, path, self._stem)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Any:
+        """Load what :meth:`save` wrote.
+
+        Raises:
+            ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file."""
+        return load_result(cls, path, cls._stem)
 
 
 def _nan_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:

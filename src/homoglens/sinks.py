@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -30,7 +30,7 @@ from homoglens.errors import InvalidInputError
 from homoglens.homogenization import edge_totals, scalar_metric_weights, token_to_others
 from homoglens.models import model_info
 from homoglens.profile import _check_positive_int, _model_device, _provenance, forward_batches
-from homoglens.results import Provenance, _nan_div, load_result, save_result
+from homoglens.results import Provenance, SavedResult, _nan_div
 from homoglens.types import BosPolicy, HookedModel
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def sink_sums(
 
 
 @dataclass(frozen=True, eq=False)
-class SinkScores:
+class SinkScores(SavedResult):
     """Attention-sink statistics of every head on one key position.
 
     Attributes:
@@ -120,6 +120,8 @@ class SinkScores:
     References:
         Gu et al. 2024, arXiv 2410.10781; Xiao et al. 2023, arXiv 2309.17453.
     """
+
+    _stem: ClassVar[str] = "sink_scores"
 
     key: int
     eps: float
@@ -219,18 +221,6 @@ class SinkScores:
             fig.colorbar(image, ax=ax)
         fig.suptitle(f"Attention sinks: Sink_{self.key}^{self.eps} = {self.sink_rate:.1f} %")
         return fig
-
-    def save(self, path: str | Path) -> Path:
-        """Save as ``sink_scores.safetensors`` + ``sink_scores.json`` (no pickle)."""
-        return save_result(self, path, "sink_scores")
-
-    @classmethod
-    def load(cls, path: str | Path) -> SinkScores:
-        """Load what :meth:`save` wrote.
-
-        Raises:
-            ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file."""
-        return load_result(cls, path, "sink_scores")
 
     def __repr__(self) -> str:
         return (
@@ -380,7 +370,7 @@ def sink_scores(
 
 
 @dataclass(frozen=True, eq=False)
-class MassiveActivations:
+class MassiveActivations(SavedResult):
     """Massive-activation statistics of the residual stream (Sun et al. 2024).
 
     Attributes:
@@ -397,6 +387,8 @@ class MassiveActivations:
     References:
         Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
     """
+
+    _stem: ClassVar[str] = "massive"
 
     layers: tuple[int, ...]
     ratio_mean: Float[torch.Tensor, "layer pos"]
@@ -461,18 +453,6 @@ class MassiveActivations:
         ax.set_title("Massive activations: log10 mean(max |x| / median |x|)")
         fig.colorbar(image, ax=ax)
         return fig
-
-    def save(self, path: str | Path) -> Path:
-        """Save as ``massive.safetensors`` + ``massive.json`` (no pickle)."""
-        return save_result(self, path, "massive")
-
-    @classmethod
-    def load(cls, path: str | Path) -> MassiveActivations:
-        """Load what :meth:`save` wrote.
-
-        Raises:
-            ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file."""
-        return load_result(cls, path, "massive")
 
     def __repr__(self) -> str:
         return (
@@ -591,7 +571,7 @@ tokens at or before the sink key are left out)."""
 
 
 @dataclass(frozen=True, eq=False)
-class SinkAttribution:
+class SinkAttribution(SavedResult):
     """How homogenization at one residual entry changes when attention heads lose their sink.
 
     Attributes:
@@ -619,6 +599,8 @@ class SinkAttribution:
         over-mixing: removing them is predicted to raise homogenization downstream);
         Syed, Rager, Conmy 2023, arXiv 2310.10348 (attribution patching).
     """
+
+    _stem: ClassVar[str] = "attribution"
 
     heads: tuple[tuple[int, int], ...]
     layer: int
@@ -759,18 +741,6 @@ class SinkAttribution:
             ax.set_ylabel("delta to_others (cosine)")
             ax.legend(fontsize=7, ncol=2)
         return fig
-
-    def save(self, path: str | Path) -> Path:
-        """Save as ``attribution.safetensors`` + ``attribution.json`` (no pickle)."""
-        return save_result(self, path, "attribution")
-
-    @classmethod
-    def load(cls, path: str | Path) -> SinkAttribution:
-        """Load what :meth:`save` wrote.
-
-        Raises:
-            ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file."""
-        return load_result(cls, path, "attribution")
 
     def __repr__(self) -> str:
         shown = [m for j, m in enumerate(ATTRIBUTION_METRICS) if not self.delta[:, j].isnan().all()]
