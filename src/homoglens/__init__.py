@@ -6,6 +6,7 @@ The public face: everything a researcher needs is importable from here.
 """
 
 from homoglens.architectures import ARCHITECTURES, ArchitectureSpec, architecture_of
+from homoglens.comparison import ModelComparison, compare_models
 from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
 from homoglens.errors import (
     HomoglensError,
@@ -70,6 +71,7 @@ __all__ = [
     "MissingDependencyError",
     "ModelFolderNotFoundError",
     "ModelInfo",
+    "ModelComparison",
     "POSITION_ABLATIONS",
     "PositionAblation",
     "PositionAblationStudy",
@@ -91,6 +93,7 @@ __all__ = [
     "cosine_homogenization",
     "default_ablation_modes",
     "attention_view",
+    "compare_models",
     "homogenization_profile",
     "load_corpus",
     "load_model",

@@ -25,6 +25,7 @@ from homoglens.types import BosPolicy, HookedModel
 
 __all__ = [
     "CORPORA",
+    "split_austen",
     "TokenBatch",
     "load_corpus",
     "corpus_windows",
@@ -36,7 +37,14 @@ CORPORA: dict[str, str] = {
     "austen": "Six novels of Jane Austen (Project Gutenberg text via the R package janeaustenr, "
     "MIT packaging, public-domain novels): Emma, Mansfield Park, Northanger Abbey, Persuasion, "
     "Pride and Prejudice, Sense and Sensibility.",
+    "austen-train": "The five Austen novels the shipped tiny models were trained on (all but "
+    "Sense and Sensibility).",
+    "austen-heldout": "Sense and Sensibility, the Austen novel held out from the shipped tiny "
+    "models' training.",
 }
+
+HELD_OUT = "SENSE AND SENSIBILITY"
+"""Title line of the novel held out from training (the last novel of the Austen corpus)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,28 @@ class TokenBatch:
 # --------------------------------------------------------------------------- corpora
 
 
+def split_austen(text: str | None = None) -> tuple[str, str]:
+    """Split the Austen corpus into (training text, held-out text): the held-out text is the
+    last novel, *Sense and Sensibility*; the training text holds the other five.
+
+    Args:
+        text: The raw corpus (default: the vendored ``austen`` text, hard-wrapped lines kept).
+
+    Returns:
+        ``(train, heldout)`` raw texts.
+
+    Raises:
+        InvalidInputError: the text does not contain the held-out novel's title line.
+    """
+    if text is None:
+        raw = (files("homoglens") / "assets" / "corpora" / "austen.txt.gz").read_bytes()
+        text = gzip.decompress(raw).decode("utf-8")
+    match = re.search(rf"^{HELD_OUT}\s*$", text, re.M)
+    if match is None:
+        raise InvalidInputError(f"the corpus has no line {HELD_OUT!r} to split at")
+    return text[: match.start()], text[match.start() :]
+
+
 @lru_cache(maxsize=4)
 def load_corpus(name: str = "austen") -> str:
     """Return a vendored corpus as plain text, hard-wrapped lines joined into paragraphs.
@@ -117,8 +147,11 @@ def load_corpus(name: str = "austen") -> str:
     """
     if name not in CORPORA:
         raise InvalidInputError(f"unknown corpus {name!r}; known corpora: {sorted(CORPORA)}")
-    raw = (files("homoglens") / "assets" / "corpora" / f"{name}.txt.gz").read_bytes()
-    text = gzip.decompress(raw).decode("utf-8")
+    if name in ("austen-train", "austen-heldout"):
+        text = split_austen()[name == "austen-heldout"]
+    else:
+        raw = (files("homoglens") / "assets" / "corpora" / f"{name}.txt.gz").read_bytes()
+        text = gzip.decompress(raw).decode("utf-8")
     paragraphs = (re.sub(r"\s*\n\s*", " ", p).strip() for p in re.split(r"\n\s*\n", text))
     return "\n\n".join(p for p in paragraphs if p)
 

@@ -22,6 +22,7 @@ from homoglens.errors import InvalidInputError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from homoglens.comparison import ModelComparison
     from homoglens.patching import PositionalPatchingResult
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
     from homoglens.sinks import SinkAnalysis
@@ -32,6 +33,7 @@ __all__ = [
     "write_profile_report",
     "write_sinks_report",
     "write_patching_report",
+    "write_comparison_report",
 ]
 
 _CSS = """
@@ -339,6 +341,90 @@ def write_patching_report(
     out = Path(out)
     heading = title or f"Positional activation patching: {result.provenance.model}"
     return _section_page(out, heading, _patching_section(result, out), result.provenance)
+
+
+def _comparison_section(comparison: ModelComparison, out: Path) -> str:
+    """Save the comparison (``comparison/``, CSVs, figure) and return its HTML section."""
+    comparison.save(out / "comparison")
+    figures = out / "figures"
+    figures.mkdir(exist_ok=True)
+    png = _png(comparison.plot(), figures / "comparison.png")
+    tables = {
+        "claims": comparison.claims(),
+        "summary": comparison.summary(),
+        "differences": comparison.differences(),
+        "ablation_effects": comparison.ablation_effects(),
+        "layers": comparison.layer_table(),
+    }
+    for name, frame in tables.items():
+        frame.to_csv(out / f"comparison_{name}.csv", index=False)
+    pct = int(round(comparison.ci * 100))
+    held = [
+        {"model": label, **{k: v for k, v in rec.items() if k != "heldout"}}
+        for label, rec in comparison.heldout.items()
+        if rec
+    ]
+    held_html = ""
+    if held:
+        import pandas as pd
+
+        held_html = (
+            "<h3>Held-out loss recorded at training (whole held-out novel, nats/token)</h3>"
+            + _table(pd.DataFrame(held))
+        )
+    nope = comparison.no_positions
+    return f"""
+<h2>Models compared on the same sequences</h2>
+<p class="note">{comparison.n_sequences} sequences:
+{html.escape(str(comparison.settings.get("data", "")))}. Every statistic is paired by sequence;
+intervals are {pct}% percentile bootstraps over sequences ({comparison.n_boot} resamples).
+Model without positions: {html.escape(str(nope))}. Edge statistics use the first / last
+{comparison.edge_k} positions against the middle at the last layer; sinks use Gu et al.'s
+importance on key 0 with eps = {comparison.eps}. The metrics are homoglens' own
+operationalisation of Yusupov et al. 2025 (arXiv 2508.17126), not the paper's numbers.</p>
+<img alt="comparison" src="data:image/png;base64,{png}">
+<h3>Claims C1-C3 (holds: the CI lies on the predicted side; fails: on the other side)</h3>
+{_table(tables["claims"])}
+<h3>Per model (mean over sequences, {pct}% CI)</h3>
+{_table(tables["summary"])}
+{held_html}
+<h3>Paired differences to {html.escape(comparison.labels[0])}</h3>
+{_table(tables["differences"])}
+<h3>Positional ablations within each model (ablated minus intact)</h3>
+{_table(tables["ablation_effects"])}
+<h3>Homogenization by layer (intact models)</h3>
+{_table(tables["layers"])}
+"""
+
+
+def write_comparison_report(
+    comparison: ModelComparison, out: Path, *, title: str | None = None
+) -> Path:
+    """Write a model comparison (``comparison/``, ``comparison_*.csv``, figure,
+    ``report.html``) into the prepared folder ``out``.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    out = Path(out)
+    heading = title or "Controlled comparison: " + ", ".join(comparison.labels)
+    body = (
+        _comparison_section(comparison, out)
+        + "<h2>Provenance</h2>"
+        + _provenance_table(
+            {
+                **{f"backend ({k})": v for k, v in comparison.settings.get("backends", {}).items()},
+                **{f"weights ({k})": v for k, v in comparison.settings.get("weights", {}).items()},
+                "modes": ", ".join(comparison.settings.get("modes", [])),
+            }
+        )
+    )
+    path = out / "report.html"
+    path.write_text(_page(heading, body), encoding="utf-8")
+    return path
 
 
 def _first_token_warning(profile: HomogenizationProfile) -> str:

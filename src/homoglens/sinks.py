@@ -76,7 +76,8 @@ def sink_sums(
         ``mass_count []``, ``by_query_sum [head query_pos]`` and ``by_query_count [query_pos]``
         (sums of A[q, key] and sequence counts per query position q > key),
         ``importance_sum [head]`` (sum of alpha over sequences), ``sink_count [head]`` (how many
-        sequences have alpha > eps), ``n_sequences []``.
+        sequences have alpha > eps), ``n_sequences []``, and per sequence
+        ``importance_by_sequence [batch head]`` (alpha of each sequence).
     """
     batch, _, n_q, _ = pattern.shape
     f64 = torch.float64
@@ -97,6 +98,7 @@ def sink_sums(
         "importance_sum": importance.sum(0),
         "sink_count": (importance > eps).to(f64).sum(0),
         "n_sequences": torch.tensor(float(batch), dtype=f64),
+        "importance_by_sequence": importance,
     }
 
 

@@ -40,6 +40,7 @@ from typing import Any, Literal
 import torch
 
 from homoglens._checks import as_int
+from homoglens.data import HELD_OUT, TokenBatch, split_austen
 from homoglens.errors import InvalidInputError
 
 __all__ = [
@@ -50,12 +51,12 @@ __all__ = [
     "build_model",
     "train_model",
     "heldout_loss",
+    "heldout_windows",
     "unigram_entropy",
 ]
 
 PositionalVariant = Literal["learned", "rotary", "none"]
 POSITIONAL_VARIANTS: tuple[str, ...] = ("learned", "rotary", "none")
-HELD_OUT = "SENSE AND SENSIBILITY"
 
 
 @dataclass(frozen=True)
@@ -114,25 +115,6 @@ class TrainingConfig:
             )
         if self.vocab_size < 260:
             raise InvalidInputError("vocab_size must be at least 260 (256 bytes + specials)")
-
-
-def split_austen(text: str | None = None) -> tuple[str, str]:
-    """Split the Austen corpus into (training text, held-out text): the held-out text is the
-    last novel, *Sense and Sensibility*; the training text holds the other five.
-
-    Raises:
-        InvalidInputError: the text does not contain the held-out novel's title line.
-    """
-    import gzip
-    from importlib.resources import files
-
-    if text is None:
-        raw = (files("homoglens") / "assets" / "corpora" / "austen.txt.gz").read_bytes()
-        text = gzip.decompress(raw).decode("utf-8")
-    match = re.search(rf"^{HELD_OUT}\s*$", text, re.M)
-    if match is None:
-        raise InvalidInputError(f"the corpus has no line {HELD_OUT!r} to split at")
-    return text[: match.start()], text[match.start() :]
 
 
 def train_tokenizer(text: str, vocab_size: int, out: Path | None = None) -> Any:
@@ -242,7 +224,9 @@ def _token_stream(tokenizer: Any, text: str) -> torch.Tensor:
     special = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     ids: list[int] = []
     for para in paragraphs:
-        ids.extend(tokenizer.encode(re.sub(r"\s*\n\s*", " ", para).strip()))
+        ids.extend(
+            tokenizer.encode(re.sub(r"\s*\n\s*", " ", para).strip(), add_special_tokens=False)
+        )
         ids.append(special)
     return torch.tensor(ids, dtype=torch.long)
 
@@ -254,6 +238,43 @@ def _prepared_corpus(vocab_size: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
     train_text, held_text = split_austen()
     tokenizer = train_tokenizer(train_text, vocab_size)
     return tokenizer, _token_stream(tokenizer, train_text), _token_stream(tokenizer, held_text)
+
+
+def heldout_windows(tokenizer: Any, *, n_seq: int | None = None, seq_len: int = 128) -> TokenBatch:
+    """The held-out novel as training presents text: paragraphs joined by ``<|endoftext|>``,
+    cut into consecutive ``seq_len`` windows (as :func:`heldout_loss` evaluates), ``n_seq`` of
+    them evenly spaced (``None``: all).
+
+    Args:
+        tokenizer: The tokenizer of a model trained by :func:`train_model`.
+        n_seq: Windows to keep (evenly spaced over the novel), or ``None`` for all.
+        seq_len: Tokens per window, >= 2.
+
+    Returns:
+        A :class:`~homoglens.data.TokenBatch` ``[n_seq seq_len]`` without BOS or padding.
+
+    Raises:
+        InvalidInputError: bad ``n_seq``/``seq_len``, or more windows asked than the novel has.
+    """
+    seq_len = as_int("seq_len", seq_len, low=2)
+    stream = _token_stream(tokenizer, split_austen()[1])
+    available = (len(stream) - 1) // seq_len
+    windows = stream[: available * seq_len].view(available, seq_len)
+    if n_seq is not None:
+        n_seq = as_int("n_seq", n_seq, low=1)
+        if n_seq > available:
+            raise InvalidInputError(
+                f"n_seq={n_seq} exceeds the {available} windows of {seq_len} tokens in the "
+                "held-out novel; lower n_seq or seq_len"
+            )
+        windows = windows[torch.div(torch.arange(n_seq) * available, n_seq, rounding_mode="floor")]
+    return TokenBatch(
+        tokens=windows.clone(),
+        attention_mask=torch.ones_like(windows),
+        bos=False,
+        description=f"held-out novel ({HELD_OUT.title()}) as in training: {len(windows)} of "
+        f"{available} consecutive windows x {seq_len} tokens, evenly spaced, bos=no",
+    )
 
 
 def heldout_loss(
