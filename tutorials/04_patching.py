@@ -1,21 +1,36 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+# ---
+
+# %% [markdown]
+#
 # %% [markdown]
 # # Activation patching: where does the positional signal act?
 #
 # Run the model normally and with positional information removed, then copy one activation at a
 # time from the normal run into the ablated one ("restore") and see how much of the change in
-# homogenization and in loss comes back. Offline on tiny random models; use
-# `load_model("smollm2-135m-instruct")` for a real one (`homoglens patch` runs the full sweep).
+# homogenization and in loss comes back (normalised effect: 0 = none, 1 = full restoration).
 
 # %%
-import matplotlib
+# Pick the models. Offline defaults: the shipped homoglens/tiny-learned (GPT-2 architecture,
+# learned positions) and the embedded SmolLM2-135M (rotary). With the Hugging Face Hub: "gpt2"
+# and "EleutherAI/pythia-70m".
+LEARNED_MODEL = "homoglens/tiny-learned"
+ROTARY_MODEL = "smollm2-135m-instruct"
 
-matplotlib.use("Agg")
-
+# %%
 from homoglens import corpus_windows, load_model, positional_patching
-from homoglens.testing import tiny_model_folder
 
-gpt2 = load_model(tiny_model_folder("gpt2"))
-windows = corpus_windows(gpt2, n_seq=4, seq_len=32)
+learned = load_model(LEARNED_MODEL)
+windows = corpus_windows(learned, n_seq=8, seq_len=64, bos="never")
 
 # %% [markdown]
 # ## Residual stream x position bins
@@ -25,20 +40,21 @@ windows = corpus_windows(gpt2, n_seq=4, seq_len=32)
 
 # %%
 result = positional_patching(
-    gpt2, windows, how="zero", metric=["mean_pairwise", "loss"], bins=8, progress=False
+    learned, windows, how="zero", metric=["mean_pairwise", "loss"], bins=8, progress=False
 )
 print(result)
 print("normal:", result.normal.tolist(), "ablated:", result.ablated.tolist())
 print(result.to_pandas().query("metric == 'mean_pairwise'").round(3).head(8))
-fig = result.plot("mean_pairwise")
+result.plot("mean_pairwise")
 
 # %% [markdown]
 # ## Heads, break direction, and your own metric
 # `break` copies the ablated run's activation into the normal run. A metric can be any function
-# of the logits that returns the mean over the sequences it is given.
+# of the logits that returns the mean over the sequences it is given. Three blocks of the rotary
+# model keep this quick; `homoglens patch` runs full sweeps.
 
 # %%
-llama = load_model(tiny_model_folder("llama"))
+rotary = load_model(ROTARY_MODEL)
 
 
 def last_token_entropy(logits, tokens, mask):
@@ -46,12 +62,14 @@ def last_token_entropy(logits, tokens, mask):
     return -(last.exp() * last).sum(-1).mean()
 
 
+n_layers = rotary.cfg.n_layers
 heads = positional_patching(
-    llama,
-    corpus_windows(llama, n_seq=4, seq_len=32),
+    rotary,
+    corpus_windows(rotary, n_seq=4, seq_len=32),
     how="zero",
     component="head",
     direction="break",
+    layers=[0, n_layers // 2, n_layers - 1],
     metric=["mean_pairwise", last_token_entropy],
     progress=False,
 )

@@ -89,6 +89,9 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
         hf_position_module="model.rotary_emb",
     ),
 }
+"""The architecture table, one row per family (``gpt2``, ``neox``, ``llama``): how position
+enters (learned absolute or rotary, and the rotary fraction) and which hook names carry it on
+each backend. Read it with :func:`architecture_of`."""
 
 
 def _supported() -> str:

@@ -45,6 +45,8 @@ from homoglens.types import FwdHooks, HookedModel
 __all__ = ["POSITION_ABLATIONS", "position_ablation_hooks", "ablated_positions"]
 
 POSITION_ABLATIONS: tuple[str, ...] = ("none", "zero", "permute", "shift", "mean")
+"""Every positional ablation mode, in the order studies run them (see :data:`PositionAblation`;
+``"mean"`` exists for learned absolute positions only)."""
 
 
 def _int_list(name: str, values: Any, low: int, high: int, what: str) -> tuple[int, ...]:
@@ -281,7 +283,14 @@ def ablated_positions(
     raises.
 
     Args:
-        model, how, positions, layers, perm, shift, seed: As in :func:`position_ablation_hooks`.
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        how: ``"zero"``, ``"permute"``, ``"shift"`` or ``"mean"`` (see
+            :func:`position_ablation_hooks` for what each means per architecture).
+        positions: Restrict the ablation to these positions (default all).
+        layers: Rotary models: the blocks whose rotation is changed (default all).
+        perm: ``"permute"``: the permutation of positions (default: seeded random).
+        shift: ``"shift"``: the offset added to every position.
+        seed: ``"permute"``: seed of the random permutation.
 
     Yields:
         The same model, with the hooks attached.

