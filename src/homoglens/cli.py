@@ -212,10 +212,29 @@ def _patching(
     )
 
 
+def _init_distributed(opts: dict[str, Any]) -> None:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1): join the process group (NCCL on GPUs, gloo on
+    CPU) and put this rank's model on ``cuda:LOCAL_RANK``; profiles, sink scores and ablation
+    studies then shard the windows by rank, and only rank 0 writes the report."""
+    import os
+
+    import torch
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
+        return
+    device = opts.get("device")
+    cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    if cuda and device is None:
+        opts["device"] = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+
+
 def _load(opts: dict[str, Any]) -> tuple[Any, Any]:
     """Load the model and cut the corpus windows the options ask for."""
     from homoglens.data import corpus_windows
     from homoglens.models import load_model
+
+    _init_distributed(opts)
 
     if opts["device"] is not None:
         from homoglens.models import _check_device

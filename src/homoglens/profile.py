@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from homoglens._checks import as_bool, as_int
 from homoglens.data import TokenBatch, _check_mask, right_aligned, to_token_batch
+from homoglens.distributed import all_reduce_sum, gather_rows, shard_bounds, world
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import homogenization_sums, positions_from_mask
 from homoglens.models import model_info
@@ -112,14 +113,15 @@ class _Accumulator:
         self.scalars = {"n_sequences": 0, "n_tokens": 0, "n_tokens_sq": 0}
 
     def add(self, i: int, sums: dict[str, torch.Tensor], first: bool) -> None:
+        # .to(): with a model split over devices, later blocks run on other devices
         for name, acc in self.layer_pos.items():
-            acc[i] += sums[name]
+            acc[i] += sums[name].to(acc.device)
         for name, acc in self.layer.items():
-            acc[i] += sums[name]
-        self.unit_sum[i] += sums["unit_sum"]
+            acc[i] += sums[name].to(acc.device)
+        self.unit_sum[i] += sums["unit_sum"].to(self.unit_sum.device)
         if first:  # layer-independent quantities, counted once per batch
             for name, acc in self.pos.items():
-                acc += sums[name]
+                acc += sums[name].to(acc.device)
             for name in self.scalars:
                 self.scalars[name] += int(round(float(sums[name])))
 
@@ -271,6 +273,32 @@ class _StreamResult:
         self.seq_mean_pairwise: list[torch.Tensor] = []  # [batch layer]
         self.seq_loss: list[torch.Tensor] = []  # [batch] mean next-token loss, nats
 
+    def all_reduce(
+        self,
+        n_all: int,
+        shape: tuple[int, int],
+        device: torch.device,
+        per_sequence: bool,
+        loss: bool,
+    ) -> None:
+        """Sum the statistics over all ranks and gather per-sequence values in input order."""
+        acc = self.accumulator
+        scalars = torch.tensor(
+            [float(acc.scalars[k]) for k in acc.scalars], dtype=torch.float64, device=device
+        )
+        tensors = [*acc.layer_pos.values(), *acc.layer.values(), acc.unit_sum, *acc.pos.values()]
+        all_reduce_sum([*tensors, scalars])
+        acc.scalars = {k: int(round(float(v))) for k, v in zip(acc.scalars, scalars, strict=True)}
+        n_layer, n_pos = shape
+        if per_sequence:
+            others = torch.cat([torch.empty(0, n_layer, n_pos), *self.seq_to_others])
+            pairwise = torch.cat([torch.empty(0, n_layer), *self.seq_mean_pairwise])
+            self.seq_to_others = [gather_rows(others, n_all, device)]
+            self.seq_mean_pairwise = [gather_rows(pairwise, n_all, device)]
+        if loss:
+            losses = torch.cat([torch.empty(0), *self.seq_loss])
+            self.seq_loss = [gather_rows(losses, n_all, device)]
+
 
 def _next_token_loss(
     logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
@@ -320,7 +348,11 @@ def _stream(
     """
     device = _model_device(model)
     names = [resid_hook_name(layer) for layer in chosen]
-    n_pos = int(batch.lengths.max())
+    n_pos = int(batch.lengths.max())  # of all sequences, so every rank sums the same shapes
+    n_all = len(batch)
+    rank, size = world()
+    start, stop = shard_bounds(n_all, size)[rank]
+    batch = batch[start:stop]
     result = _StreamResult(
         _Accumulator(len(chosen), n_pos, int(model.cfg.d_model), device, effective_rank)
     )
@@ -331,7 +363,7 @@ def _stream(
             try:
                 sums = homogenization_sums(
                     resid,
-                    state["pos_index"],
+                    state["pos_index"].to(resid.device),
                     n_pos,
                     effective_rank=effective_rank,
                     per_sequence=per_sequence,
@@ -378,6 +410,8 @@ def _stream(
                 result.seq_mean_pairwise.append(state["mean_pairwise"].float().cpu())
     finally:
         state.clear()
+    if size > 1:
+        result.all_reduce(n_all, (len(chosen), n_pos), device, per_sequence, loss)
     return result
 
 

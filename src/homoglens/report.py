@@ -79,7 +79,14 @@ def check_output_dir(out: str | Path, *, overwrite: bool) -> Path:
 @contextlib.contextmanager
 def staged_output(folder: Path) -> Iterator[Path]:
     """Yield a temporary sibling folder to write into; it replaces ``folder`` only when the
-    block succeeds, so a failed run leaves ``folder`` exactly as it was."""
+    block succeeds, so a failed run leaves ``folder`` exactly as it was. Under
+    ``torch.distributed`` only rank 0 writes: other ranks get a scratch folder that is dropped."""
+    from homoglens.distributed import is_main_process
+
+    if not is_main_process():
+        with tempfile.TemporaryDirectory() as scratch:
+            yield Path(scratch)
+        return
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
     try:

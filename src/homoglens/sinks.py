@@ -26,6 +26,7 @@ import torch
 from jaxtyping import Float, Int
 
 from homoglens.data import TokenBatch, to_token_batch
+from homoglens.distributed import all_reduce_sum, shard_bounds, world
 from homoglens.errors import InvalidInputError
 from homoglens.homogenization import edge_totals, scalar_metric_weights, token_to_others
 from homoglens.models import model_info
@@ -347,14 +348,20 @@ def sink_scores(
     fwd_hooks = [
         (f"blocks.{layer}.attn.hook_pattern", make_hook(layer)) for layer in range(n_layers)
     ]
+    rank, size = world()
+    start, stop = shard_bounds(len(batch), size)[rank]  # data parallel under torch.distributed
     try:
         for tokens, mask in forward_batches(
-            batch, batch_size, device, desc="sinks", progress=progress
+            batch[start:stop], batch_size, device, desc="sinks", progress=progress
         ):
             state["lengths"] = mask.sum(1)
             model.run_with_hooks(tokens, attention_mask=mask, return_type=None, fwd_hooks=fwd_hooks)
     finally:
         state.clear()
+    if size > 1:
+        totals = torch.tensor([counts["mass_count"], counts["n_sequences"]], **f64)
+        all_reduce_sum([*acc.values(), counts["by_query_count"], totals])
+        counts["mass_count"], counts["n_sequences"] = (float(v) for v in totals)
     n_seq = counts["n_sequences"]
     by_query = _nan_div(acc["by_query_sum"].cpu(), counts["by_query_count"].cpu())
     return SinkScores(

@@ -1,0 +1,80 @@
+"""Data parallelism through ``torch.distributed``: shard sequences by rank, all-reduce the sums.
+
+homoglens' statistics are sums and counts that merge exactly by addition, so running on several
+processes is a reduction. When a process group is initialised (``torchrun``, SLURM, or your own
+``torch.distributed.init_process_group``), :func:`~homoglens.homogenization_profile`,
+:func:`~homoglens.sink_scores` and :func:`~homoglens.position_ablation_study` each take a
+contiguous shard of the sequences on every rank, all-reduce their sums (and all-gather their
+per-sequence values in input order), and return the same result on every rank. The gloo backend
+works on CPU, NCCL on GPUs (put each rank's model on ``cuda:LOCAL_RANK``).
+
+References:
+    PyTorch, "Distributed communication package - torch.distributed" (all_reduce, all_gather).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+__all__ = ["world", "shard_bounds", "all_reduce_sum", "gather_rows", "is_main_process"]
+
+
+def world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the initialised default process group, else ``(0, 1)``."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def is_main_process() -> bool:
+    """Whether this process is rank 0 (or not distributed): the one that writes files."""
+    return world()[0] == 0
+
+
+def shard_bounds(n: int, world_size: int) -> list[tuple[int, int]]:
+    """Contiguous, near-equal ``(start, stop)`` shards of ``n`` items, one per rank (the first
+    ``n % world_size`` ranks get one more; ranks past ``n`` get an empty shard)."""
+    base, extra = divmod(n, world_size)
+    bounds, start = [], 0
+    for rank in range(world_size):
+        stop = start + base + (1 if rank < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def all_reduce_sum(tensors: Iterable[torch.Tensor]) -> None:
+    """Sum each tensor over all ranks, in place (no-op without a process group)."""
+    if world()[1] == 1:
+        return
+    for tensor in tensors:
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+
+
+def gather_rows(local: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+    """Concatenate every rank's rows (shards of :func:`shard_bounds` over ``n`` rows) in rank
+    order; returns ``local`` unchanged without a process group.
+
+    Args:
+        local: ``[rows ...]`` this rank's rows.
+        n: Total number of rows over all ranks.
+        device: Where the collective runs (CUDA for NCCL, CPU for gloo).
+
+    Returns:
+        ``[n ...]`` on the CPU, the same on every rank.
+    """
+    _, size = world()
+    if size == 1:
+        return local
+    bounds = shard_bounds(n, size)
+    width = max(stop - start for start, stop in bounds)
+    padded = torch.zeros((width, *local.shape[1:]), dtype=local.dtype, device=device)
+    padded[: len(local)] = local.to(device)
+    parts = [torch.empty_like(padded) for _ in range(size)]
+    torch.distributed.all_gather(parts, padded)
+    return torch.cat(
+        [part[: stop - start].cpu() for part, (start, stop) in zip(parts, bounds, strict=True)]
+    )
