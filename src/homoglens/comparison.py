@@ -467,6 +467,12 @@ class ModelComparison:
         meta, tensors = _read_saved(folder, "comparison")
         if not isinstance(meta, dict) or meta.get("format") != "homoglens.ModelComparison/1":
             raise IncompatibleResultsError(f"{folder} does not hold a ModelComparison")
+        keys = {"format", "labels", "heldout", "no_positions", "edge_k", "eps", "n_boot", "ci"}
+        keys |= {"seed", "settings"}
+        if set(meta) != keys:
+            raise IncompatibleResultsError(
+                f"{folder}/comparison.json has keys {sorted(meta)}, expected {sorted(keys)}"
+            )
         try:
             labels = tuple(meta["labels"])
             return cls(

@@ -579,9 +579,11 @@ class HomogenizationProfile:
             "has_effective_rank",
             "provenance",
         }
-        if not keys <= set(meta):
+        if set(meta) - {"format"} != keys:
             raise IncompatibleResultsError(
-                f"{folder}/profile.json lacks {sorted(keys - set(meta))}"
+                f"{folder}/profile.json has keys {sorted(set(meta) - {'format'})}, expected "
+                f"{sorted(keys)} (missing: {sorted(keys - set(meta))}, extra: "
+                f"{sorted(set(meta) - keys - {'format'})})"
             )
         expected = set(_TENSOR_FIELDS) | (
             {"effective_rank_sum"} if meta["has_effective_rank"] else set()
@@ -903,8 +905,11 @@ class PositionAblationStudy:
         meta, tensors = _read_saved(folder, "study")
         if not isinstance(meta, dict) or meta.get("format") != "homoglens.PositionAblationStudy/1":
             raise IncompatibleResultsError(f"{folder} does not hold a PositionAblationStudy")
-        if not {"modes", "settings", "n_boot", "ci", "seed"} <= set(meta):
-            raise IncompatibleResultsError(f"{folder}/study.json lacks required keys")
+        keys = {"format", "modes", "settings", "n_boot", "ci", "seed"}
+        if set(meta) != keys:
+            raise IncompatibleResultsError(
+                f"{folder}/study.json has keys {sorted(meta)}, expected {sorted(keys)}"
+            )
         if set(tensors) != {"loss", "mean_pairwise", "to_others"}:
             raise IncompatibleResultsError(f"{folder}/study.safetensors has {sorted(tensors)}")
         profiles = {m: HomogenizationProfile.load(folder / f"profile_{m}") for m in meta["modes"]}
