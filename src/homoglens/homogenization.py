@@ -125,19 +125,20 @@ def homogenization_sums(
     uu = nonzero.to(f64)  # u . u, exactly
     s = u.sum(1)  # [batch d_model]
     tm1 = (t - 1)[:, None]
-    to_others = (torch.einsum("bpd,bd->bp", u, s).to(f64) - uu) / tm1
+    xbar = torch.einsum("bp,bpd->bd", w, x) / t[:, None].to(work)  # [batch d_model]
+    # One pass over u for both projections: u_p . S and u_p . xbar.
+    proj = torch.bmm(u, torch.stack([s, xbar], dim=-1)).to(f64)  # [batch pos 2]
+    to_others = (proj[..., 0] - uu) / tm1
 
-    before = torch.cumsum(u, dim=1)
-    before -= u
+    # u_p . (sum_{j<p} u_j) = u_p . cumsum(u)_p - u_p . u_p
     n_before = (torch.cumsum(w, dim=1) - w).to(f64)
     has_prefix = inc & (n_before > 0)
-    to_prefix = torch.linalg.vecdot(u, before).to(f64) / n_before.clamp_min(1)
-    del before
+    with_self = torch.linalg.vecdot(u, torch.cumsum(u, dim=1)).to(f64)
+    to_prefix = (with_self - uu) / n_before.clamp_min(1)
 
-    xbar = torch.einsum("bp,bpd->bd", w, x) / t[:, None].to(work)  # [batch d_model]
-    xbar_norm = torch.linalg.vector_norm(xbar, dim=-1)
+    xbar_norm = torch.linalg.vector_norm(xbar, dim=-1).to(f64)
     safe_xbar = torch.where(xbar_norm > 0, xbar_norm, torch.ones_like(xbar_norm))
-    to_mean = (torch.einsum("bpd,bd->bp", u, xbar) / safe_xbar[:, None]).to(f64)
+    to_mean = proj[..., 1] / safe_xbar[:, None]
 
     s64 = s.to(f64)
     mean_pairwise = ((s64 * s64).sum(-1) - uu.sum(1)) / (t * (t - 1))
