@@ -144,3 +144,34 @@ def test_multi_device_options_are_checked_and_passed_through(monkeypatch) -> Non
     monkeypatch.setattr(TransformerBridge, "boot_transformers", staticmethod(spy))
     model = load_model(tiny_model_folder("gpt2"), backend="bridge", device_map={"": "cpu"})
     assert seen["device_map"] == {"": "cpu"} and model.cfg.n_layers == 2
+
+
+MISMATCH = r"""
+import sys
+import torch.distributed as dist
+from homoglens import DistributedError, homogenization_profile, load_model
+dist.init_process_group("gloo")
+model = load_model(sys.argv[1], backend="bridge", device="cpu")
+texts = ["one two three four", "five six seven eight"][: 1 + dist.get_rank()]
+try:
+    homogenization_profile(model, texts, progress=False)
+except DistributedError as err:
+    print("DistributedError:", err)
+"""
+
+
+def test_ranks_with_different_data_are_refused(tmp_path: Path) -> None:
+    worker = tmp_path / "mismatch.py"
+    worker.write_text(MISMATCH)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + [str(worker), str(tiny_model_folder("gpt2"))],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.stdout.count("the ranks were given different data") == 2, (
+        done.stdout + done.stderr[-2000:]
+    )

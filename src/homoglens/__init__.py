@@ -9,6 +9,7 @@ from homoglens.architectures import ARCHITECTURES, ArchitectureSpec, architectur
 from homoglens.comparison import ModelComparison, compare_models
 from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
 from homoglens.errors import (
+    DistributedError,
     HomoglensError,
     IncompatibleResultsError,
     InvalidInputError,
@@ -63,6 +64,7 @@ __all__ = [
     "PositionalPatchingResult",
     "ArchitectureSpec",
     "EMBEDDED_MODELS",
+    "DistributedError",
     "SHIPPED_MODELS",
     "HomogenizationProfile",
     "HomoglensError",

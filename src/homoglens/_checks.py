@@ -14,7 +14,10 @@ def as_int(name: str, value: Any, *, low: int | None = None, high: int | None = 
     """Return ``value`` as a Python int (numpy/torch integers accepted), within [low, high]."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise InvalidInputError(f"{name}={value!r} must be an integer")
-    number = operator.index(value)
+    try:  # a float or multi-element tensor/array has __index__ but refuses it
+        number = operator.index(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise InvalidInputError(f"{name}={value!r} must be a single integer") from None
     if (low is not None and number < low) or (high is not None and number > high):
         bounds = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
         raise InvalidInputError(f"{name}={number} must lie in {bounds}")
@@ -27,6 +30,12 @@ def as_bool(name: str, value: Any) -> bool:
 
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
+    if (
+        hasattr(value, "dtype")
+        and getattr(value, "shape", None) == ()
+        and "bool" in str(value.dtype)
+    ):
+        return bool(value)  # a 0-d bool tensor or array
     raise InvalidInputError(f"{name}={value!r} must be True or False")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from homoglens.errors import UnsupportedArchitectureError
+from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
 
 __all__ = ["ArchitectureSpec", "ARCHITECTURES", "architecture_of", "spec_for_hf_architecture"]
 
@@ -122,6 +122,22 @@ def spec_for_hf_architecture(hf_architecture: str | None) -> ArchitectureSpec:
     )
 
 
+def check_model(model: Any) -> None:
+    """Refuse anything that is not a loaded TransformerLens model (a name, None, a module).
+
+    Raises:
+        InvalidInputError: ``model`` has no ``cfg``/``hook_dict`` or cannot run hooks.
+    """
+    if isinstance(model, (str, bytes)) or not (
+        hasattr(model, "cfg") and hasattr(model, "hook_dict") and hasattr(model, "run_with_hooks")
+    ):
+        raise InvalidInputError(
+            f"expected a HookedTransformer or TransformerBridge, got {type(model).__name__}"
+            + (f" {model!r}" if isinstance(model, str) else "")
+            + "; load one first with homoglens.load_model(name)"
+        )
+
+
 def architecture_of(model: Any) -> ArchitectureSpec:
     """Return the table row for a loaded TransformerLens model (either backend).
 
@@ -133,8 +149,10 @@ def architecture_of(model: Any) -> ArchitectureSpec:
         The matching :class:`ArchitectureSpec`.
 
     Raises:
+        InvalidInputError: ``model`` is not a TransformerLens model.
         UnsupportedArchitectureError: the model's architecture is not in the table.
     """
+    check_model(model)
     cfg = model.cfg
     name = getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
     return spec_for_hf_architecture(name)

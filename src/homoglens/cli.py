@@ -514,9 +514,11 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
     """Train small causal LMs on Austen (Sense and Sensibility held out) that differ only in
     their positional scheme: learned (GPT-2), rotary (GPT-NeoX, sequential), none (GPT-2, no
     positions). Deterministic from --seed; each folder is a standard Hugging Face model."""
+    from homoglens.results import prepare_folder
     from homoglens.training import POSITIONAL_VARIANTS, TrainingConfig, train_model
 
     try:
+        prepare_folder(out)  # a file in the way is an error before any training
         variants = POSITIONAL_VARIANTS if variant == "all" else (variant,)
         configs = [TrainingConfig(variant=v, **sizes) for v in variants]
         for config in configs:

@@ -42,11 +42,17 @@ import torch
 from jaxtyping import Float
 
 from homoglens._checks import as_float, as_int
+from homoglens.architectures import check_model
 from homoglens.data import TokenBatch, corpus_windows, to_token_batch
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.models import SHIPPED_MODELS, load_model, model_info, shipped_model_folder
 from homoglens.profile import _model_device, forward_batches
-from homoglens.results import PositionAblationStudy, _read_saved, paired_bootstrap
+from homoglens.results import (
+    PositionAblationStudy,
+    _read_saved,
+    paired_bootstrap,
+    prepare_folder,
+)
 from homoglens.sinks import SinkScores, _check_key_eps, sink_scores, sink_sums
 from homoglens.studies import position_ablation_study
 from homoglens.types import Backend, HookedModel
@@ -170,13 +176,18 @@ class ModelComparison:
         profile = study.profiles[mode]
         pairwise = study.mean_pairwise[m].double()  # [seq layer]
         baseline = profile.baseline.double()  # [layer]
-        others = study.to_others[m, :, -1].double()  # [seq pos], last layer entry
+        others = study.to_others[m, :, -1].double()  # [seq pos], last layer entry, NaN-padded
         k = int(self.edge_k)
-        middle = others[:, k + 1 : -k].nanmean(1) if others.shape[1] > 2 * k + 1 else None
-        if middle is None:
+        lengths = (~others.isnan()).sum(1)  # each sequence's own length (positions 0..T-1)
+        if int(lengths.min()) <= 2 * k + 1:
             raise InvalidInputError(
-                f"sequences of {others.shape[1]} tokens are too short for edge_k={k}"
+                f"sequences of {int(lengths.min())} tokens are too short for edge_k={k}"
             )
+        pos = torch.arange(others.shape[1])[None, :]
+        filled = others.nan_to_num(0.0)
+        middle_w = ((pos > k) & (pos < lengths[:, None] - k)).double()
+        last_w = ((pos >= lengths[:, None] - k) & (pos < lengths[:, None])).double()
+        middle = (filled * middle_w).sum(1) / middle_w.sum(1)
         out = {
             "loss": study.loss[m].double(),
             "mean_pairwise_last": pairwise[:, -1],
@@ -184,8 +195,8 @@ class ModelComparison:
             "depth_slope": _slope(pairwise),
             "adjusted_depth_slope": _slope(pairwise) - _slope(baseline),
             "first_token_excess": others[:, 0] - middle,
-            "first_excess": others[:, 1 : k + 1].nanmean(1) - middle,
-            "last_excess": _last_k(others, k).nanmean(1) - middle,
+            "first_excess": others[:, 1 : k + 1].mean(1) - middle,
+            "last_excess": (filled * last_w).sum(1) / k - middle,
         }
         if mode == "none":
             alpha = self.sink_importance[label].double()
@@ -426,10 +437,7 @@ class ModelComparison:
         study and one sink-score folder per model; never pickle."""
         from safetensors.torch import save_file
 
-        folder = Path(path).expanduser()
-        if folder.exists() and not folder.is_dir():
-            raise InvalidInputError(f"{str(folder)!r} is a file; save() needs a folder")
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = prepare_folder(path)
         for i, label in enumerate(self.labels):
             self.studies[label].save(folder / f"model_{i}" / "study")
             self.sinks[label].save(folder / f"model_{i}" / "sinks")
@@ -495,7 +503,7 @@ class ModelComparison:
                 seed=meta["seed"],
                 settings=meta["settings"],
             )
-        except (KeyError, ValueError, TypeError) as err:
+        except (KeyError, ValueError, TypeError, IndexError) as err:
             raise IncompatibleResultsError(
                 f"{folder} does not hold a consistent comparison: {err!r}"
             ) from None
@@ -505,13 +513,6 @@ class ModelComparison:
             f"ModelComparison(models={list(self.labels)}, n_sequences={self.n_sequences}, "
             f"no_positions={self.no_positions!r}, edge_k={self.edge_k})"
         )
-
-
-def _last_k(values: torch.Tensor, k: int) -> torch.Tensor:
-    """The last ``k`` non-NaN entries of each row of ``[seq pos]`` (rows right-aligned)."""
-    lengths = (~values.isnan()).sum(1)
-    idx = (lengths[:, None] - k + torch.arange(k)[None, :]).clamp_min(0)
-    return values.gather(1, idx)
 
 
 def _training_record(name: str) -> dict[str, Any]:
@@ -625,7 +626,13 @@ def compare_models(
     named = dict(models) if isinstance(models, Mapping) else {str(m): m for m in models}
     if not named or (not isinstance(models, Mapping) and len(named) != len(models)):
         raise InvalidInputError(f"models {list(models)} must be non-empty and unique")
+    for m in named.values():
+        if not isinstance(m, str | os.PathLike):
+            check_model(m)
+    if no_positions not in (None, "auto") and not isinstance(no_positions, str):
+        raise InvalidInputError(f"no_positions={no_positions!r} must be a model label or None")
     n_seq = None if n_seq is None else as_int("n_seq", n_seq, low=1)
+    seq_len = None if seq_len is None else as_int("seq_len", seq_len, low=2 * edge_k + 2)
     edge_k = as_int("edge_k", edge_k, low=1)
     batch_size = as_int("batch_size", batch_size, low=1)
     n_boot = as_int("n_boot", n_boot, low=1)

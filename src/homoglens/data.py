@@ -95,7 +95,10 @@ class TokenBatch:
     def __getitem__(self, index: slice | list[int] | torch.Tensor) -> TokenBatch:
         """Select sequences (a slice or index list) as a new batch."""
         if isinstance(index, int):
-            index = slice(index, index + 1)
+            n = len(self)
+            if not -n <= index < n:
+                raise IndexError(f"sequence {index} out of range for a batch of {n}")
+            index = slice(index % n, index % n + 1)
         return TokenBatch(
             self.tokens[index], self.attention_mask[index], self.bos, self.description
         )
@@ -132,7 +135,6 @@ def split_austen(text: str | None = None) -> tuple[str, str]:
     return text[: match.start()], text[match.start() :]
 
 
-@lru_cache(maxsize=4)
 def load_corpus(name: str = "austen") -> str:
     """Return a vendored corpus as plain text, hard-wrapped lines joined into paragraphs.
 
@@ -145,8 +147,13 @@ def load_corpus(name: str = "austen") -> str:
     Raises:
         InvalidInputError: unknown corpus name (the message lists the known ones).
     """
-    if name not in CORPORA:
+    if not isinstance(name, str) or name not in CORPORA:
         raise InvalidInputError(f"unknown corpus {name!r}; known corpora: {sorted(CORPORA)}")
+    return _load_corpus(name)
+
+
+@lru_cache(maxsize=4)
+def _load_corpus(name: str) -> str:
     if name in ("austen-train", "austen-heldout"):
         text = split_austen()[name == "austen-heldout"]
     else:
@@ -157,6 +164,9 @@ def load_corpus(name: str = "austen") -> str:
 
 
 def _tokenizer(model: HookedModel) -> Any:
+    from homoglens.architectures import check_model
+
+    check_model(model)
     tok = getattr(model, "tokenizer", None)
     if tok is None:
         raise InvalidInputError(
@@ -225,6 +235,9 @@ def corpus_windows(
             small for ``n_seq`` windows.
         SequenceTooLongError: ``seq_len`` exceeds ``cfg.n_ctx``.
     """
+    from homoglens.architectures import check_model
+
+    check_model(model)
     n_seq = as_int("n_seq", n_seq, low=1)
     seq_len = as_int("seq_len", seq_len, low=2)
     if seq_len > _n_ctx(model):
@@ -457,6 +470,9 @@ def to_token_batch(
             a mask of the wrong shape or with gaps, all-padding rows, a mask given with text.
         SequenceTooLongError: a sequence longer than ``cfg.n_ctx``.
     """
+    from homoglens.architectures import check_model
+
+    check_model(model)
     if isinstance(data, TokenBatch):
         _resolve_bos(model, bos)  # a bad policy is an error whatever the input
         if attention_mask is not None:

@@ -18,7 +18,16 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["world", "shard_bounds", "all_reduce_sum", "gather_rows", "is_main_process"]
+from homoglens.errors import DistributedError
+
+__all__ = [
+    "world",
+    "shard_bounds",
+    "all_reduce_sum",
+    "gather_rows",
+    "check_same_data",
+    "is_main_process",
+]
 
 
 def world() -> tuple[int, int]:
@@ -46,12 +55,55 @@ def shard_bounds(n: int, world_size: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def _collective(op: str, *args: object) -> None:
+    try:
+        getattr(torch.distributed, op)(*args)
+    except RuntimeError as err:
+        raise DistributedError(
+            f"torch.distributed {op} failed ({str(err)[:200]}); another rank probably stopped "
+            "with its own error: see its output"
+        ) from err
+
+
 def all_reduce_sum(tensors: Iterable[torch.Tensor]) -> None:
-    """Sum each tensor over all ranks, in place (no-op without a process group)."""
+    """Sum each tensor over all ranks, in place (no-op without a process group).
+
+    Raises:
+        DistributedError: the collective failed (another rank stopped)."""
     if world()[1] == 1:
         return
     for tensor in tensors:
-        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+        _collective("all_reduce", tensor, torch.distributed.ReduceOp.SUM)
+
+
+def check_same_data(tokens: torch.Tensor, mask: torch.Tensor, device: torch.device) -> None:
+    """Refuse to run when the ranks were given different data (every rank must pass the same
+    sequences; each takes its own shard).
+
+    Raises:
+        DistributedError: the ranks' data differ (number, width, or content of the sequences).
+    """
+    if world()[1] == 1:
+        return
+    ids = tokens.to(torch.float64) * mask
+    weights = torch.arange(1, tokens.shape[1] + 1, dtype=torch.float64)
+    rows = torch.arange(1, tokens.shape[0] + 1, dtype=torch.float64)[:, None]
+    mine = torch.stack(
+        [
+            torch.tensor(float(tokens.shape[0])),
+            torch.tensor(float(tokens.shape[1])),
+            ids.sum().double(),
+            (ids * weights * rows).sum().double() % 1e12,
+        ]
+    ).to(device)
+    high, low = mine.clone(), mine.clone()
+    _collective("all_reduce", high, torch.distributed.ReduceOp.MAX)
+    _collective("all_reduce", low, torch.distributed.ReduceOp.MIN)
+    if not torch.equal(high, low):
+        raise DistributedError(
+            "the ranks were given different data; pass the same sequences on every rank "
+            "(homoglens shards them by rank itself)"
+        )
 
 
 def gather_rows(local: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
@@ -74,7 +126,7 @@ def gather_rows(local: torch.Tensor, n: int, device: torch.device) -> torch.Tens
     padded = torch.zeros((width, *local.shape[1:]), dtype=local.dtype, device=device)
     padded[: len(local)] = local.to(device)
     parts = [torch.empty_like(padded) for _ in range(size)]
-    torch.distributed.all_gather(parts, padded)
+    _collective("all_gather", parts, padded)
     return torch.cat(
         [part[: stop - start].cpu() for part, (start, stop) in zip(parts, bounds, strict=True)]
     )

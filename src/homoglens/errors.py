@@ -8,6 +8,7 @@ what was wrong and how to fix it.
 from __future__ import annotations
 
 __all__ = [
+    "DistributedError",
     "HomoglensError",
     "InvalidInputError",
     "SequenceTooLongError",
@@ -59,3 +60,8 @@ class NonFiniteActivationError(HomoglensError, ArithmeticError):
 
 class ResultsNotFoundError(HomoglensError, FileNotFoundError):
     """A results folder, or a file a saved result needs, does not exist."""
+
+
+class DistributedError(HomoglensError, RuntimeError):
+    """A ``torch.distributed`` collective failed or the ranks disagree (another rank stopped with
+    its own error, or the ranks were given different data)."""

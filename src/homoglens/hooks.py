@@ -62,15 +62,44 @@ class PositionPlan:
     shift: int | None = None
     seed: int | None = None
 
+    def __post_init__(self) -> None:
+        def ints(value: Any) -> bool:
+            return isinstance(value, tuple) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value
+            )
+
+        if self.how not in ("none", "zero", "permute", "shift", "mean"):
+            raise InvalidInputError(f"how={self.how!r} is not a position ablation")
+        if not isinstance(self.n_ctx, int) or self.n_ctx < 1:
+            raise InvalidInputError(f"n_ctx={self.n_ctx!r} must be a positive int")
+        if self.positions is not None and (
+            not ints(self.positions) or any(not 0 <= p < self.n_ctx for p in self.positions)
+        ):
+            raise InvalidInputError(
+                f"positions={self.positions!r} must be a tuple of ints in [0, {self.n_ctx})"
+            )
+        if self.perm is not None:
+            if not ints(self.perm) or sorted(self.perm) != list(range(len(self.perm))):
+                raise InvalidInputError(f"perm={self.perm!r} must be a tuple permutation of 0..T-1")
+            if self.positions is not None:
+                moved = [i for i, p in enumerate(self.perm) if p != i]
+                if not set(moved) <= set(self.positions):
+                    raise InvalidInputError(
+                        f"perm moves positions {moved[:8]} but positions={list(self.positions)}; "
+                        "with positions=, perm may only permute those positions among themselves"
+                    )
+
     def source(self, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(source [pos] int64, changed [pos] bool)`` for a sequence of ``n_pos``.
 
         The tensors are fresh copies (the hooks share cached ones internally).
 
         Raises:
-            InvalidInputError: ``perm`` does not match the sequence length, or a shifted
-                position leaves ``[0, n_ctx)``.
+            InvalidInputError: ``n_pos`` is not a positive int, ``perm`` does not match the
+                sequence length, or a shifted position leaves ``[0, n_ctx)``.
         """
+        if isinstance(n_pos, bool) or not isinstance(n_pos, int) or n_pos < 1:
+            raise InvalidInputError(f"n_pos={n_pos!r} must be a positive int")
         source, changed = _source(self, n_pos)
         return source.clone(), changed.clone()
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from homoglens._checks import as_bool
 from homoglens._fs import apply_umask
 from homoglens.architectures import ArchitectureSpec, architecture_of, spec_for_hf_architecture
 from homoglens.errors import (
@@ -145,6 +146,9 @@ def model_info(model: HookedModel) -> ModelInfo:
     Raises:
         UnsupportedArchitectureError: the architecture is not in homoglens' table.
     """
+    from homoglens.architectures import check_model
+
+    check_model(model)
     known = _LOADED.get(model)
     if known is not None:
         return known
@@ -599,6 +603,34 @@ def _load_hub_hooked(
         return HookedTransformer.from_pretrained_no_processing(name, **kwargs).eval()
 
 
+def _check_weights_match_config(folder: Path, config_path: Path) -> None:
+    """Refuse a folder whose safetensors hold another number of blocks than config.json says
+    (Hugging Face would silently initialise the missing blocks at random)."""
+    import re
+
+    from safetensors import safe_open
+
+    try:
+        config = json.loads(config_path.read_text())
+        keys: set[str] = set()
+        for path in folder.glob("*.safetensors"):
+            with safe_open(str(path), framework="pt") as handle:
+                keys |= set(handle.keys())
+    except Exception as err:  # unreadable JSON or safetensors header
+        raise InvalidInputError(
+            f"{str(folder)!r} holds an unreadable config.json or safetensors file "
+            f"({type(err).__name__}: {str(err)[:200]}); re-save it with model.save_pretrained"
+        ) from None
+    blocks = {int(m.group(1)) for k in keys if (m := re.search(r"\.(?:h|layers)\.(\d+)\.", k))}
+    want = config.get("n_layer", config.get("num_hidden_layers"))
+    if keys and blocks and isinstance(want, int) and len(blocks) != want:
+        raise InvalidInputError(
+            f"{str(folder)!r}: config.json says {want} blocks but the weights hold {len(blocks)}; "
+            "loading would initialise the missing blocks at random. Fix config.json or re-save "
+            "the model with model.save_pretrained(folder)"
+        )
+
+
 def _check_placement(backend: str, device_map: Any, n_devices: Any) -> dict[str, Any]:
     """Validate multi-device options; return the bridge's ``boot_transformers`` keywords."""
     from homoglens._checks import as_int
@@ -690,6 +722,7 @@ def load_model(
         (2, 64)
     """
     resolved = _resolve_backend(backend)
+    process_weights = as_bool("process_weights", process_weights)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise InvalidInputError(
             f"dtype={dtype!r} must be a floating torch.dtype, e.g. torch.float32"
@@ -744,6 +777,7 @@ def load_model(
                 f"{str(folder)!r} has a config.json but no weights (*.safetensors or *.bin); "
                 "save them with model.save_pretrained(folder)"
             )
+        _check_weights_match_config(folder, config_path)
         if _has_tokenizer(folder):
             tokenizer_dir = folder
         elif spec.family == "gpt2":
@@ -762,7 +796,7 @@ def load_model(
                 model = _load_bridge(
                     str(folder), tokenizer_dir, dev, dtype, process_weights, placement
                 )
-        except (OSError, RuntimeError, ValueError) as err:
+        except Exception as err:  # corrupt weights, bad config values, ...
             if isinstance(err, HomoglensError):
                 raise
             raise InvalidInputError(
@@ -783,7 +817,7 @@ def load_model(
                 model = _load_hub_hooked(official or name, dev, dtype, process_weights, n_devices)
             else:
                 model = _load_bridge(official or name, None, dev, dtype, process_weights, placement)
-        except OSError as err:
+        except (OSError, ValueError) as err:
             raise UnknownModelError(
                 f"could not load {name!r} from the Hugging Face Hub or its local cache ({err}). "
                 "Check the name and your network, or pass a local folder / "

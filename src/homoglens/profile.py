@@ -21,7 +21,13 @@ from tqdm.auto import tqdm
 
 from homoglens._checks import as_bool, as_int
 from homoglens.data import TokenBatch, _check_mask, right_aligned, to_token_batch
-from homoglens.distributed import all_reduce_sum, gather_rows, shard_bounds, world
+from homoglens.distributed import (
+    all_reduce_sum,
+    check_same_data,
+    gather_rows,
+    shard_bounds,
+    world,
+)
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import homogenization_sums, positions_from_mask
 from homoglens.models import model_info
@@ -57,6 +63,8 @@ def resid_hook_name(layer: int) -> str:
 def _check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
     if layers is None:
         return tuple(range(n_layers + 1))
+    if type(layers).__module__ == "numpy" and getattr(layers, "ndim", 0) >= 1:
+        layers = torch.as_tensor(layers)
     if isinstance(layers, torch.Tensor):
         if layers.is_floating_point() or layers.is_complex() or layers.ndim > 1:
             raise InvalidInputError(
@@ -351,6 +359,7 @@ def _stream(
     n_pos = int(batch.lengths.max())  # of all sequences, so every rank sums the same shapes
     n_all = len(batch)
     rank, size = world()
+    check_same_data(batch.tokens, batch.attention_mask, device)
     start, stop = shard_bounds(n_all, size)[rank]
     batch = batch[start:stop]
     result = _StreamResult(
@@ -480,6 +489,10 @@ def cosine_homogenization(
         )
     exclude_first = as_bool("exclude_first", exclude_first)
     effective_rank = as_bool("effective_rank", effective_rank)
+    if resid.shape[0] == 0 or resid.shape[1] == 0 or resid.shape[2] == 0:
+        raise InvalidInputError(
+            f"resid {tuple(resid.shape)} is empty; give at least one sequence of 2 vectors"
+        )
     shape_only = torch.zeros(resid.shape[:2], dtype=torch.long)
     mask = _check_mask(shape_only, attention_mask).to(resid.device)  # same checks as the model path
     pos_index = positions_from_mask(mask, exclude_first=exclude_first)

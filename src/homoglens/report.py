@@ -57,8 +57,17 @@ def check_output_dir(out: str | Path, *, overwrite: bool) -> Path:
             False.
     """
     folder = Path(out).expanduser()
+    if folder.is_symlink():
+        raise InvalidInputError(
+            f"--out {str(folder)!r} is a symbolic link; give the real folder it points to"
+        )
     if folder.exists() and not folder.is_dir():
         raise InvalidInputError(f"--out {str(folder)!r} is a file; give a folder")
+    blocker = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise InvalidInputError(
+            f"--out {str(folder)!r} cannot be created: {str(blocker)!r} is a file, not a folder"
+        )
     resolved = folder.resolve()
     cwd = Path.cwd().resolve()
     protected = {cwd, Path.home().resolve(), Path(resolved.anchor)} | set(cwd.parents)

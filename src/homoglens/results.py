@@ -87,6 +87,22 @@ def _deep_tuple(value: Any) -> Any:
     return tuple(_deep_tuple(v) for v in value) if isinstance(value, list) else value
 
 
+def prepare_folder(path: str | Path) -> Path:
+    """Create the folder ``path`` for :meth:`save` (parents too) and return it.
+
+    Raises:
+        InvalidInputError: ``path`` is a file, or cannot be created (e.g. a parent is a file).
+    """
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise InvalidInputError(f"{str(folder)!r} is a file; save() needs a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidInputError(f"cannot create the folder {str(folder)!r}: {err}") from None
+    return folder
+
+
 def save_result(result: Any, path: str | Path, stem: str) -> Path:
     """Save a frozen result dataclass as ``{stem}.safetensors`` (its tensor fields) and
     ``{stem}.json`` (every other field, and the format ``homoglens.{ClassName}/1``); no pickle.
@@ -96,13 +112,7 @@ def save_result(result: Any, path: str | Path, stem: str) -> Path:
     """
     from safetensors.torch import save_file
 
-    folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise InvalidInputError(f"{str(folder)!r} is a file; save() needs a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise InvalidInputError(f"cannot create the folder {str(folder)!r}: {err}") from None
+    folder = prepare_folder(path)
     tensors, meta = {}, {"format": f"homoglens.{type(result).__name__}/1"}
     for f in fields(result):
         value = getattr(result, f.name)
@@ -142,7 +152,7 @@ def load_result(cls: Any, path: str | Path, stem: str) -> Any:
                 value = _deep_tuple(value)
             kwargs[name] = value
         return cls(**kwargs)
-    except (ValueError, TypeError) as err:
+    except (ValueError, TypeError, IndexError, KeyError) as err:
         raise IncompatibleResultsError(
             f"{folder} does not hold a consistent result: {err}"
         ) from None
@@ -249,6 +259,11 @@ class HomogenizationProfile:
         if self.unit_sum.ndim != 2 or self.unit_sum.shape[0] != n_layer:
             raise ValueError(
                 f"unit_sum has shape {tuple(self.unit_sum.shape)}, expected ({n_layer}, d_model)"
+            )
+        if self.n_sequences < 1 or self.n_tokens < 2 * self.n_sequences:
+            raise ValueError(
+                f"n_sequences={self.n_sequences} and n_tokens={self.n_tokens}: a profile holds at "
+                "least one sequence of at least 2 counted tokens"
             )
 
     # ----------------------------------------------------------------- derived values
@@ -535,10 +550,7 @@ class HomogenizationProfile:
         """
         from safetensors.torch import save_file
 
-        folder = Path(path).expanduser()
-        if folder.exists() and not folder.is_dir():
-            raise InvalidInputError(f"{str(folder)!r} is a file; save() needs a folder")
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = prepare_folder(path)
         tensors = {
             f.name: getattr(self, f.name).contiguous()
             for f in fields(self)
@@ -599,8 +611,8 @@ class HomogenizationProfile:
         if not isinstance(prov, dict) or not set(prov) <= known:
             extra = sorted(set(prov) - known) if isinstance(prov, dict) else prov
             raise IncompatibleResultsError(f"{folder}/profile.json has unknown provenance {extra}")
-        prov = {**prov, "hook_points": tuple(prov.get("hook_points", ()))}
         try:
+            prov = {**prov, "hook_points": tuple(prov.get("hook_points", ()))}
             return cls(
                 layers=tuple(int(x) for x in meta["layers"]),
                 n_sequences=int(meta["n_sequences"]),
@@ -609,7 +621,7 @@ class HomogenizationProfile:
                 provenance=Provenance(**prov),
                 **tensors,
             )
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError, IndexError, KeyError) as err:
             raise IncompatibleResultsError(
                 f"{folder} does not hold a consistent profile: {err}"
             ) from None
@@ -722,7 +734,7 @@ class PositionAblationStudy:
                 f"ci={self.ci!r} must lie in (0, 1) and n_boot={self.n_boot!r} be >= 1"
             )
         n_mode = len(self.modes)
-        if self.modes[0] != "none" or set(self.profiles) != set(self.modes):
+        if not self.modes or self.modes[0] != "none" or set(self.profiles) != set(self.modes):
             raise ValueError(
                 f"modes {self.modes} must start with 'none' and match profiles "
                 f"{sorted(self.profiles)}"
@@ -870,8 +882,7 @@ class PositionAblationStudy:
         """Save as ``study.safetensors`` + ``study.json`` + one profile folder per mode."""
         from safetensors.torch import save_file
 
-        folder = Path(path).expanduser()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = prepare_folder(path)
         save_file(
             {
                 "loss": self.loss.contiguous(),
@@ -912,8 +923,10 @@ class PositionAblationStudy:
             )
         if set(tensors) != {"loss", "mean_pairwise", "to_others"}:
             raise IncompatibleResultsError(f"{folder}/study.safetensors has {sorted(tensors)}")
-        profiles = {m: HomogenizationProfile.load(folder / f"profile_{m}") for m in meta["modes"]}
         try:
+            profiles = {
+                m: HomogenizationProfile.load(folder / f"profile_{m}") for m in meta["modes"]
+            }
             return cls(
                 modes=tuple(meta["modes"]),
                 profiles=profiles,
@@ -923,7 +936,7 @@ class PositionAblationStudy:
                 seed=meta["seed"],
                 **tensors,
             )
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError, IndexError, KeyError) as err:
             raise IncompatibleResultsError(
                 f"{folder} does not hold a consistent study: {err}"
             ) from None

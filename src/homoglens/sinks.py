@@ -26,12 +26,12 @@ import torch
 from jaxtyping import Float, Int
 
 from homoglens.data import TokenBatch, to_token_batch
-from homoglens.distributed import all_reduce_sum, shard_bounds, world
-from homoglens.errors import InvalidInputError
+from homoglens.distributed import all_reduce_sum, check_same_data, shard_bounds, world
+from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import edge_totals, scalar_metric_weights, token_to_others
 from homoglens.models import model_info
 from homoglens.profile import _check_positive_int, _model_device, _provenance, forward_batches
-from homoglens.results import Provenance, SavedResult, _nan_div
+from homoglens.results import Provenance, SavedResult, _nan_div, prepare_folder
 from homoglens.types import BosPolicy, HookedModel
 
 if TYPE_CHECKING:
@@ -349,6 +349,7 @@ def sink_scores(
         (f"blocks.{layer}.attn.hook_pattern", make_hook(layer)) for layer in range(n_layers)
     ]
     rank, size = world()
+    check_same_data(batch.tokens, batch.attention_mask, device)
     start, stop = shard_bounds(len(batch), size)[rank]  # data parallel under torch.distributed
     try:
         for tokens, mask in forward_batches(
@@ -527,6 +528,12 @@ def massive_activations(
     def make_hook(i: int) -> Any:
         def hook(resid: torch.Tensor, hook: Any) -> None:
             a = resid.detach().abs().float()
+            real_now = state["real"][:, : a.shape[1]]
+            if not bool(torch.isfinite(a[real_now]).all()):
+                raise NonFiniteActivationError(
+                    f"{hook.name}: NaN or inf in the residual stream; nothing was averaged in. "
+                    "Check the model dtype (float16 overflows) or the weights"
+                )
             top, arg = a.max(-1)
             median = a.median(-1).values
             ratio = (top / median.clamp_min(torch.finfo(torch.float32).tiny)).to(torch.float64)
@@ -1208,6 +1215,11 @@ def _fast_attribution(
             store.clear()
     finally:
         store.clear()
+    if not bool(torch.isfinite(total[..., list(wanted)]).all()):
+        raise NonFiniteActivationError(
+            "the first-order attribution is NaN or inf (non-finite activations or gradients); "
+            "check the model dtype (float16 overflows) or the weights"
+        )
     for j in set(range(m)) - set(wanted):
         total[..., j] = float("nan")
     return {
@@ -1288,7 +1300,7 @@ class SinkAnalysis:
 
     def save(self, path: str | Path) -> Path:
         """Save each part in a subfolder (``scores``, ``massive``, ``fast``, ``exact``)."""
-        folder = Path(path).expanduser()
+        folder = prepare_folder(path)
         for name in ("scores", "massive", "fast", "exact"):
             getattr(self, name).save(folder / name)
         return folder
