@@ -196,3 +196,23 @@ def test_non_finite_activations_everywhere(get_model) -> None:
 def test_load_corpus_refuses_non_names() -> None:
     with pytest.raises(InvalidInputError, match="unknown corpus"):
         load_corpus(["austen"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_patching_the_measured_entry_restores_it(backend: str, get_model) -> None:
+    """Restoring resid_pre of block l, where the metric is read (entry l), restores it fully
+    at every l (it read blocks.{l-1}.hook_resid_post before, which the patch never reached)."""
+    from homoglens import positional_patching
+
+    model = get_model("gpt2", backend)
+    for layer in (0, 1):
+        result = positional_patching(
+            model,
+            TEXTS,
+            metric=["mean_pairwise", "loss"],
+            metric_layer=layer,
+            layers=[layer],
+            bins=1,
+            progress=False,
+        )
+        assert result.effect[0].flatten().tolist() == pytest.approx([1.0]), layer

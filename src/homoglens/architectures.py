@@ -152,7 +152,8 @@ def architecture_of(model: Any) -> ArchitectureSpec:
         InvalidInputError: ``model`` is not a TransformerLens model.
         UnsupportedArchitectureError: the model's architecture is not in the table.
     """
-    check_model(model)
+    if isinstance(model, (str, bytes)) or not hasattr(model, "cfg"):
+        check_model(model)  # raises the one message for non-models
     cfg = model.cfg
     name = getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
     return spec_for_hf_architecture(name)

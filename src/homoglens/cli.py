@@ -208,6 +208,7 @@ def _patching(
         bins=bins,
         edge_k=max(edge_k, 1),
         batch_size=opts["batch_size"],
+        cell_batch=max(1, 16 // opts["batch_size"]),  # <= 16 sequences (and logits) per pass
         progress=opts["progress"],
     )
 

@@ -608,7 +608,15 @@ class _Runner:
 
         fwd_hooks = list(hooks)
         if self.homog:
-            fwd_hooks.append((resid_hook_name(self.measured), measure))
+            # Entry l of the residual axis is read at blocks.{l}.hook_resid_pre (the same vector
+            # as blocks.{l-1}.hook_resid_post), so a patch of resid_pre at block l reaches it.
+            n_layers = int(self.model.cfg.n_layers)
+            measured = (
+                f"blocks.{self.measured}.hook_resid_pre"
+                if 0 < self.measured < n_layers
+                else resid_hook_name(self.measured)
+            )
+            fwd_hooks.append((measured, measure))
         kwargs: dict[str, Any] = {
             "attention_mask": rows_mask,
             "return_type": "logits" if self.needs_logits else None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 import os
+import warnings
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _pkg_version
@@ -241,6 +242,12 @@ def homogenization_profile(
     effective_rank = as_bool("effective_rank", effective_rank)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     _check_min_tokens(batch, exclude_first)
+    if len(batch) == 1:
+        warnings.warn(
+            "one sequence: the anisotropy baseline (mean cosine across sequences) and so "
+            "`adjusted` are NaN; pass several sequences (e.g. a list of texts) to get them",
+            stacklevel=2,
+        )
     run = _stream(
         model,
         batch,
@@ -311,10 +318,17 @@ class _StreamResult:
 def _next_token_loss(
     logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats) per sequence over real target tokens."""
-    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    """Mean next-token cross-entropy (nats) per sequence over real target tokens (computed a few
+    sequences at a time, so no float32 copy of the whole [batch pos d_vocab] logits is made)."""
     target = tokens[:, 1:]
-    nll = -logprobs.gather(-1, target[..., None]).squeeze(-1)
+    nll = torch.cat(
+        [
+            torch.nn.functional.cross_entropy(
+                chunk[:, :-1].float().transpose(1, 2), tgt, reduction="none"
+            )
+            for chunk, tgt in zip(logits.split(4), target.split(4), strict=True)
+        ]
+    )
     valid = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
     return (nll * valid).sum(1) / valid.sum(1).clamp_min(1)
 
