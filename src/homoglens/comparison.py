@@ -46,14 +46,13 @@ from homoglens.architectures import check_model
 from homoglens.data import TokenBatch, corpus_windows, to_token_batch
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.models import SHIPPED_MODELS, load_model, model_info, shipped_model_folder
-from homoglens.profile import _model_device, forward_batches
 from homoglens.results import (
     PositionAblationStudy,
     _read_saved,
     paired_bootstrap,
     prepare_folder,
 )
-from homoglens.sinks import SinkScores, _check_key_eps, sink_scores, sink_sums
+from homoglens.sinks import SinkScores, _check_key_eps, _sink_pass
 from homoglens.studies import position_ablation_study
 from homoglens.types import Backend, HookedModel
 
@@ -528,33 +527,6 @@ def _training_record(name: str) -> dict[str, Any]:
     return out
 
 
-def _sink_importance(
-    model: HookedModel, batch: TokenBatch, key: int, eps: float, batch_size: int
-) -> torch.Tensor:
-    """``[seq layer head]`` Gu et al. importance on ``key`` of every sequence."""
-    n_layers = int(model.cfg.n_layers)
-    found: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
-    state: dict[str, torch.Tensor] = {}
-
-    def make_hook(layer: int) -> Any:
-        def hook(pattern: torch.Tensor, hook: Any) -> None:
-            sums = sink_sums(pattern, state["lengths"], key=key, eps=eps)
-            found[layer].append(sums["importance_by_sequence"].cpu())
-
-        return hook
-
-    hooks = [(f"blocks.{layer}.attn.hook_pattern", make_hook(layer)) for layer in range(n_layers)]
-    try:
-        for tokens, mask in forward_batches(
-            batch, batch_size, _model_device(model), desc="sink importance", progress=False
-        ):
-            state["lengths"] = mask.sum(1)
-            model.run_with_hooks(tokens, attention_mask=mask, return_type=None, fwd_hooks=hooks)
-    finally:
-        state.clear()
-    return torch.stack([torch.cat(per_layer) for per_layer in found], dim=1)
-
-
 def compare_models(
     models: Mapping[str, HookedModel | str] | Sequence[str] = SHIPPED_MODELS,
     data: TokenBatch | str | os.PathLike[str] | None = None,
@@ -680,8 +652,9 @@ def compare_models(
             m, batch_m, modes=modes, seed=seed, batch_size=batch_size, n_boot=n_boot, ci=ci,
             progress=progress,
         )  # fmt: skip
-        sinks[label] = sink_scores(m, batch_m, eps=eps, batch_size=batch_size, progress=progress)
-        importance[label] = _sink_importance(m, batch_m, 0, eps, batch_size)
+        sinks[label], importance[label] = _sink_pass(
+            m, batch_m, 0, eps, batch_size, None, "auto", progress
+        )
     return ModelComparison(
         labels=tuple(loaded),
         studies=studies,

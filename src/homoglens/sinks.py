@@ -26,7 +26,13 @@ import torch
 from jaxtyping import Float, Int
 
 from homoglens.data import TokenBatch, to_token_batch
-from homoglens.distributed import all_reduce_sum, check_same_data, shard_bounds, world
+from homoglens.distributed import (
+    all_reduce_sum,
+    check_same_data,
+    gather_rows,
+    shard_bounds,
+    world,
+)
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import edge_totals, scalar_metric_weights, token_to_others
 from homoglens.models import model_info
@@ -312,6 +318,21 @@ def sink_scores(
         >>> tuple(scores.mass.shape)
         (2, 4)
     """
+    return _sink_pass(model, data, key, eps, batch_size, attention_mask, bos, progress)[0]
+
+
+def _sink_pass(
+    model: HookedModel,
+    data: Any,
+    key: int,
+    eps: float,
+    batch_size: int,
+    attention_mask: Any,
+    bos: Any,
+    progress: bool,
+) -> tuple[SinkScores, Float[torch.Tensor, "seq layer head_index"]]:
+    """One streamed pass: the :class:`SinkScores` and every sequence's importance alpha
+    ``[seq layer head_index]`` (in input order; gathered across ranks when distributed)."""
     info = model_info(model)
     key, eps = _check_key_eps(key, eps, int(model.cfg.n_ctx))
     batch_size = _check_positive_int("batch_size", batch_size)
@@ -329,10 +350,12 @@ def sink_scores(
     }
     counts = {"mass_count": 0.0, "n_sequences": 0.0, "by_query_count": torch.zeros(n_q, **f64)}
     state: dict[str, Any] = {}
+    per_seq: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
 
     def make_hook(layer: int) -> Any:
         def hook(pattern: torch.Tensor, hook: Any) -> None:
             sums = sink_sums(pattern, state["lengths"], key=key, eps=eps)
+            per_seq[layer].append(sums["importance_by_sequence"].cpu())
             width = pattern.shape[2]
             acc["mass_sum"][layer] += sums["mass_sum"]
             acc["by_query_sum"][layer, :, :width] += sums["by_query_sum"]
@@ -363,9 +386,19 @@ def sink_scores(
         totals = torch.tensor([counts["mass_count"], counts["n_sequences"]], **f64)
         all_reduce_sum([*acc.values(), counts["by_query_count"], totals])
         counts["mass_count"], counts["n_sequences"] = (float(v) for v in totals)
+    n_local = stop - start
+    alpha = (
+        torch.stack(
+            [torch.cat([torch.empty(0, n_heads, dtype=torch.float64), *rows]) for rows in per_seq],
+            dim=1,
+        )
+        if n_local
+        else torch.empty(0, n_layers, n_heads, dtype=torch.float64)
+    )
+    alpha = gather_rows(alpha, len(batch), device)
     n_seq = counts["n_sequences"]
     by_query = _nan_div(acc["by_query_sum"].cpu(), counts["by_query_count"].cpu())
-    return SinkScores(
+    scores = SinkScores(
         key=key,
         eps=eps,
         mass=(acc["mass_sum"] / counts["mass_count"]).cpu()  # NaN: no query after key
@@ -377,6 +410,7 @@ def sink_scores(
         n_sequences=int(n_seq),
         provenance=_provenance(info, batch, (), False),
     )
+    return scores, alpha
 
 
 @dataclass(frozen=True, eq=False)
