@@ -808,8 +808,9 @@ def load_model(
         official = _official_name(name)
         if official is None and name.count("/") != 1:
             raise UnknownModelError(
-                f"unknown model {name!r}: not an embedded model {list(EMBEDDED_MODELS)}, not an "
-                "existing folder, and not a TransformerLens model name (e.g. 'gpt2', "
+                f"unknown model {name!r}: not an embedded model {list(EMBEDDED_MODELS)}, not a "
+                f"shipped model {list(SHIPPED_MODELS)}, not an existing folder, and not a "
+                "TransformerLens model name (e.g. 'gpt2', "
                 "'EleutherAI/pythia-70m'; see transformer_lens.supported_models)."
             )
         try:
