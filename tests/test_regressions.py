@@ -338,11 +338,17 @@ def test_breaker_findings_sinks_and_patching(get_model, tmp_path):
     mid = positional_patching(model, batch, metric_layer=1, progress=False)
     assert mid.layers == (0,) and not mid.patched.isnan().any()
     with pytest.raises(InvalidInputError, match="cannot change"):
-        positional_patching(model, batch, metric_layer=1, layers=[1], progress=False)
+        positional_patching(model, batch, metric_layer=1, layers=[1], component="mlp_out")
     both = positional_patching(
-        model, batch, metric_layer=1, layers=[1], metric=["mean_pairwise", "loss"], progress=False
-    )
-    assert both.patched[0, 0].sub(both.receiving[0]).abs().max() < 1e-6  # too late: no change
+        model,
+        batch,
+        metric_layer=1,
+        layers=[1],
+        bins=1,
+        metric=["mean_pairwise", "loss"],
+        progress=False,
+    )  # resid_pre of block 1 at every position is entry 1 itself: restoring it restores it
+    assert both.patched[0, 0].sub(both.normal[0]).abs().max() < 1e-6
     # A one-token sequence has no next-token loss.
     one = torch.tensor([[5, 0, 0], [5, 6, 7]])
     with pytest.raises(InvalidInputError, match="single token"):

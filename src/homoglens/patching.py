@@ -379,7 +379,11 @@ def positional_patching(
         chosen_layers = tuple(as_int("layer", x, low=0, high=n_layers - 1) for x in layers)
         if not chosen_layers or len(set(chosen_layers)) != len(chosen_layers):
             raise InvalidInputError(f"layers={layers!r} must be distinct blocks")
-        late = [x for x in chosen_layers if x >= measured]
+        # resid_pre of block l is residual entry l itself (where the metric is read); every
+        # other component of block l, and any later block, comes after it.
+        late = [
+            x for x in chosen_layers if x > measured or (x == measured and component != "resid_pre")
+        ]
         if late and not needs_logits:
             raise InvalidInputError(
                 f"blocks {late} come at or after residual entry metric_layer={measured} (the "
@@ -430,7 +434,9 @@ def positional_patching(
     patched = torch.zeros(n_m, n_l, n_c, dtype=torch.float64)
     normal = torch.zeros(n_m, dtype=torch.float64)
     ablated = torch.zeros(n_m, dtype=torch.float64)
-    stop = None if needs_logits else max(1, measured)
+    # Homogenization only: stop after the block the metric is read at (entry l is read at
+    # blocks.{l}.hook_resid_pre, which runs once block l starts).
+    stop = None if needs_logits or measured >= n_layers else measured + 1
     hook_names = [_HOOKS.get(component, "").format(l=layer) for layer in chosen_layers]
     if component == "positions":  # the ablation's own hooks, one set per cell
         ablation_of = _positions_cells(model, how, options, chosen_layers, direction, learned)
