@@ -348,6 +348,10 @@ def _batch_bounds(
     return bounds
 
 
+class _MeasuredAll(Exception):
+    """Raised by the hook of the deepest measured layer to end a forward pass early."""
+
+
 def _stream(
     model: HookedModel,
     batch: TokenBatch,
@@ -380,6 +384,7 @@ def _stream(
         _Accumulator(len(chosen), n_pos, int(model.cfg.d_model), device, effective_rank)
     )
     state: dict[str, Any] = {}
+    deepest = max(range(len(chosen)), key=lambda i: chosen[i])
 
     def make_hook(i: int, name: str) -> Any:
         def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
@@ -397,6 +402,10 @@ def _stream(
             if per_sequence:
                 state["to_others"][:, i, : sums["seq_to_others"].shape[1]] = sums["seq_to_others"]
                 state["mean_pairwise"][:, i] = sums["seq_mean_pairwise"]
+            if not loss and i == deepest:
+                # Nothing downstream is measured: skip the remaining blocks, the final norm and
+                # the unembedding (the bridge's stop_at_layer cannot stop after the last block).
+                raise _MeasuredAll
 
         return hook
 
@@ -421,13 +430,16 @@ def _stream(
                 result.seq_loss.append(_next_token_loss(logits, tokens, mask).cpu())
                 del logits
             else:
-                model.run_with_hooks(
-                    tokens,
-                    attention_mask=mask,
-                    return_type=None,
-                    stop_at_layer=max(1, max(chosen)),
-                    fwd_hooks=fwd_hooks,
-                )
+                try:
+                    model.run_with_hooks(
+                        tokens,
+                        attention_mask=mask,
+                        return_type=None,
+                        stop_at_layer=max(1, max(chosen)),
+                        fwd_hooks=fwd_hooks,
+                    )
+                except _MeasuredAll:
+                    pass
             if per_sequence:
                 result.seq_to_others.append(state["to_others"].float().cpu())
                 result.seq_mean_pairwise.append(state["mean_pairwise"].float().cpu())
