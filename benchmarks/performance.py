@@ -12,14 +12,19 @@ Methods, on the same ``[8, T]`` batch of Austen tokens:
 
 * ``bare``: ``model(tokens)`` under ``torch.inference_mode()`` (the same TransformerLens model, no
   hooks): the floor, since a profile must compute the activations;
+* ``blocks only``: the same forward stopped after the last block (no final norm, no
+  unembedding; one hook ends it): the stricter floor, since a profile needs no logits;
 * ``profile``: ``homogenization_profile(model, tokens, batch_size=8)`` (every layer entry);
 * ``hand-written``: what researchers write today: ``run_with_cache`` of the ``n_layers + 1``
   residual hook points, then per layer the T x T cosine matrix of every sequence, its mean
   off-diagonal value and each row's mean (``to_others``).
 
-Memory "above bare" = peak of the method minus the peak of the bare forward, in the same fresh
-process (CPU: ``ru_maxrss``; CUDA: ``torch.cuda.max_memory_allocated``). An out-of-memory is
-reported as such.
+Memory: each method runs once in a fresh process, after the model and the tokens are loaded and
+one short warm-up forward has run. Its working memory is the peak during the method minus the
+memory in use just before it (CPU: the kernel's resident-set high-water mark ``VmHWM``, reset
+through ``/proc/self/clear_refs`` just before the method, minus ``VmRSS`` at that moment; CUDA:
+``torch.cuda.max_memory_allocated`` minus ``memory_allocated``). "Above bare" is a method's
+working memory minus the bare forward's. An out-of-memory is reported as such.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ SMOLLM2_SHAPE = {
 }
 
 
-def load(name: str, device: str, dtype: torch.dtype) -> Any:
+def load(name: str, device: str, dtype: torch.dtype, backend: str = "bridge") -> Any:
     """``gpt2-small-shape``: GPT-2 small (124M) from a local config, random weights;
     ``smollm2-shape``: SmolLM2-135M's shape, random weights; anything else: ``load_model``."""
     from homoglens import load_model
@@ -74,7 +79,7 @@ def load(name: str, device: str, dtype: torch.dtype) -> Any:
         folder = _smollm2_shape_folder()
     else:
         folder = name
-    return load_model(folder, backend="bridge", device=device, dtype=dtype)
+    return load_model(folder, backend=backend, device=device, dtype=dtype)
 
 
 def _smollm2_shape_folder() -> Path:
@@ -101,6 +106,24 @@ def tokens_for(model: Any, n_seq: int, seq_len: int) -> torch.Tensor:
 def bare(model: Any, tokens: torch.Tensor) -> None:
     with torch.inference_mode():
         model(tokens)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(resid: torch.Tensor, hook: Any) -> None:
+    raise _Stop
+
+
+def blocks_only(model: Any, tokens: torch.Tensor) -> None:
+    """The forward through the last block and no further (no final norm, no logits)."""
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    with torch.inference_mode():
+        try:
+            model.run_with_hooks(tokens, return_type=None, fwd_hooks=[(last, _raise_stop)])
+        except _Stop:
+            pass
 
 
 def profile(model: Any, tokens: torch.Tensor) -> None:
@@ -180,6 +203,7 @@ def patching(model: Any, tokens: torch.Tensor) -> None:
 
 METHODS: dict[str, Callable[[Any, torch.Tensor], Any]] = {
     "bare": bare,
+    "blocks only": blocks_only,
     "profile": profile,
     "hand-written": hand_written,
 }
@@ -217,31 +241,33 @@ def timings(
 
 
 # ---------------------------------------------------------------------------- memory
+def _rss_mib() -> tuple[float, float]:
+    """(current, high-water) resident set size of this process in MiB (Linux)."""
+    status = Path("/proc/self/status").read_text()
+    rss, hwm = (
+        int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024 for key in ("VmRSS", "VmHWM")
+    )
+    return rss, hwm
+
+
 def memory_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """In a fresh process: peak of a bare forward, then peak of the method (MiB)."""
+    """In a fresh process: working memory of one method (MiB above what was in use before it)."""
     import gc
-    import resource
 
     torch.set_num_threads(spec["threads"])
     dtype = getattr(torch, spec["dtype"])
-    model = load(spec["model"], spec["device"], dtype)
-    tokens = tokens_for(model, spec["n_seq"], spec["seq_len"])
+    model = load(spec["model"], spec["device"], dtype, spec.get("backend", "bridge"))
+    tokens = tokens_for(model, spec["n_seq"], spec["seq_len"]).to(spec["device"])
     cuda = spec["device"].startswith("cuda")
-    batch = tokens[: spec["batch"]].to(spec["device"])
-
-    def peak() -> float:
-        if cuda:
-            return torch.cuda.max_memory_allocated() / 2**20
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-    bare(model, batch)
+    bare(model, tokens[:1, :8])  # one-time allocations (thread pools, rotary tables)
     gc.collect()
     if cuda:
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        bare(model, batch)
-    bare_peak = peak()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() / 2**20
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        before = _rss_mib()[0]
     method = spec["method"]
     try:
         if method == "profile-n":  # the whole corpus of n_seq sequences, streamed in batches
@@ -249,23 +275,27 @@ def memory_child(spec: dict[str, Any]) -> dict[str, Any]:
 
             homogenization_profile(model, tokens, batch_size=spec["batch"], progress=False)
         else:
-            METHODS[method](model, batch)
+            METHODS[method](model, tokens)
     except (torch.OutOfMemoryError, MemoryError) as err:
         return {"oom": f"{type(err).__name__}"}
-    method_peak = peak()
-    return {
-        "bare_peak_mib": bare_peak,
-        "peak_mib": method_peak,
-        "above_mib": method_peak - bare_peak,
-    }
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = _rss_mib()[1]
+    return {"before_mib": before, "peak_mib": peak, "working_mib": peak - before}
 
 
 def memory(spec: dict[str, Any]) -> dict[str, Any]:
+    # A fixed mmap threshold: glibc then maps every large block and unmaps it on free, so the
+    # resident set follows live tensors (the default, adaptive threshold varies by ~50 MiB).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     done = subprocess.run(
         [sys.executable, __file__, "--memory-child", json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=3600,
+        env=env,
     )
     if done.returncode != 0:
         tail = (done.stderr or "").strip().splitlines()[-1:] or ["?"]
@@ -297,8 +327,43 @@ def machine(device: str, threads: int) -> str:
     )
 
 
-def _mib(value: dict[str, Any], key: str = "above_mib") -> str:
+def _mib(value: dict[str, Any], key: str = "working_mib") -> str:
     return value["oom"] if "oom" in value else f"{value[key]:.0f}"
+
+
+def _spec(args: argparse.Namespace, model: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "backend": args.backend,
+        "device": args.device,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "batch": args.batch,
+        **extra,
+    }
+
+
+def _memory_row(name: str, seq_len: int, mem: dict[str, dict[str, Any]]) -> tuple[str, str]:
+    """A table row and a one-line check of the memory target (hand-written vs profile)."""
+    cells = [_mib(mem[m]) for m in METHODS]
+    if any("oom" in mem[m] for m in METHODS):
+        return f"| {name} | {seq_len} | " + " | ".join(cells) + " | - | - | - |", ""
+    work = {m: mem[m]["working_mib"] for m in METHODS}
+    profile_above = work["profile"] - work["bare"]
+    hand_above = work["hand-written"] - work["bare"]
+    reduction = work["profile"] - work["blocks only"]  # what the in-hook reductions add
+    ratio = hand_above / max(reduction, 1.0)
+    row = (
+        f"| {name} | {seq_len} | " + " | ".join(cells) + f" | {profile_above:+.0f} | "
+        f"{hand_above:+.0f} | {ratio:.0f}x |"
+    )
+    below = " (below the bare forward's peak)" if profile_above <= 0 else ""
+    check = (
+        f"{name} T={seq_len}: memory above bare: profile {profile_above:+.0f} MiB{below}, "
+        f"hand-written {hand_above:+.0f} MiB; the hand-written way's addition is {ratio:.0f}x "
+        f"what the profile's reductions add above the blocks-only forward ({reduction:+.0f} MiB)"
+    )
+    return row, check
 
 
 def run(args: argparse.Namespace) -> str:
@@ -306,81 +371,84 @@ def run(args: argparse.Namespace) -> str:
     dtype = getattr(torch, args.dtype)
     lines = [
         f"Run: `{' '.join(['python', 'benchmarks/performance.py', *sys.argv[1:]])}` on "
-        f"{time.strftime('%Y-%m-%d')}; device {args.device}, {args.dtype}, batch {args.batch}, "
-        f"medians of {args.repeats} interleaved runs.",
+        f"{time.strftime('%Y-%m-%d')}; device {args.device}, {args.dtype}, {args.backend} "
+        f"backend, batch {args.batch}, medians of {args.repeats} interleaved runs.",
         "",
         f"Machine: {machine(args.device, args.threads)}.",
+    ]
+    time_rows = [
+        "### Time per batch",
         "",
-        "### Time and memory per batch: bare forward, homogenization_profile, hand-written",
+        "Throughput is bare time / method time (higher is better, 1.00 = as fast as "
+        "`model(tokens)`).",
         "",
-        "| model | T | bare forward (s) | profile / bare (time) | profile throughput | "
-        "hand-written / bare (time) | memory above bare: profile (MiB) | hand-written (MiB) | "
-        "hand-written / profile (memory) |",
+        "| model | T | bare forward (s) | blocks only / bare | profile throughput (x bare) | "
+        "profile / blocks only (time) | hand-written / bare (time) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    mem_rows = [
+        "### Working memory per batch",
+        "",
+        "MiB above what was in use before the method (model, tokens); one fresh process each. "
+        "Above bare: the method's working memory minus the bare forward's (negative: below its "
+        "peak). The last column compares what the hand-written way adds above a bare forward "
+        "with what the profile's in-hook reductions add above the blocks-only forward (at "
+        "least 1 MiB).",
+        "",
+        "| model | T | bare | blocks only | profile | hand-written | profile above bare | "
+        "hand-written above bare | hand-written above bare / profile reductions |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     checks: list[str] = []
     for name in args.models:
-        model = load(name, args.device, dtype)
+        model = load(name, args.device, dtype, args.backend)
         for seq_len in args.seq_lens:
             if seq_len > model.cfg.n_ctx:
                 continue
             tokens = tokens_for(model, args.batch, seq_len).to(args.device)
             t = timings(model, tokens, METHODS, args.repeats, args.device)
-            spec = {
-                "model": name,
-                "device": args.device,
-                "dtype": args.dtype,
-                "threads": args.threads,
-                "n_seq": args.batch,
-                "seq_len": seq_len,
-                "batch": args.batch,
-            }
-            mem = {m: memory({**spec, "method": m}) for m in ("profile", "hand-written")}
-            ratio = "-"
-            if "oom" not in mem["profile"] and "oom" not in mem["hand-written"]:
-                above = mem["profile"]["above_mib"]
-                ratio = f"{mem['hand-written']['above_mib'] / max(above, 1):.0f}x"
-                ratio += " (profile < 1 MiB: ratio to 1 MiB)" if above < 1 else ""
-            lines.append(
-                f"| {name} | {seq_len} | {t['bare']:.3f} | {t['profile'] / t['bare']:.3f} | "
-                f"{t['bare'] / t['profile']:.2f} | {t['hand-written'] / t['bare']:.2f} | "
-                f"{_mib(mem['profile'])} | {_mib(mem['hand-written'])} | {ratio} |"
+            time_rows.append(
+                f"| {name} | {seq_len} | {t['bare']:.3f} | {t['blocks only'] / t['bare']:.3f} | "
+                f"{t['bare'] / t['profile']:.2f} | {t['profile'] / t['blocks only']:.3f} | "
+                f"{t['hand-written'] / t['bare']:.2f} |"
             )
+            print(time_rows[-1], flush=True)
             checks.append(
                 f"{name} T={seq_len}: profile throughput {t['bare'] / t['profile']:.2f} x bare"
             )
-            print(lines[-1], flush=True)
+            spec = _spec(args, name, n_seq=args.batch, seq_len=seq_len)
+            mem = {m: memory({**spec, "method": m}) for m in METHODS}
+            row, check = _memory_row(name, seq_len, mem)
+            mem_rows.append(row)
+            checks += [check] if check else []
+            print(row, flush=True)
         del model
-    lines += [
-        "",
+    scan_rows = [
         f"### Peak memory versus the number of sequences ({args.models[0]}, T = "
         f"{args.n_scan_len}, batch {args.batch})",
         "",
-        "| sequences | peak (MiB) | above bare forward (MiB) |",
+        "`homogenization_profile` over the whole corpus, streamed in batches; one fresh process "
+        "each. Peak: the process's resident-set (or CUDA allocated) high-water mark during the "
+        "profile.",
+        "",
+        "| sequences | peak (MiB) | working memory (MiB) |",
         "|---|---|---|",
     ]
     scan = {}
     for n in args.n_scan:
-        scan[n] = memory(
-            {
-                "model": args.models[0],
-                "device": args.device,
-                "dtype": args.dtype,
-                "threads": args.threads,
-                "n_seq": n,
-                "seq_len": args.n_scan_len,
-                "batch": args.batch,
-                "method": "profile-n",
-            }
-        )
-        lines.append(f"| {n} | {_mib(scan[n], 'peak_mib')} | {_mib(scan[n])} |")
-        print(lines[-1], flush=True)
+        spec = _spec(args, args.models[0], n_seq=n, seq_len=args.n_scan_len, method="profile-n")
+        scan[n] = memory(spec)
+        scan_rows.append(f"| {n} | {_mib(scan[n], 'peak_mib')} | {_mib(scan[n])} |")
+        print(scan_rows[-1], flush=True)
     small, large = scan[min(scan)], scan[max(scan)]
     if "oom" not in small and "oom" not in large:
-        lines += ["", f"Peak for N = {max(scan)} / N = {min(scan)}: "
-                  f"{large['peak_mib'] / small['peak_mib']:.3f}."]  # fmt: skip
-    lines += [
-        "",
+        check = (
+            f"Peak for N = {max(scan)} / N = {min(scan)}: "
+            f"{large['peak_mib'] / small['peak_mib']:.3f}"
+        )
+        scan_rows += ["", check + "."]
+        checks.append(check)
+    cost_rows = [
         f"### Cost of the other measurements, in forward-pass equivalents (T = {args.cost_len}, "
         f"batch {args.batch}; time / bare forward)",
         "",
@@ -388,12 +456,16 @@ def run(args: argparse.Namespace) -> str:
         "|---|" + "---|" * len(COSTS),
     ]
     for name in args.models:
-        model = load(name, args.device, dtype)
+        model = load(name, args.device, dtype, args.backend)
         tokens = tokens_for(model, args.batch, args.cost_len).to(args.device)
         t = timings(model, tokens, COSTS, args.repeats, args.device)
-        lines.append(f"| {name} | " + " | ".join(f"{t[k] / t['bare']:.3f}" for k in COSTS) + " |")
-        print(lines[-1], flush=True)
+        cost_rows.append(
+            f"| {name} | " + " | ".join(f"{t[k] / t['bare']:.3f}" for k in COSTS) + " |"
+        )
+        print(cost_rows[-1], flush=True)
         del model
+    lines += ["", *time_rows, "", *mem_rows, "", *scan_rows, "", *cost_rows]
+    lines += ["", "Checks against the targets:", "", *(f"- {c}" for c in checks)]
     return "\n".join(lines) + "\n"
 
 
@@ -420,6 +492,7 @@ def main() -> None:
     parser.add_argument("--n-scan-len", type=int, default=128)
     parser.add_argument("--cost-len", type=int, default=256)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="bridge", choices=["bridge", "hooked"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")

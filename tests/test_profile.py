@@ -169,6 +169,40 @@ def test_layers_selects_entries(get_model) -> None:
         homogenization_profile(model, TEXTS, layers=[1, 1], progress=False)
 
 
+def test_forward_ends_at_the_deepest_measured_entry(backend: str, get_model) -> None:
+    """No block past the deepest measured entry, no final norm and no unembedding run, and the
+    model is left as it was (same logits, no hook, no stop flag)."""
+    model = get_model("gpt2", backend)
+    tokens = to_token_batch(model, TEXTS).tokens
+    with torch.inference_mode():
+        logits = model(tokens)
+    calls: dict[str, int] = {}
+    names = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post", "ln_final.hook_normalized"]
+
+    def counter(name: str):  # the bridge names its hooks by their canonical (alias) names
+        def count(resid: torch.Tensor, hook) -> None:
+            calls[name] = calls.get(name, 0) + 1
+
+        return count
+
+    for name in names:
+        model.add_hook(name, counter(name))
+    try:
+        homogenization_profile(model, TEXTS, batch_size=4, progress=False)
+        assert calls == {"blocks.0.hook_resid_post": 1, "blocks.1.hook_resid_post": 1}
+        calls.clear()
+        homogenization_profile(model, TEXTS, layers=[0, 1], batch_size=4, progress=False)
+        assert calls == {"blocks.0.hook_resid_post": 1}
+        calls.clear()
+        with torch.inference_mode():
+            again = model(tokens)
+        assert calls == dict.fromkeys(names, 1)
+    finally:
+        model.reset_hooks()
+    assert torch.equal(again, logits)
+    assert hook_count(model) == 0
+
+
 def test_exclude_first_and_bos_provenance(get_model) -> None:
     model = get_model("gpt2", BACKENDS[-1])
     prof = homogenization_profile(model, TEXTS, exclude_first=True, progress=False)
