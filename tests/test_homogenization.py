@@ -76,6 +76,41 @@ def test_statistics_match_brute_force_per_position() -> None:
     assert prof.count.tolist() == [4.0] * 9
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_chunked_dot_products_match_brute_force_across_chunks(dtype) -> None:
+    """T = 70 spans two full chunks of 32 positions and a tail of 6; padded rows end mid-chunk."""
+    torch.manual_seed(3)
+    x = (torch.randn(3, 70, 24, dtype=torch.float64) + 0.4).to(dtype)
+    mask = torch.ones(3, 70, dtype=torch.long)
+    mask[1, 40:] = 0
+    mask[2, 65:] = 0
+    prof = cosine_homogenization(x, mask)
+    expected = [brute(x[b][mask[b].bool()]) for b in range(3)]
+    atol = 1e-12 if dtype == torch.float64 else 2e-6
+    for name in ("to_others", "to_prefix", "to_mean"):
+        for p in (0, 31, 32, 39, 40, 64, 69):
+            rows = [e[name][p] for e in expected if p < len(e[name])]
+            want = torch.stack(rows).mean()
+            got = getattr(prof, name)[0, p]
+            assert got.item() == pytest.approx(want.item(), abs=atol, nan_ok=True), (name, p)
+    for name in ("mean_pairwise", "relative_residual"):
+        want = torch.stack([e[name] for e in expected]).mean()
+        assert getattr(prof, name)[0].item() == pytest.approx(want.item(), abs=atol), name
+
+
+@pytest.mark.parametrize("magnitude", [1e18, 1e-18])
+def test_extreme_norms_give_the_same_cosines(magnitude: float) -> None:
+    """float32 vectors with norms far from 1 (their dot products would overflow or underflow)
+    give the statistics of the same vectors at unit scale."""
+    torch.manual_seed(4)
+    x = torch.randn(2, 40, 16) + 0.3
+    base = cosine_homogenization(x)
+    far = cosine_homogenization(x * magnitude)
+    for name in ("to_others", "to_prefix", "to_mean", "mean_pairwise", "relative_residual"):
+        assert torch.allclose(getattr(far, name), getattr(base, name), atol=1e-6, equal_nan=True)
+    assert torch.allclose(far.norm, base.norm * magnitude, rtol=1e-6)
+
+
 def test_baseline_equals_brute_force_over_cross_sequence_pairs() -> None:
     torch.manual_seed(1)
     x = torch.randn(5, 6, 8, dtype=torch.float64) + 0.3
