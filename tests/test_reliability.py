@@ -311,9 +311,9 @@ def test_fault_inside_the_forward_pass_leaves_no_hook(name: str, backend: str, g
     grad = torch.is_grad_enabled()
 
     def bomb(module: Any, inputs: Any, output: Any) -> None:
-        raise RuntimeError("fault injected into blocks.1")
+        raise RuntimeError("fault injected into blocks.1 (its input)")
 
-    handle = model.hook_dict["blocks.1.hook_resid_post"].register_forward_hook(bomb)
+    handle = model.hook_dict["blocks.1.hook_resid_pre"].register_forward_hook(bomb)
     try:
         with pytest.raises(RuntimeError, match="fault injected"):
             HOOKING[name](model)
@@ -323,6 +323,34 @@ def test_fault_inside_the_forward_pass_leaves_no_hook(name: str, backend: str, g
     assert state_hash(model) == before
     assert torch.is_grad_enabled() == grad and not torch.is_inference_mode_enabled()
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "homogenization_profile",
+        "sink_scores",
+        "massive_activations",
+        "sink_attribution exact",
+        "sink_attribution fast",
+        "sink_attribution mean",
+    ],
+)
+def test_measurements_that_need_no_logits_run_no_final_norm(
+    name: str, backend: str, get_model
+) -> None:
+    """Each forward pass ends at the last hook point it reads (no final norm, no unembedding)."""
+    model = get_model("gpt2", backend)
+    calls = []
+    model.add_hook("ln_final.hook_normalized", lambda x, hook: calls.append(1))
+    try:
+        HOOKING[name](model)
+        assert calls == [], name
+        with torch.inference_mode():
+            model(torch.tensor([[1, 2, 3]]))
+        assert calls == [1]  # the counting hook itself works
+    finally:
+        model.reset_hooks()
 
 
 # ------------------------------------------------------------------ determinism

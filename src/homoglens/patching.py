@@ -44,6 +44,7 @@ from homoglens.profile import (
     _model_device,
     _next_token_loss,
     _provenance,
+    _run_through,
     forward_batches,
     resid_hook_name,
 )
@@ -635,7 +636,12 @@ class _Runner:
             kwargs["start_at_layer"] = start_layer
         else:
             inputs = tokens.repeat(copies, 1)
-        logits = self.model.run_with_hooks(inputs, **kwargs)
+        if self.needs_logits or not self.homog:
+            logits = self.model.run_with_hooks(inputs, **kwargs)
+        else:  # end the pass at the measured entry: no later block, no unembedding
+            del kwargs["return_type"], kwargs["fwd_hooks"]
+            kwargs.pop("stop_at_layer", None)
+            _run_through(self.model, inputs, measured, fwd_hooks, **kwargs)
         if self.homog:
             lengths = rows_mask.sum(1)
             sums = homogenization_sums(

@@ -348,8 +348,32 @@ def _batch_bounds(
     return bounds
 
 
-class _MeasuredAll(Exception):
-    """Raised by the hook of the deepest measured layer to end a forward pass early."""
+class _Through(Exception):
+    """Raised by the hook that ends a forward pass after the last hook point it needs."""
+
+
+def _end_here(activation: torch.Tensor, hook: Any) -> None:
+    raise _Through
+
+
+def _run_through(
+    model: HookedModel,
+    inputs: torch.Tensor,
+    last: str,
+    fwd_hooks: list[tuple[str, Any]],
+    **kwargs: Any,
+) -> None:
+    """``model.run_with_hooks(inputs, return_type=None, fwd_hooks=..., **kwargs)``, ended right
+    after the hook point ``last`` (and every hook on it) has run: no later block, no final norm
+    and no unembedding run. TransformerLens' ``stop_at_layer`` stops before a block, so on the
+    bridge it cannot stop after the last one; this stops anywhere, on every backend. The hooks
+    are removed by ``run_with_hooks`` as the exception leaves it."""
+    try:
+        model.run_with_hooks(
+            inputs, return_type=None, fwd_hooks=[*fwd_hooks, (last, _end_here)], **kwargs
+        )
+    except _Through:
+        pass
 
 
 def _stream(
@@ -384,7 +408,6 @@ def _stream(
         _Accumulator(len(chosen), n_pos, int(model.cfg.d_model), device, effective_rank)
     )
     state: dict[str, Any] = {}
-    deepest = max(range(len(chosen)), key=lambda i: chosen[i])
 
     def make_hook(i: int, name: str) -> Any:
         def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
@@ -402,10 +425,6 @@ def _stream(
             if per_sequence:
                 state["to_others"][:, i, : sums["seq_to_others"].shape[1]] = sums["seq_to_others"]
                 state["mean_pairwise"][:, i] = sums["seq_mean_pairwise"]
-            if not loss and i == deepest:
-                # Nothing downstream is measured: skip the remaining blocks, the final norm and
-                # the unembedding (the bridge's stop_at_layer cannot stop after the last block).
-                raise _MeasuredAll
 
         return hook
 
@@ -430,16 +449,8 @@ def _stream(
                 result.seq_loss.append(_next_token_loss(logits, tokens, mask).cpu())
                 del logits
             else:
-                try:
-                    model.run_with_hooks(
-                        tokens,
-                        attention_mask=mask,
-                        return_type=None,
-                        stop_at_layer=max(1, max(chosen)),
-                        fwd_hooks=fwd_hooks,
-                    )
-                except _MeasuredAll:
-                    pass
+                last = resid_hook_name(max(chosen))  # nothing after it is measured
+                _run_through(model, tokens, last, fwd_hooks, attention_mask=mask)
             if per_sequence:
                 result.seq_to_others.append(state["to_others"].float().cpu())
                 result.seq_mean_pairwise.append(state["mean_pairwise"].float().cpu())

@@ -36,7 +36,13 @@ from homoglens.distributed import (
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import edge_totals, scalar_metric_weights, token_to_others
 from homoglens.models import model_info
-from homoglens.profile import _check_positive_int, _model_device, _provenance, forward_batches
+from homoglens.profile import (
+    _check_positive_int,
+    _model_device,
+    _provenance,
+    _run_through,
+    forward_batches,
+)
 from homoglens.results import Provenance, SavedResult, _nan_div, prepare_folder
 from homoglens.types import BosPolicy, HookedModel
 
@@ -379,7 +385,8 @@ def _sink_pass(
             batch[start:stop], batch_size, device, desc="sinks", progress=progress
         ):
             state["lengths"] = mask.sum(1)
-            model.run_with_hooks(tokens, attention_mask=mask, return_type=None, fwd_hooks=fwd_hooks)
+            last = f"blocks.{n_layers - 1}.attn.hook_pattern"
+            _run_through(model, tokens, last, fwd_hooks, attention_mask=mask)
     finally:
         state.clear()
     if size > 1:
@@ -591,13 +598,8 @@ def massive_activations(
             batch, batch_size, device, desc="massive activations", progress=progress
         ):
             state["real"] = mask.bool()
-            model.run_with_hooks(
-                tokens,
-                attention_mask=mask,
-                return_type=None,
-                stop_at_layer=n_layers,
-                fwd_hooks=fwd_hooks,
-            )
+            last = resid_hook_name(max(layers))
+            _run_through(model, tokens, last, fwd_hooks, attention_mask=mask)
     finally:
         state.clear()
     return MassiveActivations(
@@ -872,13 +874,7 @@ def _mean_z(
     for tokens, mask in forward_batches(batch, batch_size, device, desc="mean z", progress=False):
         state["mask"] = mask
         n_tokens += float(mask.sum())
-        model.run_with_hooks(
-            tokens,
-            attention_mask=mask,
-            return_type=None,
-            stop_at_layer=max(layers) + 1,
-            fwd_hooks=hooks,
-        )
+        _run_through(model, tokens, f"blocks.{max(layers)}.attn.hook_z", hooks, attention_mask=mask)
     return {lay: (total / n_tokens) for lay, total in sums.items()}
 
 
@@ -1107,33 +1103,23 @@ def _exact_attribution(
                 v=0,
             )
             count[: mask.shape[1]] += mask.sum(0).to(f64).cpu()
-            model.run_with_hooks(
-                tokens,
-                attention_mask=mask,
-                return_type=None,
-                stop_at_layer=target,
-                fwd_hooks=[*cache_hooks, measure_hook],
+            _run_through(
+                model, tokens, measure_hook[0], [*cache_hooks, measure_hook], attention_mask=mask
             )
             for i, start in enumerate(starts):
                 state["v"] = i + 1
                 fwd_hooks = [*hooks[i], measure_hook]
                 if skip:
-                    model.run_with_hooks(
+                    _run_through(
+                        model,
                         state["cache"][start],
+                        measure_hook[0],
+                        fwd_hooks,
                         start_at_layer=start,
                         attention_mask=mask,
-                        return_type=None,
-                        stop_at_layer=target,
-                        fwd_hooks=fwd_hooks,
                     )
                 else:
-                    model.run_with_hooks(
-                        tokens,
-                        attention_mask=mask,
-                        return_type=None,
-                        stop_at_layer=target,
-                        fwd_hooks=fwd_hooks,
-                    )
+                    _run_through(model, tokens, measure_hook[0], fwd_hooks, attention_mask=mask)
     finally:
         state.clear()
     to_others = _nan_div(curve, count)
@@ -1209,13 +1195,8 @@ def _fast_attribution(
         ):
             with torch.inference_mode(False), torch.enable_grad():
                 tokens_g, mask_g = tokens.clone(), mask.clone()  # leave inference-mode tensors
-                model.run_with_hooks(
-                    tokens_g,
-                    attention_mask=mask_g,
-                    return_type=None,
-                    stop_at_layer=target,
-                    fwd_hooks=fwd_hooks,
-                )
+                last = resid_hook_name(target)
+                _run_through(model, tokens_g, last, fwd_hooks, attention_mask=mask_g)
                 to_others = token_to_others(store["resid"], mask_g)
                 w = scalar_metric_weights(mask_g.sum(1), mask_g.shape[1], key, edge_k, totals).to(
                     device
