@@ -108,22 +108,13 @@ def bare(model: Any, tokens: torch.Tensor) -> None:
         model(tokens)
 
 
-class _Stop(Exception):
-    pass
-
-
-def _raise_stop(resid: torch.Tensor, hook: Any) -> None:
-    raise _Stop
-
-
 def blocks_only(model: Any, tokens: torch.Tensor) -> None:
-    """The forward through the last block and no further (no final norm, no logits)."""
-    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    """The forward through the last block and no further (no final norm, no logits), ended by
+    one hook as homoglens ends its own passes."""
+    from homoglens.profile import _run_through
+
     with torch.inference_mode():
-        try:
-            model.run_with_hooks(tokens, return_type=None, fwd_hooks=[(last, _raise_stop)])
-        except _Stop:
-            pass
+        _run_through(model, tokens, f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", [])
 
 
 def profile(model: Any, tokens: torch.Tensor) -> None:

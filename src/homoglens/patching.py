@@ -435,9 +435,9 @@ def positional_patching(
     patched = torch.zeros(n_m, n_l, n_c, dtype=torch.float64)
     normal = torch.zeros(n_m, dtype=torch.float64)
     ablated = torch.zeros(n_m, dtype=torch.float64)
-    # Homogenization only: stop after the block the metric is read at (entry l is read at
-    # blocks.{l}.hook_resid_pre, which runs once block l starts).
-    stop = None if needs_logits or measured >= n_layers else measured + 1
+    # Homogenization only: each pass ends where the metric is read (entry l is read at
+    # blocks.{l}.hook_resid_pre, before block l), so blocks 0 .. l - 1 run.
+    end = n_layers if needs_logits else measured
     hook_names = [_HOOKS.get(component, "").format(l=layer) for layer in chosen_layers]
     if component == "positions":  # the ablation's own hooks, one set per cell
         ablation_of = _positions_cells(model, how, options, chosen_layers, direction, learned)
@@ -459,13 +459,13 @@ def positional_patching(
                 wanted = [f"blocks.{x}.hook_resid_pre" for x in chosen_layers if starts[x]]
                 wanted = wanted if component != "positions" else []
             grab = [(name, _keep(stores[run], name)) for name in dict.fromkeys(wanted)]
-            out += runner.run(tokens, mask, [*hooks, *grab], copies=1, start=None, stop=stop)[:, 0]
-        blocks_run += 2 * (n_layers if stop is None else stop) * len(tokens)
+            out += runner.run(tokens, mask, [*hooks, *grab], copies=1, start=None)[:, 0]
+        blocks_run += 2 * end * len(tokens)
         if component == "positions":
             for i, hooks in enumerate(ablation_of):
-                values = runner.run(tokens, mask, hooks, copies=1, start=None, stop=stop)
+                values = runner.run(tokens, mask, hooks, copies=1, start=None)
                 patched[:, i, 0] += values[:, 0]
-                blocks_run += (n_layers if stop is None else stop) * len(tokens)
+                blocks_run += end * len(tokens)
             continue
         for i, (layer, name) in enumerate(zip(chosen_layers, hook_names, strict=True)):
             source = stores[source_run][name]
@@ -479,10 +479,8 @@ def positional_patching(
                     copies=len(chunk),
                     start=receiving[f"blocks.{layer}.hook_resid_pre"] if starts[layer] else None,
                     start_layer=layer if starts[layer] else None,
-                    stop=stop,
                 )
                 patched[:, i, lo : lo + len(chunk)] += values
-                end = n_layers if stop is None else stop
                 begin = layer if starts[layer] else 0
                 blocks_run += max(end - begin, 0) * len(tokens) * len(chunk)
     full = n_layers * len(batch)
@@ -499,7 +497,7 @@ def positional_patching(
                 else "; each pass runs from the embeddings (TransformerBridge)"
             )
         )
-    batching += "" if stop is None else f"; passes stop at residual entry {stop}"
+    batching += "" if needs_logits else f"; passes end at residual entry {measured}"
     return PositionalPatchingResult(
         component=component,
         how=how,
@@ -601,7 +599,6 @@ class _Runner:
         *,
         copies: int,
         start: torch.Tensor | None,
-        stop: int | None,
         start_layer: int | None = None,
     ) -> Float[torch.Tensor, "metric copy"]:
         """Metric contributions (already divided by the corpus size) of each copy."""
@@ -629,8 +626,6 @@ class _Runner:
             "return_type": "logits" if self.needs_logits else None,
             "fwd_hooks": fwd_hooks,
         }
-        if stop is not None:
-            kwargs["stop_at_layer"] = stop
         if start is not None:
             inputs = start.repeat(copies, *([1] * (start.ndim - 1)))
             kwargs["start_at_layer"] = start_layer
@@ -640,7 +635,6 @@ class _Runner:
             logits = self.model.run_with_hooks(inputs, **kwargs)
         else:  # end the pass at the measured entry: no later block, no unembedding
             del kwargs["return_type"], kwargs["fwd_hooks"]
-            kwargs.pop("stop_at_layer", None)
             _run_through(self.model, inputs, measured, fwd_hooks, **kwargs)
         if self.homog:
             lengths = rows_mask.sum(1)
