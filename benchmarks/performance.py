@@ -338,7 +338,9 @@ def _memory_row(name: str, seq_len: int, mem: dict[str, dict[str, Any]]) -> tupl
     """A table row and a one-line check of the memory target (hand-written vs profile)."""
     cells = [_mib(mem[m]) for m in METHODS]
     if any("oom" in mem[m] for m in METHODS):
-        return f"| {name} | {seq_len} | " + " | ".join(cells) + " | - | - | - |", ""
+        failed = ", ".join(f"{m}: {mem[m]['oom']}" for m in METHODS if "oom" in mem[m])
+        row = f"| {name} | {seq_len} | " + " | ".join(cells) + " | - | - | - |"
+        return row, f"{name} T={seq_len}: memory not compared ({failed})"
     work = {m: mem[m]["working_mib"] for m in METHODS}
     profile_above = work["profile"] - work["bare"]
     hand_above = work["hand-written"] - work["bare"]
@@ -397,16 +399,23 @@ def run(args: argparse.Namespace) -> str:
             if seq_len > model.cfg.n_ctx:
                 continue
             tokens = tokens_for(model, args.batch, seq_len).to(args.device)
-            t = timings(model, tokens, METHODS, args.repeats, args.device)
-            time_rows.append(
-                f"| {name} | {seq_len} | {t['bare']:.3f} | {t['blocks only'] / t['bare']:.3f} | "
-                f"{t['bare'] / t['profile']:.2f} | {t['profile'] / t['blocks only']:.3f} | "
-                f"{t['hand-written'] / t['bare']:.2f} |"
-            )
+            try:
+                t = timings(model, tokens, METHODS, args.repeats, args.device)
+            except (torch.OutOfMemoryError, MemoryError) as err:
+                time_rows.append(f"| {name} | {seq_len} | {type(err).__name__} | - | - | - | - |")
+                checks.append(f"{name} T={seq_len}: timing ran out of memory")
+                t = None
+            if t is not None:
+                time_rows.append(
+                    f"| {name} | {seq_len} | {t['bare']:.3f} | "
+                    f"{t['blocks only'] / t['bare']:.3f} | {t['bare'] / t['profile']:.2f} | "
+                    f"{t['profile'] / t['blocks only']:.3f} | "
+                    f"{t['hand-written'] / t['bare']:.2f} |"
+                )
+                checks.append(
+                    f"{name} T={seq_len}: profile throughput {t['bare'] / t['profile']:.2f} x bare"
+                )
             print(time_rows[-1], flush=True)
-            checks.append(
-                f"{name} T={seq_len}: profile throughput {t['bare'] / t['profile']:.2f} x bare"
-            )
             spec = _spec(args, name, n_seq=args.batch, seq_len=seq_len)
             mem = {m: memory({**spec, "method": m}) for m in METHODS}
             row, check = _memory_row(name, seq_len, mem)
