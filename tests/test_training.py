@@ -73,3 +73,40 @@ def test_training_config_and_cli_reject_bad_input(tmp_path) -> None:
         TrainingConfig(d_model=30, n_heads=4)
     result = CliRunner().invoke(main, ["train", "--variant", "alibi", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "alibi" in result.output
+
+
+@pytest.mark.slow
+def test_bos_training_starts_every_window_with_the_special_token(tmp_path, monkeypatch) -> None:
+    """TrainingConfig(bos=True): every training batch starts with <|endoftext|> and holds
+    n_ctx tokens; the held-out loss is measured on BOS windows; the folder is named -bos."""
+    config = TrainingConfig(variant="rotary", bos=True, seed=3, **MICRO)
+    assert config.name == "tiny-rotary-bos-s3"
+    assert TrainingConfig(variant="none").name == "tiny-none"
+    seen: list[torch.Tensor] = []
+    from transformers import GPTNeoXForCausalLM
+
+    original = GPTNeoXForCausalLM.forward
+
+    def spy(self, input_ids=None, *args, **kwargs):
+        seen.append(input_ids.detach().clone())
+        return original(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(GPTNeoXForCausalLM, "forward", spy)
+    record = train_model(config, tmp_path / config.name, progress=False)
+    monkeypatch.undo()
+    special = load_model(tmp_path / config.name, backend="bridge").tokenizer.convert_tokens_to_ids(
+        "<|endoftext|>"
+    )
+    train_batches = seen[: MICRO["steps"]]
+    assert all(b.shape == (MICRO["batch_size"], MICRO["n_ctx"]) for b in train_batches)
+    assert all(bool((b[:, 0] == special).all()) for b in train_batches)
+    assert all(bool((b[:, 0] == special).all()) for b in seen[MICRO["steps"] :])  # held-out
+    assert record["config"]["bos"] is True and record["config"]["seed"] == 3
+    from homoglens.training import heldout_windows
+
+    tok = load_model(tmp_path / config.name, backend="bridge").tokenizer
+    windows = heldout_windows(tok, n_seq=3, seq_len=16, bos=True)
+    assert windows.bos is True and tuple(windows.tokens.shape) == (3, 16)
+    assert bool((windows.tokens[:, 0] == special).all())
+    plain = heldout_windows(tok, seq_len=15)
+    assert bool((windows.tokens[0, 1:] == plain.tokens[0]).all())  # same text, BOS in front

@@ -40,6 +40,8 @@ from homoglens.profile import (
     resid_hook_name,
 )
 from homoglens.results import HomogenizationProfile, PositionAblationStudy, Provenance
+from homoglens.results.similarity import PositionalSimilarity
+from homoglens.similarity import positional_similarity, similarity_from_activations
 from homoglens.sinks import (
     ATTRIBUTION_METRICS,
     MassiveActivations,
@@ -78,6 +80,7 @@ __all__ = [
     "PositionAblation",
     "PositionAblationStudy",
     "PositionPlan",
+    "PositionalSimilarity",
     "MassiveActivations",
     "NonFiniteActivationError",
     "Provenance",
@@ -104,9 +107,11 @@ __all__ = [
     "position_ablation_hooks",
     "position_ablation_study",
     "positional_patching",
+    "positional_similarity",
     "resid_hook_name",
     "sink_analysis",
     "sink_attribution",
+    "similarity_from_activations",
     "sink_scores",
     "to_token_batch",
 ]

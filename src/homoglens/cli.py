@@ -502,13 +502,25 @@ def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **op
 @click.option("--n-ctx", type=click.IntRange(min=8), default=128, show_default=True)
 @click.option("--vocab-size", type=click.IntRange(min=260), default=4096, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of initialisation and data order (one training seed = one replicate).",
+)
+@click.option(
+    "--bos/--no-bos",
+    default=False,
+    show_default=True,
+    help="Start every training window with <|endoftext|> (a fixed first token, where sinks form).",
+)
 @click.option(
     "--out",
     type=click.Path(path_type=Path),
     default=Path("homoglens-models"),
     show_default=True,
-    help="Parent folder; each variant goes into tiny-<variant>/.",
+    help="Parent folder; each run goes into tiny-<variant>[-bos][-s<seed>]/.",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
@@ -523,11 +535,11 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
         variants = POSITIONAL_VARIANTS if variant == "all" else (variant,)
         configs = [TrainingConfig(variant=v, **sizes) for v in variants]
         for config in configs:
-            record = train_model(config, out / f"tiny-{config.variant}", progress=progress)
+            record = train_model(config, out / config.name, progress=progress)
             click.echo(
-                f"{config.variant}: held-out loss {record['heldout_loss']:.3f} nats/token "
+                f"{config.name}: held-out loss {record['heldout_loss']:.3f} nats/token "
                 f"(unigram entropy {record['heldout_unigram_entropy']:.3f}) in "
-                f"{record['wall_seconds']:.0f} s -> {out / f'tiny-{config.variant}'}"
+                f"{record['wall_seconds']:.0f} s -> {out / config.name}"
             )
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err

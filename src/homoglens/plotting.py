@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from homoglens.results import HomogenizationProfile
 
-__all__ = ["profile_figure", "curves_figure", "heatmap_figure"]
+__all__ = ["profile_figure", "curves_figure", "heatmap_figure", "similarity_figure"]
 
 
 def _layers(profile: HomogenizationProfile) -> np.ndarray:
@@ -121,5 +121,58 @@ def study_figure(study, *, title: str | None = None) -> Figure:
         title
         or f"{study.profiles['none'].provenance.model}: positional ablations, "
         f"{study.loss.shape[1]} sequences"
+    )
+    return fig
+
+
+def similarity_figure(result, layers: list[int], *, title: str | None = None) -> Figure:
+    """Position x position heatmaps of ``M`` and ``W`` for each chosen layer, ``SP`` and
+    ``to_first`` by position, and the lag curves (a
+    :class:`~homoglens.results.similarity.PositionalSimilarity`)."""
+    from matplotlib.figure import Figure
+
+    n = len(layers)
+    fig = Figure(figsize=(4.2 * (2 * n + 2), 4), layout="constrained")
+    axes = fig.subplots(1, 2 * n + 2)
+    pos = result.positions.numpy()
+    extent = (pos[0] - 0.5, pos[-1] + 0.5, pos[-1] + 0.5, pos[0] - 0.5)
+    for k, layer in enumerate(layers):
+        li = result.layers.index(layer)
+        for ax, name in zip(axes[2 * k : 2 * k + 2], ("M", "W"), strict=True):
+            values = getattr(result, name)[li].numpy()
+            if name == "W":
+                bound = float(np.nanmax(np.abs(values - np.diag(np.diag(values))))) or 1.0
+                image = ax.imshow(
+                    values, cmap="RdBu_r", vmin=-bound, vmax=bound, extent=extent,
+                    interpolation="nearest",
+                )  # fmt: skip
+            else:
+                image = ax.imshow(values, cmap="viridis", extent=extent, interpolation="nearest")
+            ax.set_title(f"{name}, layer {layer}")
+            ax.set_xlabel("position j")
+            ax.set_ylabel("position i")
+            fig.colorbar(image, ax=ax, shrink=0.8, label="cosine")
+    sp_ax, lag_ax = axes[-2], axes[-1]
+    for layer in layers:
+        li = result.layers.index(layer)
+        sp_ax.plot(pos, result.SP[li].numpy(), lw=1, label=f"SP, layer {layer}")
+        sp_ax.plot(pos, result.to_first[li].numpy(), lw=1, ls="--", label=f"to_first, {layer}")
+    sp_ax.set_xlabel("position")
+    sp_ax.set_ylabel("cosine")
+    sp_ax.set_title("Same position across inputs (SP); to first")
+    sp_ax.legend(fontsize="x-small")
+    lags = np.arange(1, result.n_pos)
+    for li, layer in enumerate(result.layers):
+        lag_ax.plot(lags, result.lag[li, 1:].numpy(), lw=1, label=str(layer))
+    lag_ax.set_xlabel("distance |i - j| (positions)")
+    lag_ax.set_ylabel("mean within-window cosine")
+    lag_ax.set_title("Similarity by distance, per layer")
+    if len(result.layers) <= 12:
+        lag_ax.legend(fontsize="x-small", title="layer")
+    p = result.provenance
+    fig.suptitle(
+        title
+        or f"{p.model}: positional similarity over {result.n_sequences} windows "
+        f"(space={result.space}, centre={result.centre})"
     )
     return fig

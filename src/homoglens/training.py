@@ -75,6 +75,11 @@ class TrainingConfig:
         weight_decay: AdamW weight decay (matrices only).
         seed: Seed of initialisation and data order.
         threads: torch threads (results depend slightly on it).
+        bos: Start every training window with the same special token (``<|endoftext|>``, the
+            tokenizer's BOS), followed by ``n_ctx - 1`` text tokens; attention sinks form
+            around a fixed first token (Gu et al. 2024, arXiv 2410.10781; Barbero et al. 2025,
+            arXiv 2504.02732). The held-out loss is then measured on windows that start with
+            it too.
     """
 
     variant: str = "learned"
@@ -90,6 +95,7 @@ class TrainingConfig:
     weight_decay: float = 0.1
     seed: int = 0
     threads: int = 2
+    bos: bool = False
 
     def __post_init__(self) -> None:
         if self.variant not in POSITIONAL_VARIANTS:
@@ -115,6 +121,17 @@ class TrainingConfig:
             )
         if self.vocab_size < 260:
             raise InvalidInputError("vocab_size must be at least 260 (256 bytes + specials)")
+        if not isinstance(self.bos, bool):
+            raise InvalidInputError(f"bos={self.bos!r} must be True or False")
+
+    @property
+    def name(self) -> str:
+        """Folder name of the run: ``tiny-<variant>[-bos][-s<seed>]`` (seed 0 has no suffix)."""
+        return (
+            f"tiny-{self.variant}"
+            + ("-bos" if self.bos else "")
+            + (f"-s{self.seed}" if self.seed else "")
+        )
 
 
 def train_tokenizer(text: str, vocab_size: int, out: Path | None = None) -> Any:
@@ -240,7 +257,9 @@ def _prepared_corpus(vocab_size: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
     return tokenizer, _token_stream(tokenizer, train_text), _token_stream(tokenizer, held_text)
 
 
-def heldout_windows(tokenizer: Any, *, n_seq: int | None = None, seq_len: int = 128) -> TokenBatch:
+def heldout_windows(
+    tokenizer: Any, *, n_seq: int | None = None, seq_len: int = 128, bos: bool = False
+) -> TokenBatch:
     """The held-out novel as training presents text: paragraphs joined by ``<|endoftext|>``,
     cut into consecutive ``seq_len`` windows (as :func:`heldout_loss` evaluates), ``n_seq`` of
     them evenly spaced (``None``: all).
@@ -248,18 +267,23 @@ def heldout_windows(tokenizer: Any, *, n_seq: int | None = None, seq_len: int = 
     Args:
         tokenizer: The tokenizer of a model trained by :func:`train_model`.
         n_seq: Windows to keep (evenly spaced over the novel), or ``None`` for all.
-        seq_len: Tokens per window, >= 2.
+        seq_len: Tokens per window, >= 2 (>= 3 with ``bos``), the BOS included.
+        bos: Start each window with ``<|endoftext|>`` followed by ``seq_len - 1`` text tokens,
+            as a model trained with ``TrainingConfig(bos=True)`` saw its windows.
 
     Returns:
-        A :class:`~homoglens.data.TokenBatch` ``[n_seq seq_len]`` without BOS or padding.
+        A :class:`~homoglens.data.TokenBatch` ``[n_seq seq_len]`` without padding.
 
     Raises:
         InvalidInputError: bad ``n_seq``/``seq_len``, or more windows asked than the novel has.
     """
-    seq_len = as_int("seq_len", seq_len, low=2)
+    if not isinstance(bos, bool):
+        raise InvalidInputError(f"bos={bos!r} must be True or False")
+    seq_len = as_int("seq_len", seq_len, low=3 if bos else 2)
     stream = _token_stream(tokenizer, split_austen()[1])
-    available = (len(stream) - 1) // seq_len
-    windows = stream[: available * seq_len].view(available, seq_len)
+    width = seq_len - 1 if bos else seq_len
+    available = (len(stream) - 1) // width
+    windows = stream[: available * width].view(available, width)
     if n_seq is not None:
         n_seq = as_int("n_seq", n_seq, low=1)
         if n_seq > available:
@@ -268,24 +292,38 @@ def heldout_windows(tokenizer: Any, *, n_seq: int | None = None, seq_len: int = 
                 "held-out novel; lower n_seq or seq_len"
             )
         windows = windows[torch.div(torch.arange(n_seq) * available, n_seq, rounding_mode="floor")]
+    if bos:
+        special = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        windows = torch.cat([torch.full_like(windows[:, :1], special), windows], dim=1)
     return TokenBatch(
         tokens=windows.clone(),
         attention_mask=torch.ones_like(windows),
-        bos=False,
+        bos=bos,
         description=f"held-out novel ({HELD_OUT.title()}) as in training: {len(windows)} of "
-        f"{available} consecutive windows x {seq_len} tokens, evenly spaced, bos=no",
+        f"{available} consecutive windows x {seq_len} tokens, evenly spaced, "
+        f"bos={'<|endoftext|>' if bos else 'no'}",
     )
 
 
 def heldout_loss(
-    model: Any, tokens: torch.Tensor, n_ctx: int, *, max_windows: int | None = None
+    model: Any,
+    tokens: torch.Tensor,
+    n_ctx: int,
+    *,
+    max_windows: int | None = None,
+    bos_id: int | None = None,
 ) -> float:
     """Mean next-token cross-entropy (nats/token) over consecutive ``n_ctx`` windows of
-    ``tokens`` (a Hugging Face causal LM, evaluation mode, no gradients)."""
-    n = (len(tokens) - 1) // n_ctx
+    ``tokens`` (a Hugging Face causal LM, evaluation mode, no gradients). With ``bos_id``,
+    each window is that token followed by ``n_ctx - 1`` text tokens (every text token of a
+    window is then predicted, the first one from the BOS alone)."""
+    width = n_ctx if bos_id is None else n_ctx - 1
+    n = (len(tokens) - 1) // width
     if max_windows is not None:
         n = min(n, max_windows)
-    windows = tokens[: n * n_ctx].view(n, n_ctx)
+    windows = tokens[: n * width].view(n, width)
+    if bos_id is not None:
+        windows = torch.cat([torch.full_like(windows[:, :1], bos_id), windows], dim=1)
     total, count = 0.0, 0
     model.eval()
     with torch.inference_mode():
@@ -363,9 +401,12 @@ def train_model(
     model.train()
     start = time.perf_counter()
     running = 0.0
-    for step in tqdm(range(config.steps), desc=f"train {config.variant}", disable=not progress):
+    text_len = config.n_ctx - 1 if config.bos else config.n_ctx
+    for step in tqdm(range(config.steps), desc=f"train {config.name}", disable=not progress):
         starts = torch.randint(0, n_start, (config.batch_size,), generator=gen)
-        batch = torch.stack([train_ids[s : s + config.n_ctx] for s in starts.tolist()])
+        batch = torch.stack([train_ids[s : s + text_len] for s in starts.tolist()])
+        if config.bos:
+            batch = torch.cat([torch.full_like(batch[:, :1], special), batch], dim=1)
         for group in optim.param_groups:
             group["lr"] = lr_at(step)
         loss = model(batch, labels=batch).loss
@@ -383,7 +424,9 @@ def train_model(
     record = {
         "config": asdict(config),
         "loss_curve": curve,
-        "heldout_loss": heldout_loss(model, held_ids, config.n_ctx),
+        "heldout_loss": heldout_loss(
+            model, held_ids, config.n_ctx, bos_id=special if config.bos else None
+        ),
         "heldout_unigram_entropy": unigram_entropy(held_ids, len(tokenizer)),
         "heldout": HELD_OUT.title(),
         "train_tokens": len(train_ids),

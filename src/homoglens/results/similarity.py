@@ -1,0 +1,599 @@
+"""``PositionalSimilarity``: position x position similarity of the residual stream over a corpus.
+
+The stored fields are sums that merge by addition (the within-window cosine matrix summed over
+windows, the per-position sums of unit vectors) plus one row of linear statistics per window;
+every reported value (``M``, ``C``, ``W``, ``SP``, ``to_first``, ``lag``, the naive and the
+distance-matched edge excess) is derived from them. Saved as ``similarity.safetensors`` +
+``similarity.json``; never pickled.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from jaxtyping import Float
+
+from homoglens.errors import IncompatibleResultsError, InvalidInputError
+from homoglens.homogenization import SIMILARITY_STATISTICS, edge_groups, similarity_coefficients
+from homoglens.results import Provenance, SavedResult
+from homoglens.stats import estimate, window_resamples
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+__all__ = ["PositionalSimilarity", "WINDOW_STATISTICS"]
+
+_C_STATS = (2, 3, 4)  # matched_first, matched_last, homogenization: they involve C
+
+WINDOW_STATISTICS: tuple[str, ...] = (*SIMILARITY_STATISTICS, "sp_first", "sp_last")
+"""Per-window statistics of :meth:`PositionalSimilarity.per_window` (cosines)."""
+
+
+@dataclass(frozen=True, eq=False)
+class PositionalSimilarity(SavedResult):
+    """Position x position cosine similarity of residual vectors over equal-length windows.
+
+    For windows s = 1..n and counted positions i, j (``first_position`` .. window end), with
+    unit vectors u_{s,i} (after the chosen ``space`` and ``centre``):
+
+    * ``M[i, j] = mean_s u_{s,i} . u_{s,j}`` (within-window similarity);
+    * ``C[i, j] = mean_{s != r} u_{s,i} . u_{r,j}`` (the same pair of positions across windows:
+      anisotropy plus whatever all windows share at those positions);
+    * ``W = M - C`` (contextual similarity), ``homogenization = mean_{i != j} W[i, j]``;
+    * ``SP[i] = C[i, i]`` (same position, different inputs), ``to_first[i] = M[i, 0]``,
+      ``lag[d] = mean_i M[i, i - d]``;
+    * edge statistics (:meth:`edge_excess`): the naive excess of the first / last ``k``
+      positions' mean similarity over the middle's, and the distance-matched excess, which
+      compares edge-middle pairs with middle-middle pairs at the same distance (see
+      :func:`homoglens.homogenization.similarity_coefficients`).
+
+    Stored fields (float64; sums merge by addition):
+        layers: Entries of the ``n_layers + 1`` residual axis held.
+        within_sum: ``[layer pos pos]`` sum over windows of U_s U_s^T.
+        unit_sum: ``[layer pos d_model]`` sum over windows of the unit vectors at each position.
+        n_sequences: Windows.
+        window_within: ``[seq layer stat]`` per window, ``stat_e(U_s U_s^T)`` for each of
+            :data:`~homoglens.homogenization.SIMILARITY_STATISTICS` (the coefficients of
+            ``edge_k``).
+        window_cross: ``[seq layer stat]`` or ``None``: per window,
+            ``sum_{r != s} (stat_e(U_s U_r^T) + stat_e(U_r U_s^T))``, the window's share of
+            the cross-window terms (a second pass; enables jackknife pseudo-values).
+        window_same_position: ``[seq layer pos]`` or ``None``: per window and position,
+            ``u_{s,i} . sum_{r != s} u_{r,i}`` (second pass).
+        first_position: 0, or 1 when position 0 was left out (a BOS).
+        edge_k: Positions per edge of the per-window statistics.
+        space: ``"resid"``, ``"ln_input"`` or ``"final_norm"``.
+        centre: ``None``, ``"global"`` or ``"position"``.
+        standardize: Whether each dimension was divided by its corpus s.d.
+        massive_threshold: Tokens with max |x| / median |x| above it were left out of the
+            global mean (``centre="global"``).
+        n_massive: Tokens left out of the global mean for that reason.
+        provenance: :class:`~homoglens.results.Provenance`.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126 (edge homogenization, the claim tested).
+        Ethayarajh 2019 (anisotropy); Barbero et al. 2024, arXiv 2406.04267 (tokens of
+        different inputs converge); Timkey & van Schijndel 2021, arXiv 2109.04404 (rogue
+        dimensions, standardisation).
+    """
+
+    _stem: ClassVar[str] = "similarity"
+
+    layers: tuple[int, ...]
+    within_sum: Float[torch.Tensor, "layer pos pos"]
+    unit_sum: Float[torch.Tensor, "layer pos d_model"]
+    n_sequences: int
+    window_within: Float[torch.Tensor, "seq layer stat"]
+    window_cross: Float[torch.Tensor, "seq layer stat"] | None = None
+    window_same_position: Float[torch.Tensor, "seq layer pos"] | None = None
+    first_position: int = 0
+    edge_k: int = 8
+    space: str = "resid"
+    centre: str | None = None
+    standardize: bool = False
+    massive_threshold: float = 100.0
+    n_massive: int = 0
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        n_layer = len(self.layers)
+        if n_layer < 1 or self.within_sum.ndim != 3:
+            raise ValueError(f"within_sum must be [layer pos pos], got {self.within_sum.shape}")
+        n_pos = int(self.within_sum.shape[1])
+        want = {
+            "within_sum": (n_layer, n_pos, n_pos),
+            "window_within": (self.n_sequences, n_layer, len(SIMILARITY_STATISTICS)),
+        }
+        if self.window_cross is not None:
+            want["window_cross"] = (self.n_sequences, n_layer, len(SIMILARITY_STATISTICS))
+        if self.window_same_position is not None:
+            want["window_same_position"] = (self.n_sequences, n_layer, n_pos)
+        for name, shape in want.items():
+            got = tuple(getattr(self, name).shape)
+            if got != shape:
+                raise ValueError(f"{name} has shape {got}, expected {shape}")
+        if self.unit_sum.ndim != 3 or tuple(self.unit_sum.shape[:2]) != (n_layer, n_pos):
+            raise ValueError(
+                f"unit_sum has shape {tuple(self.unit_sum.shape)}, expected "
+                f"({n_layer}, {n_pos}, d_model)"
+            )
+        if (self.window_cross is None) != (self.window_same_position is None):
+            raise ValueError("window_cross and window_same_position come together")
+        if self.n_sequences < 1 or self.first_position not in (0, 1):
+            raise ValueError(
+                f"n_sequences={self.n_sequences} must be >= 1 and first_position="
+                f"{self.first_position} 0 or 1"
+            )
+        if self.space not in ("resid", "ln_input", "final_norm"):
+            raise ValueError(f"unknown space {self.space!r}")
+        if self.centre not in (None, "global", "position"):
+            raise ValueError(f"unknown centre {self.centre!r}")
+        edge_groups(n_pos, int(self.edge_k))  # edge_k fits the windows
+
+    @classmethod
+    def from_activations(
+        cls,
+        resid: Float[torch.Tensor, "batch pos d_model"]
+        | Float[torch.Tensor, "layer batch pos d_model"],
+        attention_mask: Any = None,
+        *,
+        centre: str | None = None,
+        standardize: bool = False,
+        exclude_first: bool = False,
+        edge_k: int = 8,
+        massive_threshold: float = 100.0,
+        pseudo_values: bool = False,
+        batch_size: int = 64,
+    ) -> PositionalSimilarity:
+        """Build the result from activations you already have (no model), e.g. the tensors
+        of an ``ActivationCache``: see :func:`homoglens.similarity.similarity_from_activations`
+        for the arguments, errors and an example."""
+        from homoglens.similarity import similarity_from_activations
+
+        return similarity_from_activations(
+            resid,
+            attention_mask,
+            centre=centre,  # type: ignore[arg-type]
+            standardize=standardize,
+            exclude_first=exclude_first,
+            edge_k=edge_k,
+            massive_threshold=massive_threshold,
+            pseudo_values=pseudo_values,
+            batch_size=batch_size,
+        )
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def n_pos(self) -> int:
+        """Counted positions per window (the window length minus ``first_position``)."""
+        return int(self.within_sum.shape[1])
+
+    @property
+    def d_model(self) -> int:
+        """Residual width."""
+        return int(self.unit_sum.shape[-1])
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """``[pos]`` absolute position (from the window's first token) of each counted index."""
+        return torch.arange(self.n_pos) + self.first_position
+
+    # ------------------------------------------------------------------ matrices
+    @cached_property
+    def M(self) -> Float[torch.Tensor, "layer pos pos"]:
+        """``[layer pos pos]`` within-window mean cosine, in [-1, 1]."""
+        return self.within_sum / self.n_sequences
+
+    @cached_property
+    def C(self) -> Float[torch.Tensor, "layer pos pos"]:
+        """``[layer pos pos]`` mean cosine of position i of one window with position j of
+        another, in [-1, 1]; NaN with one window."""
+        n = self.n_sequences
+        if n < 2:
+            return torch.full_like(self.within_sum, math.nan)
+        cross = self.unit_sum @ self.unit_sum.transpose(1, 2) - self.within_sum
+        return cross / (n * (n - 1))
+
+    @cached_property
+    def W(self) -> Float[torch.Tensor, "layer pos pos"]:
+        """``[layer pos pos]`` contextual similarity ``M - C``."""
+        return self.M - self.C
+
+    @cached_property
+    def SP(self) -> Float[torch.Tensor, "layer pos"]:
+        """``[layer pos]`` same-position cross-input similarity ``C[i, i]`` (1 when every
+        window holds the same vector there, e.g. a BOS)."""
+        return torch.diagonal(self.C, dim1=1, dim2=2).clone()
+
+    @cached_property
+    def to_first(self) -> Float[torch.Tensor, "layer pos"]:
+        """``[layer pos]`` within-window cosine to the first counted position, ``M[:, i, 0]``."""
+        return self.M[:, :, 0].clone()
+
+    @cached_property
+    def to_others(self) -> Float[torch.Tensor, "layer pos"]:
+        """``[layer pos]`` mean within-window cosine of a position to the other counted ones
+        (the profile's ``to_others`` on these windows)."""
+        total = self.M.sum(-1) - torch.diagonal(self.M, dim1=1, dim2=2)
+        return total / (self.n_pos - 1)
+
+    @cached_property
+    def lag(self) -> Float[torch.Tensor, "layer lag"]:
+        """``[layer lag]`` mean within-window cosine of tokens ``lag`` positions apart
+        (``lag = 0 .. pos - 1``; ``lag[0]`` is the fraction of non-zero vectors)."""
+        return torch.stack(
+            [torch.diagonal(self.M, offset=-d, dim1=1, dim2=2).mean(-1) for d in range(self.n_pos)],
+            dim=1,
+        )
+
+    @cached_property
+    def homogenization(self) -> Float[torch.Tensor, " layer"]:
+        """``[layer]`` mean off-diagonal ``W``: within-window similarity beyond what windows
+        share (anisotropy, common positional components)."""
+        return self._stat(self.W, k=self.edge_k)[:, 4]
+
+    @cached_property
+    def mean_pairwise(self) -> Float[torch.Tensor, " layer"]:
+        """``[layer]`` mean off-diagonal ``M`` (raw mean pairwise cosine)."""
+        return self._stat(self.M, k=self.edge_k)[:, 4]
+
+    @cached_property
+    def baseline(self) -> Float[torch.Tensor, " layer"]:
+        """``[layer]`` mean of ``C`` over all position pairs: the anisotropy baseline of
+        :class:`~homoglens.results.HomogenizationProfile` on these windows."""
+        return self.C.mean((1, 2))
+
+    def _stat(self, matrix: torch.Tensor, *, k: int) -> torch.Tensor:
+        """``[layer stat]`` the linear statistics of ``matrix`` (``[layer pos pos]``)."""
+        coef = similarity_coefficients(self.n_pos, k)
+        return torch.einsum("lij,eij->le", matrix, coef)
+
+    # ------------------------------------------------------------------ per window
+    @property
+    def has_pseudo_values(self) -> bool:
+        """Whether the second pass ran, so per-window values are jackknife pseudo-values."""
+        return self.window_cross is not None
+
+    def per_window(self, statistic: str) -> Float[torch.Tensor, "seq layer"]:
+        """Per-window values whose mean over windows is the corpus statistic exactly.
+
+        For ``naive_*`` the window's own statistic. For ``matched_*`` and ``homogenization``
+        (which subtract ``C``): with the second pass, the jackknife pseudo-value
+        ``stat(M_s) - 2 h_s + stat(C)``, h_s being the window's mean share of the cross-window
+        term (its variance over windows gives the right standard error for ``C``'s own
+        sampling noise); without it, ``stat(M_s - C)`` with ``C`` held fixed (SCIENCE.md; the
+        standard error then ignores ``C``'s noise and can be off either way: 0.0017 against a
+        true 0.0013 on the AR(1) null of 400 x 128 x 128, 0.85-0.88 of the true spread on
+        smaller ones, where the pseudo-values give 1.00 and 0.83-0.94). ``sp_first`` /
+        ``sp_last`` (``SP`` of an edge minus the middle's mean) exist only with the second
+        pass (they are cross-window by definition).
+
+        Args:
+            statistic: One of :data:`WINDOW_STATISTICS`.
+
+        Returns:
+            ``[seq layer]`` float64 cosines.
+
+        Raises:
+            InvalidInputError: unknown statistic, or ``sp_*`` without the second pass.
+        """
+        if statistic not in WINDOW_STATISTICS:
+            raise InvalidInputError(
+                f"statistic={statistic!r} must be one of {list(WINDOW_STATISTICS)}"
+            )
+        n = self.n_sequences
+        if statistic.startswith("sp_"):
+            if self.window_same_position is None:
+                raise InvalidInputError(
+                    f"{statistic} needs the second pass; rerun positional_similarity(..., "
+                    "pseudo_values=True)"
+                )
+            first, middle, last = edge_groups(self.n_pos, self.edge_k)
+            psi = 2 * self.window_same_position / (n - 1) - self.SP[None]  # [seq layer pos]
+            edge = first if statistic == "sp_first" else last
+            return psi[..., list(edge)].mean(-1) - psi[..., list(middle)].mean(-1)
+        e = SIMILARITY_STATISTICS.index(statistic)
+        within = self.window_within[..., e]
+        if e not in _C_STATS:
+            return within.clone()
+        c_stat = self._stat(self.C, k=self.edge_k)[:, e]  # [layer]
+        if self.window_cross is None or n < 2:
+            return within - c_stat[None]
+        return within - self.window_cross[..., e] / (n - 1) + c_stat[None]
+
+    # ------------------------------------------------------------------ tables
+    def edge_excess(
+        self,
+        k: int | None = None,
+        *,
+        ci: float = 0.95,
+        block: int = 16,
+        seed: int = 0,
+        n_boot: int = 1000,
+    ) -> pd.DataFrame:
+        """Naive and distance-matched excess similarity of the first and last ``k`` counted
+        positions over the middle, per layer, with a block-bootstrap interval on the matched one.
+
+        ``naive`` is the mean within-window cosine of an edge position to the others minus the
+        same for the middle positions (what ``edge_summary`` reports; negative for any process
+        whose similarity falls with distance). ``matched`` compares edge-middle pairs of ``W``
+        with middle-middle pairs at the same distance (zero in expectation when no position is
+        special). The interval is a Wald interval with the standard error of a circular
+        moving-block bootstrap over windows (blocks of ``block`` consecutive windows).
+
+        Args:
+            k: Positions per edge (default: ``edge_k``). Intervals need the per-window values,
+                stored for ``edge_k`` only; another ``k`` gives point estimates and NaN bounds.
+            ci: Interval coverage, in (0, 1).
+            block: Consecutive windows per bootstrap block (1: i.i.d.).
+            seed: Bootstrap seed.
+            n_boot: Bootstrap resamples.
+
+        Returns:
+            DataFrame with columns ``layer, edge, naive, matched, se, ci_low, ci_high,
+            n_sequences`` (one row per layer and edge ``first`` / ``last``).
+
+        Raises:
+            InvalidInputError: ``k`` too large for the windows, bad ``ci``/``block``.
+        """
+        import pandas as pd
+
+        from homoglens._checks import as_int
+
+        k = self.edge_k if k is None else as_int("k", k, low=1)
+        naive = self._stat(self.M, k=k)
+        matched = self._stat(self.W, k=k)
+        rows = []
+        have = k == self.edge_k and self.n_sequences > 1
+        if not have and k != self.edge_k:
+            warnings.warn(
+                f"per-window values are stored for edge_k={self.edge_k}, not k={k}: no "
+                f"intervals; rerun positional_similarity(..., edge_k={k}) for them",
+                stacklevel=2,
+            )
+        idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
+        for li, layer in enumerate(self.layers):
+            for e, edge in enumerate(("first", "last")):
+                lo = hi = se = math.nan
+                if have:
+                    values = self.per_window(f"matched_{edge}")[:, li]
+                    est = estimate(
+                        [values[None]], windows=idx, resample_seeds=False, ci=ci, seed=seed
+                    )
+                    lo, hi, se = est.ci_low, est.ci_high, est.se
+                rows.append(
+                    {
+                        "layer": layer,
+                        "edge": edge,
+                        "naive": float(naive[li, e]),
+                        "matched": float(matched[li, 2 + e]),
+                        "se": se,
+                        "ci_low": lo,
+                        "ci_high": hi,
+                        "n_sequences": self.n_sequences,
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def sp_excess(
+        self, *, ci: float = 0.95, block: int = 16, seed: int = 0, n_boot: int = 1000
+    ) -> pd.DataFrame:
+        """Same-position cross-input similarity of the first and last ``edge_k`` positions
+        minus the middle's mean, per layer (Barbero et al. 2024: late tokens of different
+        inputs converge), with a block-bootstrap interval when the second pass ran.
+
+        Returns:
+            DataFrame with columns ``layer, edge, sp_edge, sp_middle, excess, se, ci_low,
+            ci_high, n_sequences``.
+        """
+        import pandas as pd
+
+        first, middle, last = edge_groups(self.n_pos, self.edge_k)
+        idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
+        rows = []
+        for li, layer in enumerate(self.layers):
+            mid = float(self.SP[li, list(middle)].mean())
+            for edge, where in (("first", first), ("last", last)):
+                value = float(self.SP[li, list(where)].mean())
+                lo = hi = se = math.nan
+                if self.has_pseudo_values and self.n_sequences > 1:
+                    est = estimate(
+                        [self.per_window(f"sp_{edge}")[:, li][None]],
+                        windows=idx,
+                        resample_seeds=False,
+                        ci=ci,
+                        seed=seed,
+                    )
+                    lo, hi, se = est.ci_low, est.ci_high, est.se
+                rows.append(
+                    {
+                        "layer": layer,
+                        "edge": edge,
+                        "sp_edge": value,
+                        "sp_middle": mid,
+                        "excess": value - mid,
+                        "se": se,
+                        "ci_low": lo,
+                        "ci_high": hi,
+                        "n_sequences": self.n_sequences,
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: one row per (metric, layer, index). ``metric`` is ``SP``, ``to_first`` or
+        ``to_others`` (``index`` = absolute position), ``lag`` (``index`` = distance), or
+        ``homogenization``, ``mean_pairwise``, ``baseline`` (``index`` is ``<NA>``); columns
+        ``metric, layer, index, value``. The matrices are the attributes ``M``, ``C``, ``W``."""
+        import pandas as pd
+
+        frames = []
+        layer_col = torch.tensor(self.layers)
+        for name, index in (
+            ("SP", self.positions),
+            ("to_first", self.positions),
+            ("to_others", self.positions),
+            ("lag", torch.arange(self.n_pos)),
+        ):
+            values = getattr(self, name)
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "metric": name,
+                        "layer": layer_col.repeat_interleave(values.shape[1]).numpy(),
+                        "index": pd.array(index.repeat(len(self.layers)).numpy(), dtype="Int64"),
+                        "value": values.flatten().numpy(),
+                    }
+                )
+            )
+        for name in ("homogenization", "mean_pairwise", "baseline"):
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "metric": name,
+                        "layer": layer_col.numpy(),
+                        "index": pd.array([None] * len(self.layers), dtype="Int64"),
+                        "value": getattr(self, name).numpy(),
+                    }
+                )
+            )
+        return pd.concat(frames, ignore_index=True)
+
+    def plot(self, layers: list[int] | int | None = None, *, title: str | None = None) -> Figure:
+        """``M`` and ``W`` heatmaps of the chosen layers (default: the last), ``SP`` and
+        ``to_first`` by position, and the lag curves of every layer.
+
+        Returns:
+            A matplotlib ``Figure``.
+
+        Raises:
+            InvalidInputError: a layer not in this result.
+        """
+        from homoglens.plotting import similarity_figure
+
+        chosen = [self.layers[-1]] if layers is None else layers
+        chosen = [chosen] if isinstance(chosen, int) else list(chosen)
+        missing = [layer for layer in chosen if layer not in self.layers]
+        if missing or not chosen:
+            raise InvalidInputError(
+                f"layers {missing or chosen} are not in this result (it has {list(self.layers)})"
+            )
+        return similarity_figure(self, chosen, title=title)
+
+    # ------------------------------------------------------------------ combining
+    @staticmethod
+    def merge(*parts: PositionalSimilarity) -> PositionalSimilarity:
+        """Add results over disjoint windows into one (any split equals the one-pass result).
+
+        Per-window rows are concatenated in the order given. The second-pass values depend on
+        the whole corpus's sums, so they are dropped (with a warning) when more than one part
+        is merged. Centred results subtracted each part's own corpus mean and are refused.
+
+        Raises:
+            IncompatibleResultsError: no parts, or they differ in layers, positions, width,
+                edge_k, space, centring, model, backend or weights; centred parts.
+        """
+        if not parts:
+            raise IncompatibleResultsError("merge() needs at least one result")
+        wrong = [type(p).__name__ for p in parts if not isinstance(p, PositionalSimilarity)]
+        if wrong:
+            raise IncompatibleResultsError(
+                f"merge() takes PositionalSimilarity objects, got {wrong}"
+            )
+        first = parts[0]
+        if len(parts) > 1 and any(p.centre is not None for p in parts):
+            raise IncompatibleResultsError(
+                "centred results subtract each part's own corpus mean, so their sums do not "
+                "add up to a one-pass result; run positional_similarity once over all the data "
+                "(it streams, and shards under torch.distributed)"
+            )
+        for other in parts[1:]:
+            for attr in ("layers", "n_pos", "d_model", "first_position", "edge_k", "space"):
+                if getattr(other, attr) != getattr(first, attr):
+                    raise IncompatibleResultsError(
+                        f"cannot merge results with different {attr}: "
+                        f"{getattr(first, attr)} vs {getattr(other, attr)}"
+                    )
+            if other.standardize != first.standardize:
+                raise IncompatibleResultsError("cannot merge results with different standardize")
+            for attr in ("model", "backend", "weights", "hook_points"):
+                a, b = getattr(first.provenance, attr), getattr(other.provenance, attr)
+                if a != b:
+                    raise IncompatibleResultsError(
+                        f"cannot merge results with different provenance.{attr}: {a!r} vs {b!r}"
+                    )
+        if len(parts) > 1 and any(p.has_pseudo_values for p in parts):
+            warnings.warn(
+                "merge() drops the second-pass (pseudo-value) columns: they depend on the "
+                "whole corpus; per-window values fall back to C held fixed",
+                stacklevel=2,
+            )
+        datas = list(dict.fromkeys(p.provenance.data for p in parts))
+        single = len(parts) == 1
+        return PositionalSimilarity(
+            layers=first.layers,
+            within_sum=torch.stack([p.within_sum for p in parts]).sum(0),
+            unit_sum=torch.stack([p.unit_sum for p in parts]).sum(0),
+            n_sequences=sum(p.n_sequences for p in parts),
+            window_within=torch.cat([p.window_within for p in parts]),
+            window_cross=first.window_cross if single else None,
+            window_same_position=first.window_same_position if single else None,
+            first_position=first.first_position,
+            edge_k=first.edge_k,
+            space=first.space,
+            centre=first.centre,
+            standardize=first.standardize,
+            massive_threshold=first.massive_threshold,
+            n_massive=sum(p.n_massive for p in parts),
+            provenance=replace(
+                first.provenance,
+                data=" + ".join(datas) if len(datas) <= 3 else f"{len(parts)} merged parts",
+            ),
+        )
+
+    def sel(self, layers: list[int] | tuple[int, ...] | int) -> PositionalSimilarity:
+        """A new result with only the given entries of the layer axis (values, not indices).
+
+        Raises:
+            IncompatibleResultsError: a requested layer is not in this result.
+        """
+        chosen = [layers] if isinstance(layers, int) else list(layers)
+        missing = [layer for layer in chosen if layer not in self.layers]
+        if missing or not chosen:
+            raise IncompatibleResultsError(
+                f"layers {missing or chosen} are not in this result (it has {list(self.layers)})"
+            )
+        idx = torch.tensor([self.layers.index(layer) for layer in chosen])
+        hooks = self.provenance.hook_points
+
+        def pick(t: Any, dim: int) -> Any:
+            return None if t is None else t.index_select(dim, idx)
+
+        return replace(
+            self,
+            layers=tuple(chosen),
+            within_sum=pick(self.within_sum, 0),
+            unit_sum=pick(self.unit_sum, 0),
+            window_within=pick(self.window_within, 1),
+            window_cross=pick(self.window_cross, 1),
+            window_same_position=pick(self.window_same_position, 1),
+            provenance=replace(
+                self.provenance,
+                hook_points=tuple(hooks[i] for i in idx.tolist()) if hooks else (),
+            ),
+        )
+
+    def __repr__(self) -> str:
+        p = self.provenance
+        return (
+            f"PositionalSimilarity(model={p.model!r}, layers={len(self.layers)}, "
+            f"pos={self.n_pos} (from {self.first_position}), n_sequences={self.n_sequences}, "
+            f"space={self.space}, centre={self.centre}, edge_k={self.edge_k}, "
+            f"pseudo_values={self.has_pseudo_values})"
+        )
