@@ -7,7 +7,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from homoglens import HomogenizationProfile, PositionalPatchingResult, SinkAnalysis
+from homoglens import (
+    HomogenizationProfile,
+    PositionalPatchingResult,
+    PositionalSimilarity,
+    SinkAnalysis,
+)
 from homoglens.cli import main
 from homoglens.testing import tiny_model_folder
 
@@ -60,6 +65,13 @@ def test_profile_writes_report(tmp_path) -> None:
     assert entry.component == "positions" and entry.layers == (0,)  # learned: embeddings only
     assert patched.metrics == ("mean_pairwise", "loss") and len(patched.cells) == 8
     assert patched.provenance.data and patched.layers == (0, 1)
+    assert "Position-resolved similarity" in html and "matched" in html
+    sim = PositionalSimilarity.load(out / "similarity")
+    assert sim.n_sequences == 6 and sim.first_position == 1 and sim.has_pseudo_values
+    assert (out / "similarity_edge_excess.csv").is_file() and (
+        out / "figures/similarity.png"
+    ).is_file()
+    assert prof.unit_effective_rank is not None and prof.matrix_entropy_no_first is not None
 
 
 def test_patch_command(tmp_path) -> None:

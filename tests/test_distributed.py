@@ -14,11 +14,13 @@ import torch
 from homoglens import (
     HomogenizationProfile,
     PositionAblationStudy,
+    PositionalSimilarity,
     SinkScores,
     corpus_windows,
     homogenization_profile,
     load_model,
     position_ablation_study,
+    positional_similarity,
     sink_scores,
 )
 from homoglens.data import TokenBatch
@@ -30,9 +32,10 @@ import sys
 import torch
 import torch.distributed as dist
 from homoglens import homogenization_profile, load_model, position_ablation_study, sink_scores
+from homoglens import positional_similarity
 from homoglens.distributed import world
 sys.path.insert(0, sys.argv[4])
-from test_distributed import make_batch
+from test_distributed import equal_batch, make_batch
 
 dist.init_process_group("gloo")
 rank, size = world()
@@ -48,6 +51,10 @@ sink_scores(model, batch, batch_size=5, progress=False).save(f"{out}/sinks{rank}
 position_ablation_study(
     model, batch, modes=["zero", "permute"], batch_size=5, n_boot=50, progress=False
 ).save(f"{out}/study{rank}")
+positional_similarity(
+    model, equal_batch(model, n), centre="position", pseudo_values=True, edge_k=4, batch_size=5,
+    progress=False,
+).save(f"{out}/similarity{rank}")
 dist.destroy_process_group()
 """
 
@@ -62,6 +69,18 @@ def make_batch(model, n: int) -> TokenBatch:
         tokens[i, 24 - t :] = windows.tokens[i, :t]
         mask[i, 24 - t :] = 1
     return TokenBatch(tokens, mask, windows.bos, "left-padded Austen windows")
+
+
+def equal_batch(model, n: int) -> TokenBatch:
+    """``n`` Austen windows of 20 tokens, left-padded by 0..4 pads (equal real lengths)."""
+    windows = corpus_windows(model, n_seq=n, seq_len=20)
+    tokens = torch.zeros(n, 24, dtype=torch.long)
+    mask = torch.zeros(n, 24, dtype=torch.long)
+    for i in range(n):
+        pad = i % 5
+        tokens[i, pad : pad + 20] = windows.tokens[i]
+        mask[i, pad : pad + 20] = 1
+    return TokenBatch(tokens, mask, windows.bos, "equal-length Austen windows")
 
 
 def test_shard_bounds_cover_everything_once() -> None:
@@ -98,6 +117,10 @@ def test_torchrun_two_processes_equal_one(n: int, backend: str, tmp_path: Path) 
     study = position_ablation_study(
         model, batch, modes=["zero", "permute"], batch_size=5, n_boot=50, progress=False
     )
+    sim = positional_similarity(
+        model, equal_batch(model, n), centre="position", pseudo_values=True, edge_k=4,
+        batch_size=5, progress=False,
+    )  # fmt: skip
     seen = [int((tmp_path / f"seen{rank}").read_text()) for rank in (0, 1)]
     assert seen == [stop - start for start, stop in shard_bounds(n, 2)]  # each rank its shard
     for rank in (0, 1):
@@ -118,6 +141,10 @@ def test_torchrun_two_processes_equal_one(n: int, backend: str, tmp_path: Path) 
         assert torch.allclose(st.loss, study.loss, atol=1e-6)
         assert torch.allclose(st.mean_pairwise, study.mean_pairwise, atol=1e-6)
         assert torch.allclose(st.to_others, study.to_others, atol=1e-6, equal_nan=True)
+        got_sim = PositionalSimilarity.load(tmp_path / f"similarity{rank}")
+        assert got_sim.n_sequences == n
+        for name in ("M", "C", "SP", "window_within", "window_cross", "window_same_position"):
+            assert torch.allclose(getattr(got_sim, name), getattr(sim, name), atol=1e-6), name
 
 
 def test_multi_device_options_are_checked_and_passed_through(monkeypatch) -> None:

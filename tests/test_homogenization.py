@@ -211,3 +211,38 @@ def test_non_finite_vectors_are_reported() -> None:
     mask = torch.ones(2, 5, dtype=torch.long)
     mask[1, 3:] = 0  # the NaN sits on a pad: not counted, not an error
     assert torch.isfinite(cosine_homogenization(x, mask).mean_pairwise).all()
+
+
+def test_unit_row_rank_metrics_equal_brute_force_and_ignore_massive_activations() -> None:
+    """Unit-row effective rank and matrix entropy (with and without position 0) equal a float64
+    SVD by hand; one massive entry on x_0 collapses the norm-weighted effective rank but moves
+    the unit-row metrics little, and the *_no_first ones not at all."""
+    from homoglens import cosine_homogenization
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 40, 64, generator=gen, dtype=torch.float64) + 0.5
+
+    def by_hand(v: torch.Tensor) -> tuple[float, float]:
+        u = v / v.norm(dim=-1, keepdim=True)
+        s = torch.linalg.svdvals(u)
+        p = s / s.sum()
+        lam = s**2 / (s**2).sum()
+        return float(torch.exp(-(p * p.log()).sum())), float(-(lam * lam.log()).sum())
+
+    prof = cosine_homogenization(x, effective_rank=True)
+    ranks, ents = zip(*(by_hand(x[b]) for b in range(6)), strict=True)
+    rest = [by_hand(x[b, 1:]) for b in range(6)]
+    assert abs(float(prof.unit_effective_rank[0]) - sum(ranks) / 6) < 1e-10
+    assert abs(float(prof.matrix_entropy[0]) - sum(ents) / 6) < 1e-10
+    assert abs(float(prof.unit_effective_rank_no_first[0]) - sum(r for r, _ in rest) / 6) < 1e-10
+    assert abs(float(prof.matrix_entropy_no_first[0]) - sum(e for _, e in rest) / 6) < 1e-10
+    spiked = x.clone()
+    spiked[:, 0, 3] = 1000.0
+    after = cosine_homogenization(spiked, effective_rank=True)
+    assert float(after.effective_rank[0]) < 0.3 * float(prof.effective_rank[0])
+    assert abs(float(after.unit_effective_rank[0]) / float(prof.unit_effective_rank[0]) - 1) < 0.05
+    assert torch.allclose(after.unit_effective_rank_no_first, prof.unit_effective_rank_no_first)
+    assert torch.allclose(after.matrix_entropy_no_first, prof.matrix_entropy_no_first)
+    identity = cosine_homogenization(torch.eye(8, dtype=torch.float64)[None], effective_rank=True)
+    assert abs(float(identity.unit_effective_rank[0]) - 8) < 1e-9
+    assert abs(float(identity.matrix_entropy[0]) - math.log(8)) < 1e-9

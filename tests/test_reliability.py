@@ -34,6 +34,7 @@ from homoglens import (
     position_ablation_hooks,
     position_ablation_study,
     positional_patching,
+    positional_similarity,
     sink_analysis,
     sink_attribution,
     sink_scores,
@@ -291,6 +292,17 @@ HOOKING: dict[str, Callable[[Any], Any]] = {
     "ablated_positions": lambda m: _ablated_forward(m),
     "attention_view": lambda m: attention_view(m, "Hello there, world", [(1, 0)]),
     "compare_models": lambda m: compare_models({"m": m}, n_seq=2, seq_len=24, edge_k=2),
+    "positional_similarity": lambda m: positional_similarity(
+        m, torch.randint(0, 1000, (3, 12)), edge_k=2, progress=False
+    ),
+    "positional_similarity centred, pseudo": lambda m: positional_similarity(
+        m,
+        torch.randint(0, 1000, (3, 12)),
+        edge_k=2,
+        centre="global",
+        pseudo_values=True,
+        progress=False,
+    ),
 }
 
 
@@ -334,6 +346,8 @@ def test_fault_inside_the_forward_pass_leaves_no_hook(name: str, backend: str, g
         "sink_attribution exact",
         "sink_attribution fast",
         "sink_attribution mean",
+        "positional_similarity",
+        "positional_similarity centred, pseudo",
     ],
 )
 def test_measurements_that_need_no_logits_run_no_final_norm(

@@ -282,6 +282,31 @@ def _sinks(model: Any, windows: Any, opts: dict[str, Any], *, required: bool) ->
     )
 
 
+def _similarity(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
+    """The position-resolved section (with pseudo-values); ``None`` with a warning when the
+    windows are of unequal length or too short for the edges."""
+    from homoglens.similarity import positional_similarity
+
+    lengths = windows.lengths
+    counted = int(lengths.min()) - int(bool(windows.bos))
+    edge_k = min(opts["edge_k"], (counted - 2) // 2)
+    if int(lengths.min()) != int(lengths.max()) or edge_k < 1:
+        click.echo(
+            "warning: the position-resolved section needs equal windows of at least 4 counted "
+            "tokens; the report has none",
+            err=True,
+        )
+        return None
+    return positional_similarity(
+        model,
+        windows,
+        edge_k=edge_k,
+        pseudo_values=True,
+        batch_size=opts["batch_size"],
+        progress=opts["progress"],
+    )
+
+
 def _run(
     opts: dict[str, Any],
     *,
@@ -290,6 +315,7 @@ def _run(
     ablation: dict[str, Any],
     sinks: bool = False,
     patching: bool = False,
+    similarity: bool = False,
 ) -> None:
     from homoglens.profile import homogenization_profile
     from homoglens.report import check_output_dir, staged_output, write_profile_report
@@ -313,6 +339,7 @@ def _run(
                 model, windows, modes=modes or default_ablation_modes(model), **ablation, **common
             )
             profile = study.profiles["none"]
+        sim = _similarity(model, windows, opts) if similarity else None
         analysis = _sinks(model, windows, opts, required=False) if sinks else None
         patched = (
             [
@@ -324,7 +351,13 @@ def _run(
         )
         with staged_output(folder) as tmp:
             write_profile_report(
-                profile, tmp, edge_k=opts["edge_k"], study=study, sinks=analysis, patching=patched
+                profile,
+                tmp,
+                edge_k=opts["edge_k"],
+                study=study,
+                sinks=analysis,
+                patching=patched,
+                similarity=sim,
             )
         report = folder / "report.html"
     except HomoglensError as err:
@@ -356,7 +389,13 @@ def _run(
     help="Add the patching section (restore the normal run into the position-ablated one).",
 )
 @_patch_options
-def profile(ablation: bool, sinks: bool, patching: bool, **opts: Any) -> None:
+@click.option(
+    "--similarity/--no-similarity",
+    default=True,
+    show_default=True,
+    help="Add the position-resolved section (M / W matrices, matched edge excess, SP).",
+)
+def profile(ablation: bool, sinks: bool, patching: bool, similarity: bool, **opts: Any) -> None:
     """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV).
 
     With --ablation (default) the report also compares the model's default positional
@@ -367,7 +406,9 @@ def profile(ablation: bool, sinks: bool, patching: bool, **opts: Any) -> None:
     the first --sink-n-seq windows). With --patching (default) it adds a coarse activation
     patching sweep (residual stream of every --patch-layer-step-th block x --patch-bins
     position bins, normal run restored into the 'zero'-ablated one, on --patch-n-seq windows);
-    the full sweep is `homoglens patch`.
+    the full sweep is `homoglens patch`. With --similarity (default) it adds the
+    position-resolved section: within- and cross-window similarity matrices of a late layer,
+    the naive and the distance-matched edge excess with block-bootstrap intervals, and SP.
     """
     _run(
         opts,
@@ -376,6 +417,7 @@ def profile(ablation: bool, sinks: bool, patching: bool, **opts: Any) -> None:
         ablation={"seed": 0, "shift": 1},
         sinks=sinks,
         patching=patching,
+        similarity=similarity,
     )
 
 
@@ -548,9 +590,23 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
 @main.command()
 @click.option(
     "--models",
-    default=",".join(("homoglens/tiny-learned", "homoglens/tiny-rotary", "homoglens/tiny-none")),
+    default=None,
+    help="Comma-separated model names or folders sharing one tokenizer (default: the three "
+    "positional schemes over three training seeds each; --bos: the BOS-trained models).",
+)
+@click.option(
+    "--bos",
+    is_flag=True,
+    help="Compare the shipped BOS-trained models (one seed each) on windows that start with "
+    "<|endoftext|>.",
+)
+@click.option(
+    "--group-by",
+    type=click.Choice(["auto", "variant", "none"]),
+    default="auto",
     show_default=True,
-    help="Comma-separated model names or folders sharing one tokenizer.",
+    help="variant: labels of one positional scheme are seeds of one model (auto: when some "
+    "scheme has several).",
 )
 @click.option(
     "--backend",
@@ -577,6 +633,20 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
 @click.option("--edge-k", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--eps", type=float, default=0.3, show_default=True, help="Sink threshold.")
 @click.option("--n-boot", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option(
+    "--block",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Consecutive windows per bootstrap block.",
+)
+@click.option(
+    "--sesoi",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.01,
+    show_default=True,
+    help="Smallest effect size of interest (cosine).",
+)
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option(
@@ -589,29 +659,51 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace the contents of a non-empty --out.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def compare(
-    models: str, corpus: str | None, modes: str, out: Path, overwrite: bool, **opts: Any
+    models: str | None,
+    bos: bool,
+    group_by: str,
+    corpus: str | None,
+    modes: str,
+    out: Path,
+    overwrite: bool,
+    **opts: Any,
 ) -> None:
-    """Compare models that differ in their positional scheme (default: the three shipped tiny
-    models) on the same sequences: loss, homogenization, edges, sinks, ablations, claims C1-C3."""
-    from homoglens.comparison import compare_models
+    """Compare models that differ in their positional scheme (default: the shipped tiny models,
+    three training seeds per scheme) on the same windows: loss, homogenization, edges, sinks,
+    ablations, and claims C1-C3 as pre-declared, Holm-adjusted tests."""
+    from homoglens.comparison import REPLICATED_MODELS, compare_models
+    from homoglens.models import SHIPPED_MODELS
     from homoglens.report import check_output_dir, staged_output, write_comparison_report
 
-    names = [m.strip() for m in models.split(",") if m.strip()]
+    if models is None:
+        default = [m for m in SHIPPED_MODELS if m.endswith("-bos")] if bos else REPLICATED_MODELS
+        names = list(default)
+    else:
+        names = [m.strip() for m in models.split(",") if m.strip()]
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     if not names or not chosen:
         raise click.BadParameter("--models and --modes must name at least one entry each")
     try:
         folder = check_output_dir(out, overwrite=overwrite)
         start = time.perf_counter()
-        result = compare_models(names, corpus, modes=chosen, **opts)
+        result = compare_models(
+            names,
+            corpus,
+            modes=chosen,
+            group_by=None if group_by == "none" else group_by,  # type: ignore[arg-type]
+            **opts,
+        )
         with staged_output(folder) as tmp:
             write_comparison_report(result, tmp)
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
     claims = result.claims()
     click.echo(repr(result), err=True)
-    for row in claims.itertuples():
-        click.echo(f"{row.claim} {row.verdict:>12}  {row.model}: {row.test}", err=True)
+    for row in claims[claims["primary"]].itertuples():
+        click.echo(
+            f"{row.claim} {row.verdict:>12}  p_holm={row.p_holm:.3g}  {row.model}: {row.test}",
+            err=True,
+        )
     click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
 
 

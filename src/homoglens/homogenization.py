@@ -9,7 +9,8 @@ u_i = x_i / ||x_i|| (u_i = 0 when x_i = 0) and S = sum_i u_i:
 * to_mean[p]    = cos(x_p, mean_i x_i)               (Ethayarajh 2019, IntraSim)
 * mean_pairwise = mean_{i != j} cos(x_i, x_j)        = (||S||^2 - sum_i u_i . u_i) / (T(T - 1))
 * relative_residual = ||X - 1 xbar^T||_F / ||X||_F  (Dong et al. 2021, token uniformity)
-* effective_rank = exp(-sum_i p_i log p_i), p_i = sigma_i / sum_j sigma_j (Roy & Vetterli 2007)
+* effective_rank = exp(-sum_i p_i log p_i), p_i = sigma_i / sum_j sigma_j (Roy & Vetterli 2007),
+  also on unit rows, with the matrix entropy of the unit rows (see ``rank_sums``)
 
 Everything is O(T d) per sequence except the effective rank (an SVD). Per-position values are
 returned as sums over sequences with counts, per-sequence values as sums over sequences, and the
@@ -32,6 +33,8 @@ __all__ = [
     "token_to_others",
     "edge_totals",
     "SIMILARITY_STATISTICS",
+    "RANK_FIELDS",
+    "rank_sums",
     "edge_groups",
     "similarity_coefficients",
 ]
@@ -189,11 +192,71 @@ def homogenization_sums(
         out["seq_to_others"] = torch.where(inc, to_others, nan)[:, :n_pos]
         out["seq_mean_pairwise"] = mean_pairwise
     if effective_rank:
-        sigma = torch.linalg.svdvals(x * w[..., None]).to(f64)  # zero rows add no value
-        p = sigma / sigma.sum(-1, keepdim=True).clamp_min(torch.finfo(f64).tiny)
-        entropy = -(torch.where(p > 0, p * torch.log(p), torch.zeros_like(p))).sum(-1)
-        out["effective_rank_sum"] = torch.exp(entropy).sum()
+        out.update(rank_sums(x, scale, w, (pos_index >= 1).to(work)))
     return out
+
+
+RANK_FIELDS = (
+    "effective_rank_sum",
+    "unit_effective_rank_sum",
+    "matrix_entropy_sum",
+    "unit_effective_rank_no_first_sum",
+    "matrix_entropy_no_first_sum",
+)
+"""Summed per-sequence rank metrics of :func:`rank_sums` (names of the profile's fields)."""
+
+
+def _entropies(sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """exp(entropy of sigma / sum sigma) and entropy of sigma^2 / sum sigma^2 (nats), per row."""
+    tiny = torch.finfo(sigma.dtype).tiny
+
+    def entropy(p: torch.Tensor) -> torch.Tensor:
+        p = p / p.sum(-1, keepdim=True).clamp_min(tiny)
+        return -(torch.where(p > 0, p * torch.log(p), torch.zeros_like(p))).sum(-1)
+
+    return torch.exp(entropy(sigma)), entropy(sigma * sigma)
+
+
+def rank_sums(
+    x: Float[torch.Tensor, "batch pos d_model"],
+    scale: Float[torch.Tensor, "batch pos"],
+    weight: Float[torch.Tensor, "batch pos"],
+    rest: Float[torch.Tensor, "batch pos"],
+) -> dict[str, torch.Tensor]:
+    """Rank metrics of each sequence's matrix of vectors, summed over sequences (float64).
+
+    * ``effective_rank`` of X itself (rows weighted by their norms): exp of the entropy of the
+      normalised singular values (Roy & Vetterli 2007); dominated by the largest rows, e.g. a
+      first token with massive activations;
+    * ``unit_effective_rank``: the same on unit rows U (every token counts equally);
+    * ``matrix_entropy``: entropy (nats) of the eigenvalues of U U^T / tr, the matrix-based
+      Renyi entropy of order 1 (Giraldo et al. 2014; Skean et al. 2025, arXiv 2502.02013), in
+      [0, log min(T, d_model)];
+    * ``*_no_first``: the unit-row metrics without position 0 (the BOS or first token).
+
+    Args:
+        x: ``[batch pos d_model]`` vectors; ``scale`` ``[batch pos]`` 1/||x|| on counted tokens
+            (0 elsewhere); ``weight`` 1 on counted tokens; ``rest`` 1 on counted tokens after
+            position 0.
+
+    Returns:
+        The fields of :data:`RANK_FIELDS`, each a float64 scalar.
+    """
+    f64 = torch.float64
+    raw = torch.linalg.svdvals(x * weight[..., None]).to(f64)  # zero rows add no value
+    units = x * scale[..., None]
+    unit = torch.linalg.svdvals(units).to(f64)
+    rest_sigma = torch.linalg.svdvals(units * rest[..., None]).to(f64)
+    erank_raw, _ = _entropies(raw)
+    erank, entropy = _entropies(unit)
+    erank_rest, entropy_rest = _entropies(rest_sigma)
+    return {
+        "effective_rank_sum": erank_raw.sum(),
+        "unit_effective_rank_sum": erank.sum(),
+        "matrix_entropy_sum": entropy.sum(),
+        "unit_effective_rank_no_first_sum": erank_rest.sum(),
+        "matrix_entropy_no_first_sum": entropy_rest.sum(),
+    }
 
 
 def _position_dots(

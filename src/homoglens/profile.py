@@ -30,7 +30,7 @@ from homoglens.distributed import (
     world,
 )
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
-from homoglens.homogenization import homogenization_sums, positions_from_mask
+from homoglens.homogenization import RANK_FIELDS, homogenization_sums, positions_from_mask
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
 from homoglens.types import BosPolicy, HookedModel
@@ -115,7 +115,7 @@ class _Accumulator:
         self.layer = {
             name: torch.zeros(n_layer, **f64)
             for name in ("mean_pairwise_sum", "relative_residual_sum", "unit_sum_sq")
-            + (("effective_rank_sum",) if effective_rank else ())
+            + (RANK_FIELDS if effective_rank else ())
         }
         self.unit_sum = torch.zeros(n_layer, d_model, **f64)
         self.pos = {name: torch.zeros(n_pos, **f64) for name in ("count", "prefix_count")}
@@ -192,7 +192,9 @@ def homogenization_profile(
     (mean cosine of a token to the other tokens of its sequence), ``to_prefix``, ``to_mean``,
     ``mean_pairwise[layer]``, ``baseline[layer]`` (anisotropy: mean cosine across sequences,
     exact), ``adjusted = mean_pairwise - baseline``, ``relative_residual``, ``norm``,
-    ``count[pos]``, and ``effective_rank`` on request. Cosines lie in [-1, 1].
+    ``count[pos]``, and on request the rank metrics ``effective_rank`` (norm-weighted: it
+    mostly measures the first token's massive activations), ``unit_effective_rank`` and
+    ``matrix_entropy`` (unit rows) and their ``*_no_first`` variants. Cosines lie in [-1, 1].
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge`` (see :func:`load_model`).
@@ -204,8 +206,9 @@ def homogenization_profile(
         batch_size: Sequences per forward pass (memory scales with it).
         exclude_first: Leave position 0 (the first real token, often BOS, which carries massive
             activations) out of every statistic; its row is NaN.
-        effective_rank: Also compute each sequence's effective rank (one SVD per sequence and
-            layer).
+        effective_rank: Also compute each sequence's rank metrics: the effective rank of the
+            vectors as they are, and on unit rows the effective rank and the matrix entropy,
+            with and without position 0 (three SVDs per sequence and layer).
         attention_mask: ``[batch pos]`` 0/1 mask for token input (left or right padding).
         bos: For text input: ``"auto"`` (``model.cfg.default_prepend_bos``), ``"always"``,
             ``"never"``.

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from homoglens.comparison import ModelComparison
     from homoglens.patching import PositionalPatchingResult
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
+    from homoglens.results.similarity import PositionalSimilarity
     from homoglens.sinks import SinkAnalysis
 
 __all__ = [
@@ -167,6 +168,62 @@ explicit positional information only. Intervals: {pct}% paired bootstrap over se
 
 def _table(frame: Any) -> str:
     return str(frame.to_html(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+def _similarity_section(result: PositionalSimilarity, out: Path) -> str:
+    """Save the positional similarity and return its HTML section: M / W heatmaps of a late
+    layer, the naive and the matched edge excess by layer (with intervals), SP by position."""
+    from matplotlib.figure import Figure
+
+    result.save(out / "similarity")
+    figures = out / "figures"
+    figures.mkdir(exist_ok=True)
+    late = result.layers[max(0, (3 * (len(result.layers) - 1)) // 4)]
+    heat = _png(result.plot(layers=[late]), figures / "similarity.png")
+    edge = result.edge_excess()
+    edge.to_csv(out / "similarity_edge_excess.csv", index=False)
+    sp = result.sp_excess()
+    sp.to_csv(out / "similarity_sp_excess.csv", index=False)
+    result.to_pandas().to_csv(out / "similarity.csv", index=False)
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.add_subplot()
+    for i, name in enumerate(("first", "last")):
+        rows = edge[edge["edge"] == name]
+        ax.plot(rows["layer"], rows["naive"], "--", color=f"C{i}", label=f"naive, {name}")
+        ax.plot(rows["layer"], rows["matched"], "o-", ms=3, color=f"C{i}", label=f"matched, {name}")
+        ax.fill_between(rows["layer"], rows["ci_low"], rows["ci_high"], color=f"C{i}", alpha=0.2)
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xlabel("layer (0 = embeddings, l = output of block l-1)")
+    ax.set_ylabel("edge minus middle (cosine)")
+    ax.set_title(f"Edge excess, {result.edge_k} positions per edge")
+    ax.legend(fontsize="x-small")
+    curves = _png(fig, figures / "similarity_edge_excess.png")
+    pct = 95
+    last = edge[edge["layer"] == late]
+    first_pos = (
+        "position 0 left out (it holds a BOS)" if result.first_position else ("position 0 included")
+    )
+    return f"""
+<h2>Position-resolved similarity (edges without the distance bias)</h2>
+<p class="note">{result.n_sequences} windows of {result.n_pos + result.first_position} tokens,
+{first_pos}; space={result.space}, centre={result.centre}. M[i, j] is the within-window mean
+cosine of positions i and j, C[i, j] the same pair across different windows, W = M - C the
+contextual similarity. The <em>naive</em> edge excess (an edge position's mean similarity to the
+others minus the middle's) is negative for any sequence whose similarity falls with distance;
+the <em>matched</em> excess compares edge-middle pairs of W with middle-middle pairs at the same
+distance, and is 0 in expectation when no position is special. Intervals: {pct}% Wald intervals
+with moving-block bootstrap standard errors over windows (blocks of 16), jackknife pseudo-values
+{"on" if result.has_pseudo_values else "off"}. SP[i] = C[i, i] is the similarity of the same
+position across inputs.</p>
+<img alt="similarity" src="data:image/png;base64,{heat}">
+<img alt="edge excess" src="data:image/png;base64,{curves}">
+<h3>Edge excess at layer {late}</h3>
+{_table(last)}
+<h3>SP of the edges minus the middle, by layer</h3>
+{_table(sp)}
+<p class="note">All layers: similarity_edge_excess.csv; matrices: similarity/ (reload with
+PositionalSimilarity.load).</p>
+"""
 
 
 def _sinks_section(analysis: SinkAnalysis, out: Path) -> str:
@@ -389,26 +446,51 @@ def _comparison_section(comparison: ModelComparison, out: Path) -> str:
             + _table(pd.DataFrame(held))
         )
     nope = comparison.no_positions
+    grouped = comparison.group_by == "variant"
+    seeds = ", ".join(
+        f"{html.escape(name)}: {len(labels)}" for name, labels in comparison.entities().items()
+    )
+    unit = (
+        f"Models are variants; their training seeds ({seeds}) are the unit of replication: "
+        "intervals come from a hierarchical bootstrap (seeds, then blocks of "
+        f"{comparison.block} consecutive windows) with t quantiles on seeds - groups degrees of "
+        "freedom, and seed_sd is the between-seed s.d."
+        if grouped
+        else f"Each model is one training run: intervals are over windows only (moving blocks of "
+        f"{comparison.block} consecutive windows), so they say nothing about another seed."
+    )
+    shipped = comparison.settings.get("shipped_statistics") or []
+    shipped_note = (
+        f" Shipped per-window statistics (no weights) for: {html.escape(', '.join(shipped))}."
+        if shipped
+        else ""
+    )
+    primary = tables["claims"][tables["claims"]["primary"]]
     return f"""
-<h2>Models compared on the same sequences</h2>
-<p class="note">{comparison.n_sequences} sequences:
-{html.escape(str(comparison.settings.get("data", "")))}. Every statistic is paired by sequence;
-intervals are {pct}% percentile bootstraps over sequences ({comparison.n_boot} resamples).
-Model without positions: {html.escape(str(nope))}. Edge statistics use the first / last
-{comparison.edge_k} positions against the middle at the last layer; sinks use Gu et al.'s
-importance on key 0 with eps = {comparison.eps}. The metrics are homoglens' own
+<h2>Models compared on the same windows</h2>
+<p class="note">{comparison.n_sequences} windows:
+{html.escape(str(comparison.settings.get("data", "")))}. Every statistic is paired by window.
+{unit}{shipped_note} Model without positions: {html.escape(str(nope))}. Edge statistics use the
+first / last {comparison.edge_k} positions against the middle at the last layer: "matched"
+compares edge-middle pairs with middle-middle pairs at the same distance (the naive excess is
+biased by distance and shown for reference); H is the mean off-diagonal of W = M - C. Sinks use
+Gu et al.'s importance on key 0 with eps = {comparison.eps}. The metrics are homoglens' own
 operationalisation of Yusupov et al. 2025 (arXiv 2508.17126), not the paper's numbers.</p>
 <img alt="comparison" src="data:image/png;base64,{png}">
-<h3>Claims C1-C3 (holds: the CI lies on the predicted side; fails: on the other side)</h3>
-{_table(tables["claims"])}
-<h3>Per model (mean over sequences, {pct}% CI)</h3>
+<h3>Claims C1-C3: primary tests ({len(primary)}, Holm-adjusted, SESOI {comparison.sesoi}
+cosine / {comparison.loss_sesoi} nats)</h3>
+<p class="note">holds: significant on the predicted side; equivalent: TOST shows the effect is
+smaller than the SESOI; fails: significant on the other side; inconclusive: none of these.
+The full table (secondary rows unadjusted) is in comparison_claims.csv.</p>
+{_table(primary)}
+<h3>Per model (mean over windows, {pct}% CI; per-layer statistics at the last layer)</h3>
 {_table(tables["summary"])}
 {held_html}
 <h3>Paired differences to {html.escape(comparison.labels[0])}</h3>
 {_table(tables["differences"])}
 <h3>Positional ablations within each model (ablated minus intact)</h3>
 {_table(tables["ablation_effects"])}
-<h3>Homogenization by layer (intact models)</h3>
+<h3>Homogenization by layer (intact models: raw mean pairwise, centred H)</h3>
 {_table(tables["layers"])}
 """
 
@@ -472,6 +554,7 @@ def write_profile_report(
     study: PositionAblationStudy | None = None,
     sinks: SinkAnalysis | None = None,
     patching: PositionalPatchingResult | list[PositionalPatchingResult] | None = None,
+    similarity: PositionalSimilarity | None = None,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
 
@@ -481,7 +564,8 @@ def write_profile_report(
     ``report.html``; with a ``study``: ``study/``, ``ablation_loss.csv``,
     ``ablation_layers.csv``, ``figures/ablation.png`` and a report section; with ``sinks``:
     ``sinks/``, ``sink_*.csv``, sink figures and a section; with ``patching``: ``patching/``,
-    ``patching.csv``, heatmaps and a section.
+    ``patching.csv``, heatmaps and a section; with ``similarity``: ``similarity/``,
+    ``similarity*.csv``, figures and a position-resolved section.
 
     Returns:
         The path of ``report.html``.
@@ -530,7 +614,9 @@ def write_profile_report(
         f"{prov['hook_points'][0]} ... {prov['hook_points'][-1]}" if prov["hook_points"] else ""
     )
     prov.update(n_sequences=profile.n_sequences, n_tokens=profile.n_tokens, positions=profile.n_pos)
-    ablation = _study_section(study, out) if study is not None else ""
+    ablation = _similarity_section(similarity, out) if similarity is not None else ""
+    if study is not None:
+        ablation += _study_section(study, out)
     if sinks is not None:
         ablation += _sinks_section(sinks, out)
     if patching is not None:

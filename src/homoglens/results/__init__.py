@@ -202,6 +202,9 @@ class HomogenizationProfile:
         prefix_count: ``[pos]`` int64, sequences whose position has >= 1 counted earlier token.
         mean_pairwise_sum, relative_residual_sum: ``[layer]`` sums of per-sequence values.
         effective_rank_sum: ``[layer]`` or ``None`` if not requested.
+        unit_effective_rank_sum, matrix_entropy_sum, unit_effective_rank_no_first_sum,
+        matrix_entropy_no_first_sum: ``[layer]`` sums of the unit-row rank metrics, or ``None``
+            (not requested, or a profile saved before they existed).
         unit_sum: ``[layer d_model]`` G, the sum over all sequences of S = sum of unit vectors.
         unit_sum_sq: ``[layer]`` sum over sequences of ||S||^2.
         n_sequences, n_tokens, n_tokens_sq: sequences, counted tokens and sum of T^2.
@@ -209,7 +212,8 @@ class HomogenizationProfile:
 
     Derived values (properties; cosines in [-1, 1], NaN where undefined) are documented on
     each property: ``to_others, to_prefix, to_mean, norm, mean_pairwise, baseline, adjusted,
-    relative_residual, effective_rank``.
+    relative_residual, effective_rank, unit_effective_rank, matrix_entropy,
+    unit_effective_rank_no_first, matrix_entropy_no_first``.
 
     References:
         Yusupov et al. 2025, "Token Homogenization under Positional Bias", arXiv 2508.17126
@@ -235,6 +239,10 @@ class HomogenizationProfile:
     n_tokens_sq: int
     effective_rank_sum: Float[torch.Tensor, " layer"] | None = None
     provenance: Provenance = field(default_factory=Provenance)
+    unit_effective_rank_sum: Float[torch.Tensor, " layer"] | None = None
+    matrix_entropy_sum: Float[torch.Tensor, " layer"] | None = None
+    unit_effective_rank_no_first_sum: Float[torch.Tensor, " layer"] | None = None
+    matrix_entropy_no_first_sum: Float[torch.Tensor, " layer"] | None = None
 
     def __post_init__(self) -> None:
         n_layer, n_pos = len(self.layers), int(self.count.shape[0])
@@ -248,8 +256,14 @@ class HomogenizationProfile:
             "relative_residual_sum": (n_layer,),
             "unit_sum_sq": (n_layer,),
         }
-        if self.effective_rank_sum is not None:
-            expected["effective_rank_sum"] = (n_layer,)
+        for name in _UNIT_RANK:
+            if (getattr(self, name) is None) != (getattr(self, _UNIT_RANK[0]) is None):
+                raise ValueError(f"the unit-row rank fields {_UNIT_RANK} come together")
+            if getattr(self, name) is not None and self.effective_rank_sum is None:
+                raise ValueError(f"{name} needs effective_rank_sum")
+        for name in ("effective_rank_sum", *_UNIT_RANK):
+            if getattr(self, name) is not None:
+                expected[name] = (n_layer,)
         for name, shape in expected.items():
             got = tuple(getattr(self, name).shape)
             if got != shape:
@@ -314,11 +328,41 @@ class HomogenizationProfile:
 
     @cached_property
     def effective_rank(self) -> Float[torch.Tensor, " layer"] | None:
-        """``[layer]`` mean over sequences of the effective rank of X (1 .. min(T, d_model)),
-        or ``None`` if it was not requested."""
+        """``[layer]`` mean over sequences of the effective rank of X as it is (1 .. min(T,
+        d_model)), or ``None`` if it was not requested. Rows weigh by their norms, so one
+        token with massive activations (usually the first, or a BOS) dominates it: one entry of
+        1000 on x_0 moves it from 56.5 to 10.2 while the mean cosine moves from 0.199 to 0.197.
+        Prefer :attr:`unit_effective_rank` / :attr:`matrix_entropy` (``*_no_first``)."""
         if self.effective_rank_sum is None:
             return None
         return self.effective_rank_sum / self.n_sequences
+
+    def _rank(self, name: str) -> torch.Tensor | None:
+        total = getattr(self, f"{name}_sum")
+        return None if total is None else total / self.n_sequences
+
+    @property
+    def unit_effective_rank(self) -> Float[torch.Tensor, " layer"] | None:
+        """``[layer]`` mean over sequences of the effective rank of the *unit* rows (every
+        token weighs the same; 1 .. min(T, d_model)), or ``None``."""
+        return self._rank("unit_effective_rank")
+
+    @property
+    def matrix_entropy(self) -> Float[torch.Tensor, " layer"] | None:
+        """``[layer]`` mean over sequences of the entropy (nats) of the eigenvalues of
+        U U^T / T for unit rows U (matrix-based entropy, Skean et al. 2025, arXiv 2502.02013;
+        0 .. log min(T, d_model); lower = more homogenized), or ``None``."""
+        return self._rank("matrix_entropy")
+
+    @property
+    def unit_effective_rank_no_first(self) -> Float[torch.Tensor, " layer"] | None:
+        """``[layer]`` :attr:`unit_effective_rank` without position 0 (the BOS), or ``None``."""
+        return self._rank("unit_effective_rank_no_first")
+
+    @property
+    def matrix_entropy_no_first(self) -> Float[torch.Tensor, " layer"] | None:
+        """``[layer]`` :attr:`matrix_entropy` without position 0 (the BOS), or ``None``."""
+        return self._rank("matrix_entropy_no_first")
 
     @property
     def n_pos(self) -> int:
@@ -378,6 +422,7 @@ class HomogenizationProfile:
             return torch.stack(parts).sum(0)
 
         has_rank = all(p.effective_rank_sum is not None for p in profiles)
+        has_unit = all(p.unit_effective_rank_sum is not None for p in profiles)
         datas = list(dict.fromkeys(p.provenance.data for p in profiles))
         bos_values = {p.provenance.bos for p in profiles}
         return HomogenizationProfile(
@@ -396,6 +441,7 @@ class HomogenizationProfile:
             n_tokens=sum(p.n_tokens for p in profiles),
             n_tokens_sq=sum(p.n_tokens_sq for p in profiles),
             effective_rank_sum=total("effective_rank_sum") if has_rank else None,
+            **{name: total(name) if has_unit else None for name in _UNIT_RANK},
             provenance=replace(
                 first.provenance,
                 data=" + ".join(datas) if len(datas) <= 3 else f"{len(profiles)} merged parts",
@@ -511,6 +557,10 @@ class HomogenizationProfile:
             "adjusted",
             "relative_residual",
             "effective_rank",
+            "unit_effective_rank",
+            "matrix_entropy",
+            "unit_effective_rank_no_first",
+            "matrix_entropy_no_first",
         ):
             values = getattr(self, name)
             if values is None:
@@ -600,6 +650,8 @@ class HomogenizationProfile:
         expected = set(_TENSOR_FIELDS) | (
             {"effective_rank_sum"} if meta["has_effective_rank"] else set()
         )
+        if meta["has_effective_rank"] and set(_UNIT_RANK) <= set(tensors):
+            expected |= set(_UNIT_RANK)  # profiles saved before the unit-row metrics lack them
         if set(tensors) != expected:
             raise IncompatibleResultsError(
                 f"{folder}/profile.safetensors has tensors {sorted(tensors)}, expected "
@@ -658,6 +710,16 @@ _PER_LAYER = (
     "unit_sum",
     "unit_sum_sq",
     "effective_rank_sum",
+    "unit_effective_rank_sum",
+    "matrix_entropy_sum",
+    "unit_effective_rank_no_first_sum",
+    "matrix_entropy_no_first_sum",
+)
+_UNIT_RANK = (
+    "unit_effective_rank_sum",
+    "matrix_entropy_sum",
+    "unit_effective_rank_no_first_sum",
+    "matrix_entropy_no_first_sum",
 )
 
 
