@@ -1,5 +1,6 @@
-"""The three shipped models of the controlled retraining: trained (held-out loss well below the
-unigram entropy), recorded, and checked like every other model against Hugging Face oracles."""
+"""The shipped models of the controlled retraining (three positional schemes, with and without a
+BOS at every training window): trained (held-out loss well below the unigram entropy), recorded,
+and checked like every other model against Hugging Face oracles."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from test_profile import TEXTS, oracle
 @pytest.mark.parametrize("name", SHIPPED_MODELS)
 def test_shipped_model_is_trained_and_recorded(name: str) -> None:
     record = json.loads((shipped_model_folder(name) / "training.json").read_text())
-    assert record["config"]["variant"] == name.split("-", 1)[1]
+    assert record["config"]["variant"] == name.split("-")[1]
+    assert record["config"].get("bos", False) == name.endswith("-bos")
     assert record["heldout"] == "Sense And Sensibility"
     assert record["heldout_loss"] <= record["heldout_unigram_entropy"] - 1.0
     steps = [step for step, _ in record["loss_curve"]]
@@ -55,3 +57,13 @@ def test_shipped_models_match_hugging_face(name: str, backend: str) -> None:
     with torch.no_grad():
         want = hf(tokens, position_ids=perm[None]).logits
     assert torch.allclose(permuted, want, atol=1e-4)
+
+
+def test_replicate_seeds_name_their_training_command() -> None:
+    """Seeds 1 and 2 ship statistics only; loading one says how to reproduce its weights."""
+    from homoglens import UnknownModelError
+
+    with pytest.raises(UnknownModelError, match="homoglens train --variant rotary --seed 2"):
+        load_model("homoglens/tiny-rotary-s2")
+    with pytest.raises(UnknownModelError, match="--variant none --bos --seed 1"):
+        load_model("homoglens/tiny-none-bos-s1")

@@ -86,6 +86,24 @@ no_first = homogenization_profile(model, windows, exclude_first=True, progress=F
 print(no_first.edge_summary(k=4).round(4))
 
 # %% [markdown]
+# ## Edges without the distance bias
+# Similarity falls with distance in every language model, and an edge token is farther from
+# the rest of its window than a middle token, so the table above reads an edge "deficit" even
+# when no position is special. `positional_similarity` keeps the position x position matrices:
+# `M` (within a window), `C` (the same pair of positions across windows) and `W = M - C`, and
+# its `matched` excess compares edge-middle pairs with middle-middle pairs at the same distance.
+# The BOS at position 0 is left out automatically.
+
+# %%
+from homoglens import positional_similarity
+
+sim = positional_similarity(model, windows, edge_k=4, progress=False)
+print(sim)
+edges = sim.edge_excess(block=2)  # 16 windows: blocks of 2 consecutive windows
+print(edges[edges["layer"].isin([0, 15, 30])].round(4))
+sim.plot(layers=[24])
+
+# %% [markdown]
 # ## Streaming and merging
 # Profiles keep sums, so parts of a corpus merge into exactly the one-pass result.
 

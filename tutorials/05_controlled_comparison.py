@@ -18,15 +18,18 @@
 # The paper's controlled experiment retrains models without positional features and compares
 # (Yusupov et al. 2025, arXiv 2508.17126). homoglens ships three small models trained that way
 # (same data, tokenizer, sizes, optimiser and steps; only the positional scheme differs) and
-# compares them on the same held-out sequences, paired by sequence, with bootstrap intervals.
-# See docs/training.md for how they were trained and docs/findings.md for the full run.
+# compares them on the same held-out windows, paired by window, with block-bootstrap intervals
+# (consecutive windows of one novel are correlated). With the shipped replicate statistics
+# (`REPLICATED_MODELS`: three training seeds per scheme) a scheme is one model and its seeds
+# are the unit of replication. See docs/training.md for how they were trained and
+# docs/findings.md for the full run.
 
 # %%
 # Pick the models. Offline default: the three shipped models. Any models that share one
 # tokenizer can be compared (e.g. your own: `homoglens train --out my-models`, then
 # {"learned": "my-models/tiny-learned", ...}).
 MODELS = ["homoglens/tiny-learned", "homoglens/tiny-rotary", "homoglens/tiny-none"]
-N_SEQ = 64  # windows of the held-out novel (None: all 1365, about 2 minutes)
+N_SEQ = 64  # windows of the held-out novel (None: all 1365, several minutes)
 
 # %%
 import pandas as pd
@@ -36,7 +39,7 @@ from homoglens import compare_models
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 70)
 
-comparison = compare_models(MODELS, n_seq=N_SEQ, n_boot=500, progress=False)
+comparison = compare_models(MODELS, n_seq=N_SEQ, n_boot=500, block=4, progress=False)
 print(comparison)
 print(comparison.settings["data"])
 
@@ -49,7 +52,8 @@ print(summary.pivot(index="statistic", columns="model", values="value").round(4)
 comparison.plot()
 
 # %% [markdown]
-# ## Homogenization by layer: raw, baseline, adjusted
+# ## Homogenization by layer: raw mean pairwise cosine, and centred H (mean off-diagonal of
+# W = M - C: what a window's tokens share beyond what every window shares at those positions)
 
 # %%
 print(comparison.layer_table().round(4))
@@ -65,19 +69,24 @@ print(comparison.differences(reference="homoglens/tiny-none").round(4))
 
 # %%
 effects = comparison.ablation_effects()
-print(effects[effects["statistic"].isin(["loss", "adjusted_last", "first_excess"])].round(4))
+print(effects[effects["statistic"].isin(["loss", "homogenization", "matched_first"])].round(4))
 
 # %% [markdown]
 # ## Claims C1-C3
-# "holds": the interval lies on the side the claim predicts; "fails": on the other side.
+# One pre-declared primary test per reading and model, Holm-adjusted, with a smallest effect
+# size of interest (0.01 cosine, 0.01 nats): "holds" = significant on the predicted side,
+# "equivalent" = smaller than the SESOI (TOST), "fails" = significant on the other side.
+# Each model here is one training seed, so the intervals are over windows only.
 
 # %%
-print(comparison.claims()[["claim", "test", "model", "value", "ci_low", "ci_high", "verdict"]])
+claims = comparison.claims()
+columns = ["claim", "reading", "test", "model", "value", "ci_low", "ci_high", "p_holm", "verdict"]
+print(claims[claims["primary"]][columns].round(4).to_string())
 
 # %% [markdown]
-# Sequences of one model, for your own statistics (every tensor is `[seq]`, paired across
-# models):
+# Windows of one model, for your own statistics (every tensor is `[seq]` or `[seq layer]`,
+# paired across models):
 
 # %%
 per_seq = comparison.per_sequence("homoglens/tiny-rotary")
-print({name: round(float(values.mean()), 4) for name, values in per_seq.items()})
+print({name: tuple(values.shape) for name, values in per_seq.items()})

@@ -6,7 +6,7 @@ The public face: everything a researcher needs is importable from here.
 """
 
 from homoglens.architectures import ARCHITECTURES, ArchitectureSpec, architecture_of
-from homoglens.comparison import ModelComparison, compare_models
+from homoglens.comparison import REPLICATED_MODELS, ModelComparison, compare_models
 from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
 from homoglens.errors import (
     DistributedError,
@@ -77,6 +77,7 @@ __all__ = [
     "ModelInfo",
     "ModelComparison",
     "POSITION_ABLATIONS",
+    "REPLICATED_MODELS",
     "PositionAblation",
     "PositionAblationStudy",
     "PositionPlan",

@@ -60,7 +60,7 @@ from homoglens.similarity import positional_similarity
 from homoglens.sinks import SinkScores, _check_key_eps, _sink_pass
 from homoglens.stats import estimate, window_resamples
 from homoglens.studies import position_ablation_study
-from homoglens.types import Backend, HookedModel
+from homoglens.types import Backend, GroupBy, HookedModel
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -97,7 +97,6 @@ and 2 ship their per-window statistics on the held-out novel (``homoglens train 
 --seed S`` reproduces their weights bit for bit)."""
 
 _REPLICATES = Path(str(files("homoglens") / "assets" / "replicates"))
-GroupBy = Literal["variant"]
 
 
 @dataclass(frozen=True, eq=False)

@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -304,10 +305,30 @@ SHIPPED_MODELS: tuple[str, ...] = (
     "homoglens/tiny-learned",
     "homoglens/tiny-rotary",
     "homoglens/tiny-none",
+    "homoglens/tiny-learned-bos",
+    "homoglens/tiny-rotary-bos",
+    "homoglens/tiny-none-bos",
 )
 """Small causal LMs trained by :mod:`homoglens.training` and shipped inside the package: the
 same model and data except the positional scheme (learned GPT-2, rotary GPT-NeoX, GPT-2 without
-positions). Each folder holds ``training.json`` with its settings and loss curve."""
+positions), seed 0; the ``-bos`` ones saw every training window start with ``<|endoftext|>``.
+Each folder holds ``training.json`` with its settings and loss curve. Other seeds ship as
+per-window statistics only (:data:`homoglens.comparison.REPLICATED_MODELS`)."""
+
+_TRAINED_NAME = re.compile(r"homoglens/tiny-(learned|rotary|none)(-bos)?(?:-s(\d+))?")
+
+
+def _train_command(name: str) -> str:
+    """The ``homoglens train`` command that reproduces a shipped-name model."""
+    match = _TRAINED_NAME.fullmatch(name)
+    if match is None:
+        return "homoglens train"
+    variant, bos, seed = match.groups()
+    return (
+        f"homoglens train --variant {variant}"
+        + (" --bos" if bos else "")
+        + (f" --seed {seed}" if seed else "")  # fmt: skip
+    )
 
 
 def shipped_model_folder(name: str) -> Path:
@@ -320,12 +341,21 @@ def shipped_model_folder(name: str) -> Path:
     from importlib.resources import files
 
     if name not in SHIPPED_MODELS:
-        raise UnknownModelError(f"{name!r} is not a shipped model; known: {list(SHIPPED_MODELS)}")
+        hint = ""
+        if _TRAINED_NAME.fullmatch(name):
+            hint = (
+                f"; its weights do not ship (only its per-window statistics, if it is one of "
+                f"the replicate seeds): `{_train_command(name)} --out models` reproduces them "
+                "bit for bit, then load the folder it prints"
+            )
+        raise UnknownModelError(
+            f"{name!r} is not a shipped model{hint}; shipped: {list(SHIPPED_MODELS)}"
+        )
     folder = Path(str(files("homoglens") / "assets" / "models" / name.split("/", 1)[1]))
     if not (folder / "config.json").is_file() or not (folder / "training.json").is_file():
         raise ModelFolderNotFoundError(
             f"the shipped model {name!r} is missing from {folder}; reinstall homoglens, or train "
-            f"it with `homoglens train --variant {name.split('-', 1)[1]}`"
+            f"it with `{_train_command(name)}`"
         )
     return folder
 
@@ -737,12 +767,16 @@ def load_model(
     if not isinstance(name, str) or not name.strip():
         raise InvalidInputError(f"name_or_path={name_or_path!r} must be a non-empty name or path")
     source = ""
+    if name not in SHIPPED_MODELS and _TRAINED_NAME.fullmatch(name):
+        shipped_model_folder(name)  # raises: names the training command
     if name in SHIPPED_MODELS:
         folder = shipped_model_folder(name)
         record = json.loads((folder / "training.json").read_text())
         source = (
             f"shipped with homoglens: trained by homoglens.training (variant "
-            f"{record['config']['variant']}, seed {record['config']['seed']}, held-out loss "
+            f"{record['config']['variant']}"
+            + (", BOS at every window" if record["config"].get("bos") else "")
+            + f", seed {record['config']['seed']}, held-out loss "
             f"{record['heldout_loss']:.3f} nats/token on {record['heldout']})"
         )
         display = name

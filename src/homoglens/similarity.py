@@ -43,12 +43,10 @@ from homoglens.profile import (
 )
 from homoglens.results import Provenance
 from homoglens.results.similarity import PositionalSimilarity
-from homoglens.types import BosPolicy, HookedModel
+from homoglens.types import BosPolicy, Centring, HookedModel, SimilaritySpace
 
 __all__ = ["positional_similarity", "similarity_from_activations", "SPACES", "CENTRES"]
 
-Space = Literal["resid", "ln_input", "final_norm"]
-Centre = Literal["global", "position"]
 SPACES: tuple[str, ...] = ("resid", "ln_input", "final_norm")
 """Where vectors are read: the residual stream; what the next block's first normalisation
 makes of it without its affine weights; the last entry after the final norm (with its weights,
@@ -77,7 +75,6 @@ class _Sums:
         self.mean: torch.Tensor | None = None  # [layer d] or [layer pos d]
         self.scale: torch.Tensor | None = None  # [layer d]
         self.n_massive = 0
-        self.cross_vectors: torch.Tensor | None = None  # [layer stat pos d] S_e Ub
 
     def units_of(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Centre, standardise and normalise ``x [batch pos d]`` of layer ``i``: unit vectors
@@ -109,17 +106,17 @@ class _Sums:
         """Second pass: each window's share of the cross-window terms, given the final sums."""
         u, _ = self.units_of(i, x)
         u64 = u.double()
-        vectors = self.cross_vectors[i].to(u.device)  # [stat pos d]: S_e Ub
+        ub = self.units[i].to(u.device)
+        vectors = torch.einsum("eij,jd->eid", self.sym.to(u.device), ub)  # S_e Ub
         gram = u64 @ u64.transpose(1, 2)
         own = torch.einsum("bij,eij->be", gram, self.coef.to(u.device))  # stat_e(U_s U_s^T)
         cross[:, i] = torch.einsum("bpd,epd->be", u64, vectors) - 2 * own
-        ub = self.units[i].to(u.device)
         same[:, i] = (u64 * ub[None]).sum(-1) - (u64 * u64).sum(-1)
 
-    def prepare_cross(self) -> None:
-        """``S_e Ub`` for every layer and statistic (S_e = A_e + A_e^T)."""
-        sym = self.coef + self.coef.transpose(1, 2)
-        self.cross_vectors = torch.einsum("eij,ljd->leid", sym, self.units)
+    @property
+    def sym(self) -> torch.Tensor:
+        """``S_e = A_e + A_e^T`` (full symmetric coefficients)."""
+        return self.coef + self.coef.transpose(1, 2)
 
 
 def _space_fn(model: HookedModel, space: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -160,8 +157,7 @@ def _centre_moments(
             ax = x64.abs()
             ratio = ax.amax(-1) / ax.median(-1).values.clamp_min(torch.finfo(torch.float64).tiny)
             keep = ratio <= massive_threshold
-            if first == 0:  # position 0 never enters the global mean
-                keep[:, 0] = False
+            keep[:, 0] = False  # position 0 (a BOS or the first token) never enters it
             massive[i] += float((ratio > massive_threshold)[:, first:].sum())
             w = keep[..., None].to(x64.dtype)
             total[i] += (x64 * w).sum((0, 1)).to(device)
@@ -262,8 +258,8 @@ def positional_similarity(
     data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
     *,
     layers: list[int] | tuple[int, ...] | int | None = None,
-    space: Space = "resid",
-    centre: Centre | None = None,
+    space: SimilaritySpace = "resid",
+    centre: Centring | None = None,
     standardize: bool = False,
     exclude_first: bool | Literal["auto"] = "auto",
     edge_k: int = 8,
@@ -495,7 +491,6 @@ def _cross_pass(
     n_layer: int,
 ) -> None:
     """Last pass: each window's share of the cross-window terms (needs the final sums)."""
-    sums.prepare_cross()
 
     def run(i: int, x: torch.Tensor, first: int) -> None:
         if i == 0:
@@ -516,7 +511,7 @@ def similarity_from_activations(
     | Float[torch.Tensor, "layer batch pos d_model"],
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     *,
-    centre: Centre | None = None,
+    centre: Centring | None = None,
     standardize: bool = False,
     exclude_first: bool = False,
     edge_k: int = 8,

@@ -23,13 +23,13 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from jaxtyping import Float, Int
 
 from homoglens._checks import as_float, as_int
 from homoglens.errors import InvalidInputError
+from homoglens.types import Verdict
 
 __all__ = [
     "Verdict",
@@ -41,9 +41,6 @@ __all__ = [
     "holm",
     "verdict",
 ]
-
-Verdict = Literal["holds", "equivalent", "fails", "inconclusive"]
-"""Outcome of a directional test with a smallest effect size of interest (see :func:`verdict`)."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ __all__ = [
     "HookFn",
     "FwdHooks",
     "HookedModel",
+    "SimilaritySpace",
+    "Centring",
+    "GroupBy",
+    "Verdict",
 ]
 
 Backend: TypeAlias = Literal["auto", "hooked", "bridge"]
@@ -36,6 +40,22 @@ BosPolicy: TypeAlias = Literal["auto", "always", "never"]
 WeightsKind: TypeAlias = Literal["raw", "processed", "unknown"]
 """Raw checkpoint weights, or TransformerLens-processed (LayerNorm folded, writing weights
 centred), or not known (a model homoglens did not load)."""
+
+SimilaritySpace: TypeAlias = Literal["resid", "ln_input", "final_norm"]
+"""Where :func:`~homoglens.positional_similarity` reads vectors: the residual stream, what the
+next normalisation makes of it without its affine weights, or the last entry after the final
+norm (Hugging Face's last ``hidden_states``)."""
+
+Centring: TypeAlias = Literal["global", "position"]
+"""Corpus centring before cosines: one mean per layer (without position 0 and massive tokens),
+or one mean per position and layer."""
+
+GroupBy: TypeAlias = Literal["variant"]
+"""How :func:`~homoglens.compare_models` groups labels: by the positional variant recorded in
+``training.json`` (labels of one variant are training seeds of one model)."""
+
+Verdict: TypeAlias = Literal["holds", "equivalent", "fails", "inconclusive"]
+"""Outcome of a directional test with a smallest effect size of interest."""
 
 Tokens: TypeAlias = Int[torch.Tensor, "batch pos"]
 AttentionMask: TypeAlias = Int[torch.Tensor, "batch pos"] | Bool[torch.Tensor, "batch pos"]
