@@ -72,6 +72,11 @@ def brute_force(x: torch.Tensor, first: int, k: int) -> dict[str, torch.Tensor]:
     }
 
 
+def with_se(table):
+    """The edge table with the standard error its 95 % Wald interval implies."""
+    return table.assign(se=(table["ci_high"] - table["ci_low"]) / (2 * 1.959964))
+
+
 def ar1(n: int, t: int, d: int, *, rho: float = 0.9, offset: float = 0.5, seed: int = 0):
     """A stationary AR(1) sequence of vectors per window plus a constant offset: similarity
     falls with distance, and no position is special."""
@@ -184,7 +189,7 @@ def test_ar1_null_naive_reads_an_edge_effect_matched_does_not() -> None:
     """The stationary AR(1) of the issue (N=400, T=128, d=128, rho=0.9, +0.5): the naive edge
     excess is below -0.02 at both edges, the distance-matched one within 3 SE of 0."""
     res = PositionalSimilarity.from_activations(ar1(400, 128, 128), edge_k=8)
-    table = res.edge_excess().set_index("edge")
+    table = with_se(res.edge_excess()).set_index("edge")
     for edge in ("first", "last"):
         assert table.loc[edge, "naive"] < -0.02, table
         assert abs(table.loc[edge, "matched"]) < 3 * table.loc[edge, "se"], table
@@ -200,7 +205,7 @@ def test_shared_positional_component_is_removed_by_position_centring() -> None:
     y = x + shared
     raw = PositionalSimilarity.from_activations(y, edge_k=8).edge_excess().set_index("edge")
     centred = PositionalSimilarity.from_activations(y, edge_k=8, centre="position")
-    table = centred.edge_excess().set_index("edge")
+    table = with_se(centred.edge_excess()).set_index("edge")
     assert abs(table.loc["first", "matched"]) < 3 * table.loc["first", "se"], table
     assert abs(raw.loc["first", "naive"]) > 3 * abs(table.loc["first", "matched"])
 
@@ -211,7 +216,8 @@ def test_a_real_last_edge_effect_is_found_and_stays_at_its_edge() -> None:
     x = ar1(400, 128, 128, seed=8)
     y = x.clone()
     y[:, -8:] += 0.3 * (x.mean(1, keepdim=True) - x[:, -8:])
-    table = PositionalSimilarity.from_activations(y, edge_k=8).edge_excess().set_index("edge")
+    table = with_se(PositionalSimilarity.from_activations(y, edge_k=8).edge_excess())
+    table = table.set_index("edge")
     assert table.loc["last", "matched"] >= 0.03, table
     assert abs(table.loc["first", "matched"]) < 3 * table.loc["first", "se"], table
 
@@ -393,7 +399,7 @@ def test_save_load_tables_and_plot(tmp_path, get_model) -> None:
     assert list(sim.sp_excess().columns)[:5] == ["layer", "edge", "sp_edge", "sp_middle", "excess"]
     edge = sim.edge_excess()
     assert list(edge.columns) == [
-        "layer", "edge", "naive", "matched", "se", "ci_low", "ci_high", "n_sequences"
+        "layer", "edge", "naive", "matched", "ci_low", "ci_high", "n_sequences"
     ]  # fmt: skip
     with pytest.warns(UserWarning, match="edge_k=4"):
         other = sim.edge_excess(k=3)

@@ -336,8 +336,9 @@ class PositionalSimilarity(SavedResult):
             n_boot: Bootstrap resamples.
 
         Returns:
-            DataFrame with columns ``layer, edge, naive, matched, se, ci_low, ci_high,
-            n_sequences`` (one row per layer and edge ``first`` / ``last``).
+            DataFrame with columns ``layer, edge, naive, matched, ci_low, ci_high,
+            n_sequences`` (one row per layer and edge ``first`` / ``last``). The standard error
+            is ``(ci_high - ci_low) / (2 z)`` (``z = 1.96`` at ``ci = 0.95``).
 
         Raises:
             InvalidInputError: ``k`` too large for the windows, bad ``ci``/``block``.
@@ -360,20 +361,19 @@ class PositionalSimilarity(SavedResult):
         idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
         for li, layer in enumerate(self.layers):
             for e, edge in enumerate(("first", "last")):
-                lo = hi = se = math.nan
+                lo = hi = math.nan
                 if have:
                     values = self.per_window(f"matched_{edge}")[:, li]
                     est = estimate(
                         [values[None]], windows=idx, resample_seeds=False, ci=ci, seed=seed
                     )
-                    lo, hi, se = est.ci_low, est.ci_high, est.se
+                    lo, hi = est.ci_low, est.ci_high
                 rows.append(
                     {
                         "layer": layer,
                         "edge": edge,
                         "naive": float(naive[li, e]),
                         "matched": float(matched[li, 2 + e]),
-                        "se": se,
                         "ci_low": lo,
                         "ci_high": hi,
                         "n_sequences": self.n_sequences,
