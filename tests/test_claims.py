@@ -40,6 +40,7 @@ def test_a_null_comparison_holds_nothing() -> None:
     assert list(table.columns) == list(CLAIM_COLUMNS)
     primary = table[table["primary"]]
     assert len(primary) == 2 * 4 + 2 * 4  # C1, C2 loc x 2, C2 cross; C3 a, b x 2, c
+    assert not primary.duplicated(["reading", "model"]).any()  # one primary per reading
     assert not (primary["verdict"].isin(["holds", "fails"])).any(), primary
     assert (primary["n_seeds"].isin([3, 6])).all() and primary["seed_sd"].notna().all()
     assert (table.loc[table["primary"], "p_holm"] >= table.loc[table["primary"], "p"]).all()

@@ -65,7 +65,9 @@ def test_per_window_statistics_are_those_of_positional_similarity(
     assert set(seq) == set(STATISTICS)
     model = load_model(label, backend=backend)
     windows = heldout_windows(model.tokenizer, n_seq=12)
-    sim = positional_similarity(model, windows, pseudo_values=True, progress=False)
+    sim = positional_similarity(
+        model, windows, centre="position", pseudo_values=True, progress=False
+    )
     for stat in ("homogenization", "matched_first", "matched_last", "naive_last", "sp_last"):
         assert torch.allclose(seq[stat], sim.per_window(stat), atol=1e-6), stat
     assert comparison.layers == sim.layers == (0, 1, 2, 3, 4)
@@ -107,6 +109,7 @@ def test_claims_table_is_pre_declared_holm_adjusted_and_consistent(
     # one primary test per reading and model: C1, C2 loc (2 edges), C2 cross per positional
     # model; C3 a, b (2 edges), c per positional model against the NoPE model
     assert len(primary) == 2 * 4 + 2 * 4
+    assert not primary.duplicated(["reading", "model"]).any()  # one primary per reading
     assert not claims[claims["model"] == "homoglens/tiny-none"]["primary"].any()
     assert primary["p_holm"].tolist() == pytest.approx(holm(primary["p"].tolist()))
     assert claims[~claims["primary"]]["p_holm"].isna().all()

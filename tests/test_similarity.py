@@ -252,7 +252,7 @@ def test_global_centring_leaves_position_0_and_massive_tokens_out_of_the_mean() 
     spiked[:, 5, 2] = 1e4  # a massive activation at position 5
     spiked[:, 0] += 50.0  # a very different first token
     a = PositionalSimilarity.from_activations(spiked, edge_k=3, centre="global")
-    assert a.n_massive == 20
+    assert a.n_massive == (20,)
     mean = torch.cat([x[:, 1:5], x[:, 6:]], 1).reshape(-1, 10).mean(0)
     u = spiked - mean
     u = u / u.norm(dim=-1, keepdim=True)
@@ -378,6 +378,13 @@ def test_ln_input_space_equals_transformerlens_normalised_input(
     sim = positional_similarity(model, batch, space="ln_input", edge_k=4, progress=False)
     for li, name in enumerate(names):
         _check_against(sim, cache[name], li, 1e-5)
+    normalised = torch.stack([cache[name] for name in names])  # [layer batch pos d_model]
+    for centre in ("global", "position"):  # the corpus mean is taken over normalised vectors
+        got = positional_similarity(
+            model, batch, space="ln_input", centre=centre, edge_k=4, progress=False
+        )
+        want = PositionalSimilarity.from_activations(normalised, centre=centre, edge_k=4)
+        assert torch.allclose(got.M, want.M, atol=1e-5) and torch.allclose(got.C, want.C, atol=1e-5)
 
 
 # ------------------------------------------------------------------ results and errors

@@ -17,18 +17,22 @@ pairwise cosine; ``L`` the last layer entry):
 * **C1** (per model): primary ``H(L) - H(0) > 0``; secondary: the same raw, ``H(l) - H(0)``
   for every ``l``, per-block increments ``H(l) - H(l - 1)``, the smallest ``H(l)`` for
   ``l >= 1``; the layer of the maximum is named in the test.
-* **C2 loc** (per model): primary: the distance-matched excess of the first and of the last
-  ``edge_k`` positions at ``L`` is > 0; secondary: the naive (distance-biased) excess.
+* **C2 loc, first** and **C2 loc, last** (per model, one reading per edge: the claim names both
+  ends): primary: the distance-matched excess of the first (last) ``edge_k`` positions at ``L``
+  is > 0; secondary: the naive (distance-biased) excess.
 * **C2 cross** (per model): primary: ``SP`` of the last ``edge_k`` positions minus the middle's
   > 0 (late tokens of different inputs converge, Barbero et al. 2024); secondary: the first.
 * **C3a**: primary: ``H`` of the model without positions minus that of each positional model
   < 0; secondary: raw and anisotropy-adjusted versions, and zeroing positions at inference.
-* **C3b**: primary: the matched edge excess (first, last) without positions minus with them
-  < 0; secondary: zeroing positions at inference.
+* **C3b, first** and **C3b, last**: primary: the matched excess of that edge without positions
+  minus with them < 0; secondary: zeroing positions at inference.
 * **C3c**: primary: next-token loss without positions minus with them > 0 (SESOI in nats);
   secondary: zeroing positions at inference.
 
-NoPE models' C1/C2 rows are secondary (the claims are about models with positions).
+NoPE models' C1/C2 rows are secondary (the claims are about models with positions). Without
+seeds (``resample_seeds=False``, or one seed in a group) an interval covers windows only: it says
+nothing about another training run, and :func:`claims_table` warns when such a row compares
+retrained models.
 Inference-time ablation is out of distribution (attention flattens; Dong et al. 2021), so its
 rows are secondary: retraining is the fair test, and its unit of replication is the seed.
 """
@@ -36,6 +40,7 @@ rows are secondary: retraining is the fair test, and its unit of replication is 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -225,7 +230,7 @@ def claims_table(
             tests.append(
                 _Test(
                     "C2",
-                    "loc: edges more homogenized",
+                    f"loc: the {edge} tokens more homogenized",
                     f"matched {edge}-edge excess, layer {lname}",
                     name,
                     positional,
@@ -238,7 +243,7 @@ def claims_table(
             tests.append(
                 _Test(
                     "C2",
-                    "loc: edges more homogenized",
+                    f"loc: the {edge} tokens more homogenized",
                     f"naive {edge}-edge excess (biased by distance), layer {lname}",
                     name,
                     False,
@@ -292,7 +297,7 @@ def claims_table(
                 tests.append(
                     _Test(
                         "C3",
-                        "b: lowers the edge excess",
+                        f"b: lowers the {edge}-edge excess",
                         f"matched {edge}-edge excess: no positions minus positional",
                         pair,
                         True,
@@ -321,8 +326,8 @@ def claims_table(
         label = f"{name}: positions zeroed minus intact (inference, out of distribution)"
         for claim, reading, stat, li, sign, unit in (
             ("C3", "a: lowers homogenization", "homogenization", last, -1, sesoi),
-            ("C3", "b: lowers the edge excess", "matched_first", last, -1, sesoi),
-            ("C3", "b: lowers the edge excess", "matched_last", last, -1, sesoi),
+            ("C3", "b: lowers the first-edge excess", "matched_first", last, -1, sesoi),
+            ("C3", "b: lowers the last-edge excess", "matched_last", last, -1, sesoi),
             ("C3", "c: costs the model", "loss", None, +1, loss_sesoi),
         ):
             diff = _values(seeds, "zero", stat, li) - _values(seeds, "none", stat, li)
@@ -330,6 +335,15 @@ def claims_table(
                                [1.0], unit))  # fmt: skip
     if n_window is None:
         return pd.DataFrame(columns=list(CLAIM_COLUMNS))
+    single = [name for name, seeds in entities.items() if len(seeds) < 2]
+    if no_positions in entities and len(entities) > 1 and (not resample_seeds or single):
+        warnings.warn(
+            "the C3 rows compare retrained models with "
+            + ("one training seed each" if not resample_seeds else f"one seed for {single}")
+            + ": their intervals cover windows only and say nothing about another seed; train "
+            "more seeds (homoglens train --seed S) and compare with group_by='variant'",
+            stacklevel=3,
+        )
     windows = window_resamples(n_window, block=block, n_boot=n_boot, seed=seed)
     rows = []
     for t in tests:

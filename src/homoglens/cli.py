@@ -283,8 +283,9 @@ def _sinks(model: Any, windows: Any, opts: dict[str, Any], *, required: bool) ->
 
 
 def _similarity(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
-    """The position-resolved section (with pseudo-values); ``None`` with a warning when the
-    windows are of unequal length or too short for the edges."""
+    """The position-resolved section (centred by position, with pseudo-values: three passes);
+    ``None`` with a warning when the windows are of unequal length or too short for the
+    edges."""
     from homoglens.similarity import positional_similarity
 
     lengths = windows.lengths
@@ -301,6 +302,7 @@ def _similarity(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
         model,
         windows,
         edge_k=edge_k,
+        centre="position",
         pseudo_values=True,
         batch_size=opts["batch_size"],
         progress=opts["progress"],
@@ -631,6 +633,13 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
     "--modes", default="none,zero,permute", show_default=True, help="Positional ablations."
 )
 @click.option("--edge-k", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--centre",
+    type=click.Choice(["position", "global", "none"]),
+    default="position",
+    show_default=True,
+    help="Corpus centring of the positional-similarity statistics.",
+)
 @click.option("--eps", type=float, default=0.3, show_default=True, help="Sink threshold.")
 @click.option("--n-boot", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option(
@@ -662,6 +671,7 @@ def compare(
     models: str | None,
     bos: bool,
     group_by: str,
+    centre: str,
     corpus: str | None,
     modes: str,
     out: Path,
@@ -691,6 +701,7 @@ def compare(
             corpus,
             modes=chosen,
             group_by=None if group_by == "none" else group_by,  # type: ignore[arg-type]
+            centre=None if centre == "none" else centre,  # type: ignore[arg-type]
             **opts,
         )
         with staged_output(folder) as tmp:

@@ -60,7 +60,7 @@ from homoglens.similarity import positional_similarity
 from homoglens.sinks import SinkScores, _check_key_eps, _sink_pass
 from homoglens.stats import estimate, window_resamples
 from homoglens.studies import position_ablation_study
-from homoglens.types import Backend, GroupBy, HookedModel
+from homoglens.types import Backend, Centring, GroupBy, HookedModel
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -479,6 +479,7 @@ class ModelComparison:
             "heldout": self.heldout.get(label, {}),
             "layers": list(self.layers),
             "edge_k": self.edge_k,
+            "centre": self.settings.get("centre"),
             "eps": self.eps,
             "seed": self.seed,
             "n_windows": self.n_sequences,
@@ -629,7 +630,14 @@ def _window_statistics(
 
 
 def _shipped_statistics(
-    name: str, *, modes: Sequence[str], edge_k: int, seed: int, window_index: list[int], bos: bool
+    name: str,
+    *,
+    modes: Sequence[str],
+    edge_k: int,
+    seed: int,
+    window_index: list[int] | None,
+    bos: bool,
+    centre: str | None,
 ) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, Any]]:
     """The shipped per-window statistics of a replicate whose weights are not shipped, for the
     held-out windows ``window_index`` of the default comparison.
@@ -654,6 +662,8 @@ def _shipped_statistics(
         problems.append("BOS windows")
     if meta["edge_k"] != edge_k:
         problems.append(f"edge_k={edge_k} (shipped: {meta['edge_k']})")
+    if meta.get("centre") != centre:
+        problems.append(f"centre={centre!r} (shipped: {meta.get('centre')!r})")
     if meta["seed"] != seed and "permute" in modes:
         problems.append(f"seed={seed} for 'permute' (shipped: {meta['seed']})")
     if not set(modes) <= have:
@@ -689,6 +699,7 @@ def compare_models(
     modes: Sequence[str] = ("none", "zero", "permute"),
     no_positions: str | None = "auto",
     group_by: GroupBy | None | Literal["auto"] = "auto",
+    centre: Centring | None = "position",
     backend: Backend = "auto",
     edge_k: int = 8,
     eps: float = 0.3,
@@ -728,6 +739,10 @@ def compare_models(
         group_by: ``"variant"``: labels of one variant (``training.json``) are seeds of one
             model, and seeds are the unit of replication; ``None``: every label is a model;
             ``"auto"``: ``"variant"`` when some variant has several labels.
+        centre: Centring of the positional-similarity statistics (``"position"``: subtract
+            each position's corpus mean first, which removes what every window shares at a
+            position, e.g. learned positional rows or a BOS direction, whose dilution of the
+            cosines would otherwise bias the edge statistics; ``None``: none).
         backend: For models given by name.
         edge_k: Positions per edge (windows need ``2 * edge_k + 2`` counted positions).
         eps: Sink importance threshold (Gu et al.: 0.3).
@@ -772,6 +787,8 @@ def compare_models(
         raise InvalidInputError(f"no_positions={no_positions!r} must be a model label or None")
     if group_by not in (None, "auto", "variant"):
         raise InvalidInputError(f"group_by={group_by!r} must be None, 'auto' or 'variant'")
+    if centre not in (None, "global", "position"):
+        raise InvalidInputError(f"centre={centre!r} must be None, 'global' or 'position'")
     n_seq = None if n_seq is None else as_int("n_seq", n_seq, low=1)
     edge_k = as_int("edge_k", edge_k, low=1)
     seq_len = None if seq_len is None else as_int("seq_len", seq_len, low=2 * edge_k + 2)
@@ -844,8 +861,8 @@ def compare_models(
             options = {"seed": seed} if mode == "permute" else {}
             with ablated_positions(m, mode, **options):
                 per_mode[mode] = positional_similarity(
-                    m, batch_m, edge_k=edge_k, pseudo_values=True, batch_size=batch_size,
-                    progress=progress,
+                    m, batch_m, edge_k=edge_k, centre=centre, pseudo_values=True,
+                    batch_size=batch_size, progress=progress,
                 )  # fmt: skip
         scores, importance = _sink_pass(m, batch_m, 0, eps, batch_size, None, "auto", progress)
         statistics[label] = _window_statistics(study, per_mode, importance, eps)
@@ -862,7 +879,7 @@ def compare_models(
     for label in shipped_only:
         stats, meta = _shipped_statistics(
             str(named[label]), modes=run_modes, edge_k=edge_k, seed=seed,
-            window_index=window_index, bos=bos,
+            window_index=window_index, bos=bos, centre=centre,
         )  # fmt: skip
         if tuple(meta["layers"]) != layers:
             raise InvalidInputError(f"{label}'s shipped statistics have other layers")
@@ -913,6 +930,7 @@ def compare_models(
             "data": batch.description,
             "window_index": window_index,
             "modes": run_modes,
+            "centre": centre,
             "backends": {label: model_info(m).backend for label, m in loaded.items()},
             "weights": {label: model_info(m).weights for label, m in loaded.items()},
             "shipped_statistics": shipped_only,

@@ -473,7 +473,9 @@ def _comparison_section(comparison: ModelComparison, out: Path) -> str:
 {unit}{shipped_note} Model without positions: {html.escape(str(nope))}. Edge statistics use the
 first / last {comparison.edge_k} positions against the middle at the last layer: "matched"
 compares edge-middle pairs with middle-middle pairs at the same distance (the naive excess is
-biased by distance and shown for reference); H is the mean off-diagonal of W = M - C. Sinks use
+biased by distance and shown for reference); H is the mean off-diagonal of W = M - C; both on
+vectors centred {html.escape(str(comparison.settings.get("centre")))} (what every window shares
+at a position removed first). Sinks use
 Gu et al.'s importance on key 0 with eps = {comparison.eps}. The metrics are homoglens' own
 operationalisation of Yusupov et al. 2025 (arXiv 2508.17126), not the paper's numbers.</p>
 <img alt="comparison" src="data:image/png;base64,{png}">

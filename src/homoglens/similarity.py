@@ -74,7 +74,7 @@ class _Sums:
         # centring
         self.mean: torch.Tensor | None = None  # [layer d] or [layer pos d]
         self.scale: torch.Tensor | None = None  # [layer d]
-        self.n_massive = 0
+        self.n_massive: tuple[int, ...] = ()
 
     def units_of(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Centre, standardise and normalise ``x [batch pos d]`` of layer ``i``: unit vectors
@@ -125,10 +125,22 @@ def _space_fn(model: HookedModel, space: str) -> Callable[[torch.Tensor], torch.
         return lambda x: x
     if space == "final_norm":
         return lambda x: model.ln_final(x)
+    eps = float(getattr(model.cfg, "eps", 1e-5) or 1e-5)
     norm = str(getattr(model.cfg, "normalization_type", "LN") or "")
-    if norm.startswith("LN"):  # LayerNorm without its affine weights: centre over d_model;
-        return lambda x: x - x.mean(-1, keepdim=True)  # the scale does not change a cosine
-    return lambda x: x  # RMSNorm (or none) without weights is a per-token scale
+    if norm.startswith("LN"):  # LayerNorm without its affine weights
+
+        def layer_norm(x: torch.Tensor) -> torch.Tensor:
+            x = x - x.mean(-1, keepdim=True)
+            return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+        return layer_norm
+    if norm.startswith("RMS"):  # RMSNorm without its weight
+
+        def rms_norm(x: torch.Tensor) -> torch.Tensor:
+            return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+        return rms_norm
+    return lambda x: x  # no normalisation
 
 
 def _centre_moments(
@@ -158,7 +170,7 @@ def _centre_moments(
             ratio = ax.amax(-1) / ax.median(-1).values.clamp_min(torch.finfo(torch.float64).tiny)
             keep = ratio <= massive_threshold
             keep[:, 0] = False  # position 0 (a BOS or the first token) never enters it
-            massive[i] += float((ratio > massive_threshold)[:, first:].sum())
+            massive[i] += float((ratio > massive_threshold)[:, 1:].sum())
             w = keep[..., None].to(x64.dtype)
             total[i] += (x64 * w).sum((0, 1)).to(device)
             square[i] += (x64 * x64 * w).sum((0, 1)).to(device)
@@ -184,7 +196,7 @@ def _centre_moments(
         mean = total / count[:, None, None]
         var = (square - count[:, None] * (mean * mean).sum(1)) / (count[:, None] * n_pos)
     sums.mean = mean
-    sums.n_massive = int(massive[0].item()) if centre == "global" else 0
+    sums.n_massive = tuple(int(v) for v in massive.round().tolist()) if centre == "global" else ()
     if standardize:
         sd = var.clamp_min(0).sqrt()
         sums.scale = torch.where(sd > 0, sd, torch.ones_like(sd))
@@ -289,8 +301,9 @@ def positional_similarity(
         layers: Entries of the residual axis (0 = embeddings, l = output of block l - 1).
             Default: all; ``space="final_norm"`` measures the last entry only.
         space: ``"resid"``; ``"ln_input"`` (what the next normalisation makes of the stream,
-            without its affine weights: centred over ``d_model`` for LayerNorm, unchanged up to
-            scale for RMSNorm); ``"final_norm"`` (the last entry after the final norm with its
+            without its affine weights: ``(x - mean) / sqrt(var + eps)`` for LayerNorm,
+            ``x / sqrt(mean(x^2) + eps)`` for RMSNorm; with ``centre`` this is what the corpus
+            mean is taken over); ``"final_norm"`` (the last entry after the final norm with its
             weights, Hugging Face's last ``hidden_states``).
         centre: ``None``; ``"global"`` (a first pass subtracts each layer's corpus mean,
             computed without position 0 and without tokens whose max |x| / median |x| exceeds

@@ -96,6 +96,12 @@ def window_resamples(n: int, *, block: int = 16, n_boot: int = 1000, seed: int =
 
     References:
         Politis & Romano 1992, "A circular block-resampling procedure for stationary data".
+
+    Examples:
+        >>> from homoglens.stats import window_resamples
+        >>> idx = window_resamples(100, block=10, n_boot=3, seed=0)
+        >>> tuple(idx.shape), bool(((idx[:, 1:10] - idx[:, :9]) % 100 == 1).all())
+        ((3, 100), True)
     """
     n = as_int("n", n, low=1)
     block = as_int("block", block, low=1)
@@ -195,6 +201,14 @@ def estimate(
 
     References:
         Saravanan et al. 2020, arXiv 2007.07797 (hierarchical bootstrap); Lakens 2017 (TOST).
+
+    Examples:
+        >>> import torch
+        >>> from homoglens.stats import estimate, window_resamples
+        >>> values = torch.linspace(-1, 1, 200)[None] * 0.01 + 0.05  # [seed window]
+        >>> est = estimate([values], windows=window_resamples(200, block=10), resample_seeds=False)
+        >>> round(est.value, 3), est.ci_low < 0.05 < est.ci_high, est.p < 0.001
+        (0.05, True, True)
     """
     if not groups:
         raise InvalidInputError("estimate() needs at least one group of values")
@@ -253,14 +267,20 @@ def holm(p: Sequence[float]) -> list[float]:
     """Holm's step-down adjustment of a family of p-values (controls the family-wise error).
 
     Sorted ascending, the i-th smallest of m p-values becomes ``max_{j <= i} min(1, (m - j + 1)
-    p_(j))``; NaN p-values are left NaN and do not count in m.
+    p_(j))``. A NaN p-value (a test that could not be run) stays NaN but still counts in m, as
+    if it were 1, so that it cannot make the others look stronger.
 
     References:
         Holm 1979, "A simple sequentially rejective multiple test procedure".
+
+    Examples:
+        >>> from homoglens.stats import holm
+        >>> [round(p, 3) for p in holm([0.01, 0.04, 0.03, 0.005])]
+        [0.03, 0.06, 0.06, 0.02]
     """
     values = [float(x) for x in p]
     order = sorted((v, i) for i, v in enumerate(values) if not math.isnan(v))
-    m = len(order)
+    m = len(values)
     out = [math.nan] * len(values)
     running = 0.0
     for rank, (v, i) in enumerate(order):

@@ -73,7 +73,8 @@ class PositionalSimilarity(SavedResult):
         standardize: Whether each dimension was divided by its corpus s.d.
         massive_threshold: Tokens with max |x| / median |x| above it were left out of the
             global mean (``centre="global"``).
-        n_massive: Tokens left out of the global mean for that reason.
+        n_massive: Per layer entry, tokens (after position 0) left out of the global mean for
+            that reason (empty unless ``centre="global"``).
         provenance: :class:`~homoglens.results.Provenance`.
 
     References:
@@ -98,7 +99,7 @@ class PositionalSimilarity(SavedResult):
     centre: str | None = None
     standardize: bool = False
     massive_threshold: float = 100.0
-    n_massive: int = 0
+    n_massive: tuple[int, ...] = ()
     provenance: Provenance = field(default_factory=Provenance)
 
     def __post_init__(self) -> None:
@@ -264,10 +265,11 @@ class PositionalSimilarity(SavedResult):
         """Per-window values whose mean over windows is the corpus statistic exactly.
 
         For ``naive_*`` the window's own statistic. For ``matched_*`` and ``homogenization``
-        (which subtract ``C``): with the second pass, the jackknife pseudo-value
-        ``stat(M_s) - 2 h_s + stat(C)``, h_s being the window's mean share of the cross-window
-        term (its variance over windows gives the right standard error for ``C``'s own
-        sampling noise); without it, ``stat(M_s - C)`` with ``C`` held fixed (SCIENCE.md; the
+        (which subtract ``C``): with the second pass, the first-order (Hajek) jackknife
+        pseudo-value ``stat(M_s) - (2 h_s - stat(C))``, h_s being the window's mean share of
+        the cross-window term (its variance over windows gives the standard error including
+        ``C``'s own sampling noise; the exact jackknife differs by a factor (n-1)/(n-2));
+        without it, ``stat(M_s - C)`` with ``C`` held fixed (SCIENCE.md; the
         standard error then ignores ``C``'s noise and can be off either way: 0.0017 against a
         true 0.0013 on the AR(1) null of 400 x 128 x 128, 0.85-0.88 of the true spread on
         smaller ones, where the pseudo-values give 1.00 and 0.83-0.94). ``sp_first`` /
@@ -550,7 +552,7 @@ class PositionalSimilarity(SavedResult):
             centre=first.centre,
             standardize=first.standardize,
             massive_threshold=first.massive_threshold,
-            n_massive=sum(p.n_massive for p in parts),
+            n_massive=first.n_massive,  # merging is refused for centred results
             provenance=replace(
                 first.provenance,
                 data=" + ".join(datas) if len(datas) <= 3 else f"{len(parts)} merged parts",
