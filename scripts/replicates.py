@@ -30,11 +30,14 @@ def main() -> None:
         "--out", type=Path, default=ROOT / "src" / "homoglens" / "assets" / "replicates"
     )
     parser.add_argument("--progress", action="store_true")
+    parser.add_argument("--only", nargs="+", help="names to build (default: every replicate)")
     args = parser.parse_args()
     from homoglens.comparison import REPLICATED_MODELS, compare_models
     from homoglens.models import SHIPPED_MODELS
 
     wanted = [name for name in REPLICATED_MODELS if name not in SHIPPED_MODELS]
+    if args.only:
+        wanted = [name for name in wanted if name in args.only or name.split("/")[-1] in args.only]
     folders = {name: args.models / name.split("/")[-1] for name in wanted}
     missing = [str(f) for f in folders.values() if not (f / "config.json").is_file()]
     if missing:

@@ -132,7 +132,8 @@ def claims_table(
         n_boot: Bootstrap resamples.
         seed: Bootstrap seed.
         resample_seeds: Resample seeds, then window blocks (hierarchical bootstrap); the
-            intervals then use Student's t with ``seeds - groups`` degrees of freedom.
+            intervals then use Student's t with Welch-Satterthwaite degrees of freedom over the
+            seed and window parts of the variance (:func:`homoglens.stats.estimate`).
 
     Returns:
         DataFrame with the columns of :data:`CLAIM_COLUMNS`: ``p_holm`` / ``p_tost_holm`` are

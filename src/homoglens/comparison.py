@@ -371,7 +371,7 @@ class ModelComparison:
         One pre-declared primary test per reading and model, Holm-adjusted; the rest secondary.
         With ``group_by="variant"`` a model is a variant and its training seeds are the unit of
         replication (hierarchical bootstrap: seeds, then window blocks; t intervals with
-        ``seeds - groups`` degrees of freedom), and ``seed_sd`` gives the between-seed s.d.
+        Welch-Satterthwaite degrees of freedom), and ``seed_sd`` gives the between-seed s.d.
 
         Args:
             sesoi: Smallest effect size of interest for cosines (default: ``self.sesoi``).

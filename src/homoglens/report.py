@@ -453,8 +453,8 @@ def _comparison_section(comparison: ModelComparison, out: Path) -> str:
     unit = (
         f"Models are variants; their training seeds ({seeds}) are the unit of replication: "
         "intervals come from a hierarchical bootstrap (seeds, then blocks of "
-        f"{comparison.block} consecutive windows) with t quantiles on seeds - groups degrees of "
-        "freedom, and seed_sd is the between-seed s.d."
+        f"{comparison.block} consecutive windows) with t quantiles on Welch-Satterthwaite degrees "
+        "of freedom over the seed and window parts, and seed_sd is the between-seed s.d."
         if grouped
         else f"Each model is one training run: intervals are over windows only (moving blocks of "
         f"{comparison.block} consecutive windows), so they say nothing about another seed."

@@ -11,9 +11,10 @@ are drawn once per resample and shared by every model, which keeps the pairing b
 (every model reads the same windows).
 
 A test reports the estimate, its bootstrap standard error, a Wald interval ``value +- q * se``
-(``q`` from the normal distribution, or Student's t with ``seeds - groups`` degrees of freedom
-when seeds are resampled), a two-sided p-value for "no effect", and a TOST p-value for "smaller
-than the smallest effect size of interest" (Schuirmann 1987; Lakens 2017, "Equivalence tests",
+(``q`` from the normal distribution, or Student's t with Welch-Satterthwaite degrees of
+freedom over the window and seed parts of the variance when seeds are resampled), a two-sided
+p-value for "no effect", and a TOST p-value for "smaller than the smallest effect size of
+interest" (Schuirmann 1987; Lakens 2017, "Equivalence tests",
 doi:10.1177/1948550617697177). Families of primary tests are Holm-adjusted (Holm 1979).
 """
 
@@ -54,7 +55,8 @@ class Estimate:
         p: Two-sided p-value of "the true value is 0".
         p_tost: TOST p-value of "|true value| >= sesoi" (small: equivalent to no effect).
         sesoi: Smallest effect size of interest used by ``p_tost``.
-        df: Degrees of freedom of the t reference (``inf``: normal, windows only).
+        df: Degrees of freedom of the t reference (``inf``: normal, windows only; with seeds,
+            Welch-Satterthwaite over the window and seed parts of the variance).
         n_windows: Windows behind each seed's mean.
         n_seeds: Seeds (replicates) behind the estimate (summed over groups for a difference).
         seed_sd: Between-seed standard deviation of the per-seed means (pooled over groups for
@@ -185,10 +187,13 @@ def estimate(
             in the same order, for every group and seed).
         weights: One weight per group (default: all 1).
         windows: ``[boot window]`` from :func:`window_resamples`, shared by every group.
-        resample_seeds: Resample seeds within each group too (hierarchical bootstrap); the
-            interval then uses Student's t with ``seeds - groups`` degrees of freedom and the
-            bootstrap variance is scaled by ``n / (n - 1)`` (``n``: fewest seeds of a group),
-            undoing the bootstrap's shrinkage of the seed-level variance.
+        resample_seeds: Resample seeds within each group too (hierarchical bootstrap). The
+            bootstrap variance is then scaled by ``n / (n - 1)`` (``n``: fewest seeds of a
+            group), undoing the bootstrap's shrinkage of the seed-level variance, and the
+            interval uses Student's t with Welch-Satterthwaite degrees of freedom from its two
+            parts: the window part (blocks of a resample - 1 degrees of freedom) and the seed
+            part (``seeds - 1`` per group): with few seeds and a large between-seed spread
+            ``df`` falls to ``seeds - groups``, with seeds that agree it rises with the blocks.
         sesoi: Smallest effect size of interest, > 0, in the unit of the values.
         ci: Coverage of the interval, in (0, 1).
         seed: Seed of the seed resampling.
@@ -225,23 +230,35 @@ def estimate(
             )
     n_boot = int(windows.shape[0])
     dist = torch.zeros(n_boot, dtype=torch.float64)
+    flat = torch.zeros(n_boot, dtype=torch.float64)  # windows resampled, seeds kept
     value, n_seeds, sd_num, sd_den = 0.0, 0, 0.0, 0
+    seed_var, seed_df_den = 0.0, 0.0  # Welch-Satterthwaite over the groups' seed means
     for i, (g, w) in enumerate(zip(groups, weights, strict=True)):
         seeds = seed_resamples(g.shape[0], n_boot=n_boot, seed=seed + i) if resample_seeds else None
         dist += w * resampled_means(g, windows, seeds)
+        flat += w * resampled_means(g, windows, None)
         means = g.double().nanmean(1)
         value += w * float(means.mean())
-        n_seeds += int(g.shape[0])
-        if g.shape[0] > 1:
-            sd_num += float(means.var(unbiased=True)) * (g.shape[0] - 1)
-            sd_den += g.shape[0] - 1
+        n_g = int(g.shape[0])
+        n_seeds += n_g
+        if n_g > 1:
+            var = float(means.var(unbiased=True))
+            sd_num += var * (n_g - 1)
+            sd_den += n_g - 1
+            part = w * w * var / n_g
+            seed_var += part
+            seed_df_den += part * part / (n_g - 1)
     se = float(dist.std(unbiased=True)) if n_boot > 1 else math.nan
     fewest = min(int(g.shape[0]) for g in groups)
+    df = math.inf
     if resample_seeds and fewest > 1:
         se *= math.sqrt(fewest / (fewest - 1))
-        df = float(n_seeds - len(groups))
-    else:
-        df = math.inf
+        window_var = float(flat.var(unbiased=True)) if n_boot > 1 else 0.0
+        steps = (windows[0, 1:] - windows[0, :-1]) % max(n_window, 1)
+        window_df = max(1.0, float((steps != 1).sum()))  # blocks in a resample - 1
+        num = (window_var + seed_var) ** 2
+        den = window_var**2 / window_df + (seed_df_den if seed_var > 0 else 0.0)
+        df = num / den if den > 0 else math.inf
     q = _t_quantile(1 - (1 - ci) / 2, df)
     if se > 0 and math.isfinite(se):
         p = 2 * (1 - _t_cdf(abs(value) / se, df))
