@@ -558,8 +558,9 @@ def similarity_from_activations(
         >>> import torch
         >>> from homoglens import PositionalSimilarity
         >>> sim = PositionalSimilarity.from_activations(torch.randn(10, 20, 16), edge_k=4)
-        >>> tuple(sim.M.shape), sim.edge_excess().shape
-        ((1, 20, 20), (2, 8))
+        >>> edge = sim.edge_excess(block=2)
+        >>> tuple(sim.M.shape), list(edge.columns)
+        ((1, 20, 20), ['layer', 'edge', 'naive', 'matched', 'ci_low', 'ci_high', 'n_sequences'])
     """
     if (
         not isinstance(resid, torch.Tensor)
