@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -708,7 +709,9 @@ def compare(
             write_comparison_report(result, tmp)
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
-    claims = result.claims()
+    with warnings.catch_warnings():  # the report already warned about the same table
+        warnings.simplefilter("ignore")
+        claims = result.claims()
     click.echo(repr(result), err=True)
     for row in claims[claims["primary"]].itertuples():
         click.echo(
