@@ -40,9 +40,15 @@ from homoglens.hooks import (
     rotary_table_hook,
 )
 from homoglens.models import _is_hooked_transformer
-from homoglens.types import FwdHooks, HookedModel
+from homoglens.types import FwdHooks, HookedModel, HookFn
 
-__all__ = ["POSITION_ABLATIONS", "position_ablation_hooks", "ablated_positions"]
+__all__ = [
+    "POSITION_ABLATIONS",
+    "RESIDUAL_SITES",
+    "ablated_positions",
+    "position_ablation_hooks",
+    "residual_write_hooks",
+]
 
 POSITION_ABLATIONS: tuple[str, ...] = ("none", "zero", "permute", "shift", "mean")
 """Every positional ablation mode, in the order studies run them (see :data:`PositionAblation`;
@@ -315,3 +321,64 @@ def ablated_positions(
     )
     with model.hooks(fwd_hooks=fwd_hooks):
         yield model
+
+
+RESIDUAL_SITES: tuple[str, ...] = ("resid_pre", "resid_mid", "resid_post")
+"""Where :func:`residual_write_hooks` writes the residual stream of block l: its input, after
+attention (where the MLP's residual branch starts), or its output."""
+
+
+def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookFn) -> FwdHooks:
+    """Hooks that replace the residual stream itself at ``site`` of block ``layer``.
+
+    The one place that decides what a residual-stream write means per backend. On
+    ``HookedTransformer`` every ``hook_resid_*`` carries the stream, so ``write`` runs there.
+    On ``TransformerBridge``, ``blocks.{l}.hook_resid_mid`` is the *input hook of ln2*: the
+    block adds the MLP output to its own copy of the stream, so a write there changes only what
+    the MLP reads (a restore of every position then reproduces the ``mlp_out`` effect, not 1).
+    There ``write`` runs at ``ln2.hook_in`` (the MLP reads the written stream) and the change it
+    made is added to ``blocks.{l}.hook_resid_post``, so the stream that leaves the block is the
+    written stream plus the MLP output of it, as on ``HookedTransformer``. Whether the mid hook
+    is such an alias is read from the model (``hook_dict``), not assumed from its class.
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        site: One of :data:`RESIDUAL_SITES`.
+        layer: Block index in ``[0, n_layers)``.
+        write: ``f(activation [batch pos d_model], hook) -> activation`` (the new stream).
+
+    Returns:
+        ``(hook_name, hook_fn)`` pairs, in the order they must run.
+
+    Raises:
+        InvalidInputError: unknown ``site``, a block out of range, or ``resid_mid`` on a model
+            without one (GPT-NeoX runs attention and MLP in parallel).
+    """
+    if site not in RESIDUAL_SITES:
+        raise InvalidInputError(f"site={site!r} must be one of {RESIDUAL_SITES}")
+    layer = as_int("layer", layer, low=0, high=int(model.cfg.n_layers) - 1)
+    name = f"blocks.{layer}.hook_{site}"
+    if name not in model.hook_dict:
+        raise InvalidInputError(
+            f"{name} does not exist in this model (GPT-NeoX runs attention and MLP in "
+            "parallel, so there is no residual stream between them); write resid_pre or "
+            "resid_post instead"
+        )
+    mlp_input = model.hook_dict.get(f"blocks.{layer}.ln2.hook_in")
+    if site != "resid_mid" or model.hook_dict[name] is not mlp_input:
+        return [(name, write)]
+    change: dict[str, torch.Tensor] = {}
+
+    def into_mlp(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+        new = write(activation, hook)
+        new = activation if new is None else new
+        change["delta"] = new - activation
+        return new
+
+    def out_of_block(activation: torch.Tensor, hook: Any) -> torch.Tensor:
+        return activation + change.pop("delta")
+
+    return [
+        (f"blocks.{layer}.ln2.hook_in", into_mlp),
+        (f"blocks.{layer}.hook_resid_post", out_of_block),
+    ]

@@ -38,7 +38,12 @@ from homoglens.homogenization import (
     positions_from_mask,
     scalar_metric_weights,
 )
-from homoglens.interventions import POSITION_ABLATIONS, position_ablation_hooks
+from homoglens.interventions import (
+    POSITION_ABLATIONS,
+    RESIDUAL_SITES,
+    position_ablation_hooks,
+    residual_write_hooks,
+)
 from homoglens.models import model_info
 from homoglens.profile import (
     _model_device,
@@ -49,7 +54,7 @@ from homoglens.profile import (
     resid_hook_name,
 )
 from homoglens.results import Provenance, SavedResult
-from homoglens.types import BosPolicy, HookedModel
+from homoglens.types import BosPolicy, FwdHooks, HookedModel, HookFn
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -472,10 +477,11 @@ def positional_patching(
             receiving = stores["ablated" if direction == "restore" else "normal"]
             for lo in range(0, n_c, cell_batch):
                 chunk = cells[lo : lo + cell_batch]
+                patch = _patch_hook(source, chunk, cell_axis)
                 values = runner.run(
                     tokens,
                     mask,
-                    [*receiving_hooks, (name, _patch_hook(source, chunk, cell_axis))],
+                    [*receiving_hooks, *_write(model, component, layer, name, patch)],
                     copies=len(chunk),
                     start=receiving[f"blocks.{layer}.hook_resid_pre"] if starts[layer] else None,
                     start_layer=layer if starts[layer] else None,
@@ -540,6 +546,14 @@ def _positions_cells(
             position_ablation_hooks(model, how, layers=blocks, **options) if blocks else []
         )  # type: ignore[arg-type]
     return cells
+
+
+def _write(model: HookedModel, component: str, layer: int, name: str, patch: HookFn) -> FwdHooks:
+    """Hooks that write ``patch`` at ``component`` of block ``layer``: the residual stream itself
+    for ``resid_*`` (:func:`~homoglens.interventions.residual_write_hooks`), else the hook."""
+    if component in RESIDUAL_SITES:
+        return residual_write_hooks(model, component, layer, patch)
+    return [(name, patch)]
 
 
 def _keep(store: dict[str, torch.Tensor], name: str) -> Callable[[torch.Tensor, Any], None]:
