@@ -14,6 +14,8 @@ __all__ = [
     "SequenceTooLongError",
     "UnknownModelError",
     "ModelFolderNotFoundError",
+    "IncompleteModelFolderError",
+    "ModelStateError",
     "UnsupportedArchitectureError",
     "MissingDependencyError",
     "IncompatibleResultsError",
@@ -40,6 +42,15 @@ class UnknownModelError(HomoglensError, ValueError):
 
 class ModelFolderNotFoundError(HomoglensError, FileNotFoundError):
     """A path given as a model does not exist or holds no Hugging Face ``config.json``."""
+
+
+class IncompleteModelFolderError(InvalidInputError):
+    """A model folder lacks tensors its architecture needs (a block, the final norm, the
+    unembedding when it is not tied); Hugging Face would initialise them at random."""
+
+
+class ModelStateError(InvalidInputError):
+    """The model is not in a state a measurement can trust (a submodule in training mode)."""
 
 
 class UnsupportedArchitectureError(HomoglensError, ValueError):

@@ -24,7 +24,7 @@ import tempfile
 import warnings
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _pkg_version
@@ -39,6 +39,7 @@ from homoglens._fs import apply_umask
 from homoglens.architectures import ArchitectureSpec, architecture_of, spec_for_hf_architecture
 from homoglens.errors import (
     HomoglensError,
+    IncompleteModelFolderError,
     InvalidInputError,
     MissingDependencyError,
     ModelFolderNotFoundError,
@@ -150,9 +151,10 @@ def model_info(model: HookedModel) -> ModelInfo:
     from homoglens.architectures import check_model
 
     check_model(model)
+    current = str(next(model.parameters()).dtype).removeprefix("torch.")
     known = _LOADED.get(model)
-    if known is not None:
-        return known
+    if known is not None:  # the dtype now, not at load time (model.half() after loading)
+        return known if known.dtype == current else replace(known, dtype=current)
     spec = architecture_of(model)
     hooked = _is_hooked_transformer(model)
     weights: WeightsKind
@@ -165,7 +167,7 @@ def model_info(model: HookedModel) -> ModelInfo:
         family=spec.family,
         backend="hooked" if hooked else "bridge",
         weights=weights,
-        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        dtype=current,
     )
 
 
@@ -661,6 +663,47 @@ def _check_weights_match_config(folder: Path, config_path: Path) -> None:
         )
 
 
+def _check_folder_complete(folder: Path) -> None:
+    """Refuse a folder whose weights lack tensors its architecture needs.
+
+    Hugging Face initialises missing tensors at random and only logs it, so a folder without
+    its final norm or unembedding loads and runs with wrong logits. The check asks Hugging Face
+    itself which keys are missing (``from_pretrained(device_map="meta",
+    output_loading_info=True)``: its own key renames and tied weights apply, no tensor is read;
+    well under a second even for large models), so it holds for every family.
+
+    Raises:
+        IncompleteModelFolderError: the missing tensors, by name.
+    """
+    import logging
+
+    from transformers import AutoModelForCausalLM
+
+    log = logging.getLogger("transformers")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, info = AutoModelForCausalLM.from_pretrained(
+                str(folder), device_map="meta", output_loading_info=True
+            )
+    except Exception:  # unreadable or unusual folders: the real load reports them
+        return
+    finally:
+        log.setLevel(level)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:8]) + (
+            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        )
+        raise IncompleteModelFolderError(
+            f"{str(folder)!r} lacks {len(missing)} tensor(s) its architecture needs: {shown}. "
+            "Hugging Face would initialise them at random and every result would be wrong; "
+            "re-save the complete model with model.save_pretrained(folder)"
+        )
+
+
 def _check_placement(backend: str, device_map: Any, n_devices: Any) -> dict[str, Any]:
     """Validate multi-device options; return the bridge's ``boot_transformers`` keywords."""
     from homoglens._checks import as_int
@@ -812,6 +855,7 @@ def load_model(
                 "save them with model.save_pretrained(folder)"
             )
         _check_weights_match_config(folder, config_path)
+        _check_folder_complete(folder)
         if _has_tokenizer(folder):
             tokenizer_dir = folder
         elif spec.family == "gpt2":

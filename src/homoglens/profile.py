@@ -29,7 +29,7 @@ from homoglens.distributed import (
     shard_bounds,
     world,
 )
-from homoglens.errors import InvalidInputError, NonFiniteActivationError
+from homoglens.errors import InvalidInputError, ModelStateError, NonFiniteActivationError
 from homoglens.homogenization import RANK_FIELDS, homogenization_sums, positions_from_mask
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
@@ -157,14 +157,35 @@ def _check_min_tokens(batch: TokenBatch, exclude_first: bool) -> None:
         )
 
 
-def _model_device(model: HookedModel) -> torch.device:
-    """The model's device; refuses a model in training mode (dropout would make every
-    measurement random). Every streaming function calls this before its first pass."""
-    if getattr(model, "training", False):
-        raise InvalidInputError(
-            "the model is in training mode (dropout is active, so results would be random); "
-            "call model.eval() first"
+def _model_device(model: HookedModel, *, needs_grad: bool = False) -> torch.device:
+    """The model's device, after the one check of its state every streaming function makes
+    before its first pass.
+
+    Refuses a model any of whose submodules is in training mode (dropout would make every
+    measurement random; ``model.training`` alone misses a submodule switched back with
+    ``.train()``), and, where gradients are needed (``needs_grad``), weights created under
+    ``torch.inference_mode`` (autograd cannot save them for the backward pass).
+
+    Raises:
+        ModelStateError: names the submodules in training mode, or the inference-mode weights.
+    """
+    training = [name or "<model>" for name, module in model.named_modules() if module.training]
+    if training:
+        shown = ", ".join(training[:5]) + (
+            f" and {len(training) - 5} more" if len(training) > 5 else ""
         )
+        raise ModelStateError(
+            f"{len(training)} submodule(s) of the model are in training mode ({shown}): dropout "
+            "would make every result random; call model.eval() first"
+        )
+    if needs_grad:
+        frozen = [name for name, p in model.named_parameters() if p.is_inference()]
+        if frozen:
+            raise ModelStateError(
+                f"{len(frozen)} weight(s) were created under torch.inference_mode ({frozen[0]}, "
+                "...), so autograd cannot differentiate through them; load the model outside "
+                "torch.inference_mode(), or use method='exact'"
+            )
     return next(model.parameters()).device
 
 

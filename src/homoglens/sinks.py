@@ -1162,7 +1162,7 @@ def _fast_attribution(
     from homoglens.profile import resid_hook_name
 
     n_layers, n_heads = target, int(model.cfg.n_heads)
-    device = _model_device(model)
+    device = _model_device(model, needs_grad=True)
     f64 = torch.float64
     m = len(ATTRIBUTION_METRICS)
     total = torch.zeros(n_layers, n_heads, m, dtype=f64)

@@ -1,0 +1,116 @@
+"""Regressions of a field-bug review: inputs and states that gave silently wrong numbers now
+give a typed error or the right number. One test (or a few) per finding; the resid_mid patching
+finding has its own file (test_patching_invariants.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import hook_count
+from homoglens import (
+    IncompleteModelFolderError,
+    ModelStateError,
+    homogenization_profile,
+    load_model,
+    model_info,
+    positional_patching,
+    sink_scores,
+)
+from homoglens.testing import tiny_model_folder
+
+TEXTS = ["Hello world, this is a short text about nothing at all.", "Another one, a bit longer."]
+
+
+# 2. incomplete model folders ---------------------------------------------------------------
+
+
+def _without(folder: Path, tmp_path: Path, drop) -> Path:
+    out = tmp_path / "model"
+    shutil.copytree(folder, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    kept = {k: v for k, v in tensors.items() if not drop(k)}
+    assert len(kept) < len(tensors)
+    save_file(kept, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize(
+    ("arch", "config", "missing"),
+    [
+        ("gpt2", {}, "transformer.ln_f"),
+        ("neox", {}, "final_layer_norm"),
+        ("neox", {}, "lm_head"),  # stored as embed_out: Hugging Face's own rename applies
+        ("llama", {}, "model.norm"),
+    ],
+)
+def test_folder_without_final_norm_or_unembedding_is_refused(
+    arch, config, missing, backend, tmp_path
+) -> None:
+    stored = "embed_out" if (arch, missing) == ("neox", "lm_head") else missing
+    folder = _without(tiny_model_folder(arch, **config), tmp_path, lambda k: stored in k)
+    with pytest.raises(IncompleteModelFolderError, match=missing):
+        load_model(folder, backend=backend)
+
+
+def test_untied_folder_without_its_unembedding_is_refused(backend, tmp_path) -> None:
+    folder = tmp_path / "untied"
+    shutil.copytree(tiny_model_folder("llama"), folder)  # tied: no lm_head.weight stored
+    config = json.loads((folder / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(IncompleteModelFolderError, match="lm_head.weight"):
+        load_model(folder, backend=backend)
+
+
+def test_tied_unembedding_is_not_missing(tmp_path) -> None:
+    folder = tiny_model_folder("llama")  # tied: lm_head.weight is not stored
+    assert "lm_head.weight" not in load_file(str(folder / "model.safetensors"))
+    load_model(folder, backend="bridge")
+
+
+# 3. a submodule left in training mode ------------------------------------------------------
+
+
+def test_submodule_in_training_mode_is_refused(arch, backend, get_model) -> None:
+    model = get_model(arch, backend)
+    block = model.blocks[0]
+    block.train()
+    try:
+        assert not model.training
+        with pytest.raises(ModelStateError, match="training mode"):
+            homogenization_profile(model, TEXTS, progress=False)
+        with pytest.raises(ModelStateError, match="blocks.0"):
+            sink_scores(model, TEXTS, progress=False)
+        assert hook_count(model) == 0
+    finally:
+        model.eval()
+    homogenization_profile(model, TEXTS, progress=False)
+
+
+def test_inference_mode_weights_are_refused_where_gradients_are_needed() -> None:
+    from homoglens import sink_attribution
+
+    model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+    with torch.inference_mode():  # new weights are inference tensors
+        model.to(torch.float64)
+    with pytest.raises(ModelStateError, match="inference_mode"):
+        sink_attribution(model, TEXTS, method="fast", edge_k=2, progress=False)
+    assert hook_count(model) == 0
+
+
+# 9. provenance records the dtype at call time ----------------------------------------------
+
+
+def test_dtype_is_recorded_at_call_time(backend) -> None:
+    model = load_model(tiny_model_folder("gpt2"), backend=backend)
+    assert model_info(model).dtype == "float32"
+    model.to(torch.float64)
+    assert model_info(model).dtype == "float64"
+    result = positional_patching(model, TEXTS, metric="loss", layers=[0], progress=False)
+    assert result.provenance.dtype == "float64"
