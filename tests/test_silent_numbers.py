@@ -114,3 +114,76 @@ def test_dtype_is_recorded_at_call_time(backend) -> None:
     assert model_info(model).dtype == "float64"
     result = positional_patching(model, TEXTS, metric="loss", layers=[0], progress=False)
     assert result.provenance.dtype == "float64"
+
+
+# 4. an interrupted train_model -------------------------------------------------------------
+
+MICRO = {
+    "steps": 4,
+    "d_model": 32,
+    "n_layers": 2,
+    "n_heads": 2,
+    "vocab_size": 300,
+    "n_ctx": 32,
+    "batch_size": 4,
+    "warmup": 1,
+}
+
+
+def _torch_globals() -> tuple:
+    return (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_rng_state().clone(),
+    )
+
+
+def _interrupt_at_step_1(monkeypatch) -> None:
+    calls = {"n": 0}
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def clip_then_interrupt(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the optimiser step of step 1
+            raise KeyboardInterrupt
+        return clip(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_then_interrupt)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_interrupted_training_restores_torch_and_the_folder(existing, tmp_path, monkeypatch):
+    from homoglens.training import TrainingConfig, train_model
+
+    out = tmp_path / "model"
+    if existing:
+        shutil.copytree(tiny_model_folder("gpt2"), out)  # an older model in the way
+        before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    torch.set_num_threads(max(1, torch.get_num_threads() - 1) if torch.get_num_threads() > 1 else 1)
+    saved = _torch_globals()
+    _interrupt_at_step_1(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):  # not a file rewritten (no new tokenizer beside
+        train_model(TrainingConfig(variant="rotary", **MICRO), out, progress=False)  # old weights)
+    now = _torch_globals()
+    assert now[:3] == saved[:3]
+    assert torch.equal(now[3], saved[3])
+    if existing:
+        assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
+    else:
+        assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == (["model"] if existing else [])
+
+
+def test_train_cli_with_invalid_sizes_leaves_no_folder(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from homoglens.cli import main
+
+    out = tmp_path / "models"
+    result = CliRunner().invoke(
+        main,
+        ["train", "--variant", "learned", "--d-model", "30", "--n-heads", "4", "--out", str(out)],
+    )
+    assert result.exit_code != 0 and "multiple" in result.output
+    assert not out.exists()

@@ -575,10 +575,12 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
     from homoglens.results import prepare_folder
     from homoglens.training import POSITIONAL_VARIANTS, TrainingConfig, train_model
 
+    existed = True
     try:
-        prepare_folder(out)  # a file in the way is an error before any training
         variants = POSITIONAL_VARIANTS if variant == "all" else (variant,)
-        configs = [TrainingConfig(variant=v, **sizes) for v in variants]
+        configs = [TrainingConfig(variant=v, **sizes) for v in variants]  # bad sizes: no folder
+        existed = out.exists()
+        prepare_folder(out)  # a file in the way is an error before any training
         for config in configs:
             record = train_model(config, out / config.name, progress=progress)
             click.echo(
@@ -588,6 +590,9 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
             )
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
+    finally:  # a run that failed or was interrupted leaves no empty folder it made
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
 
 
 @main.command()

@@ -4,19 +4,15 @@ self-contained HTML report (figures embedded, no network needed to view it)."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import io
-import shutil
-import tempfile
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from homoglens._fs import apply_umask
+from homoglens._fs import staged_output
 from homoglens.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -84,30 +80,6 @@ def check_output_dir(out: str | Path, *, overwrite: bool) -> Path:
             "--overwrite to replace its contents (only after the run succeeds)"
         )
     return folder
-
-
-@contextlib.contextmanager
-def staged_output(folder: Path) -> Iterator[Path]:
-    """Yield a temporary sibling folder to write into; it replaces ``folder`` only when the
-    block succeeds, so a failed run leaves ``folder`` exactly as it was. Under
-    ``torch.distributed`` only rank 0 writes: other ranks get a scratch folder that is dropped."""
-    from homoglens.distributed import is_main_process
-
-    if not is_main_process():
-        with tempfile.TemporaryDirectory() as scratch:
-            yield Path(scratch)
-        return
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
-    try:
-        yield tmp
-        apply_umask(tmp)
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _png(fig: Figure, path: Path) -> str:

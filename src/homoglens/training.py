@@ -28,10 +28,12 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -40,6 +42,7 @@ from typing import Any, Literal
 import torch
 
 from homoglens._checks import as_int
+from homoglens._fs import staged_output
 from homoglens.data import HELD_OUT, TokenBatch, split_austen
 from homoglens.errors import InvalidInputError
 
@@ -356,7 +359,11 @@ def train_model(
 
     Args:
         config: The run.
-        out: Folder to write (created; existing files are replaced).
+        out: Folder to write. The run writes into a staged sibling that replaces ``out`` only
+            when training and saving have finished: an error or an interrupt leaves an
+            existing ``out`` as it was (never old weights beside a new tokenizer) and creates
+            nothing otherwise. Torch's thread count, deterministic-algorithms flag and global
+            RNG state are restored on exit, normally or not.
         log_every: Steps between logged training losses.
         progress: Show a progress bar.
 
@@ -366,14 +373,37 @@ def train_model(
     References:
         Yusupov et al. 2025, arXiv 2508.17126.
     """
+    out = Path(out).expanduser()
+    with _torch_globals(config.threads), staged_output(out) as tmp:
+        return _train(config, tmp, log_every, progress)
+
+
+@contextlib.contextmanager
+def _torch_globals(threads: int) -> Iterator[None]:
+    """Set what training needs (``threads`` CPU threads, deterministic algorithms) and put
+    back every torch global it changes (those two and the global RNG state) on exit, also on
+    an exception or KeyboardInterrupt."""
+    saved = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_rng_state(),
+    )
+    try:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(True)
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+        torch.set_rng_state(saved[3])
+
+
+def _train(config: TrainingConfig, out: Path, log_every: int, progress: bool) -> dict[str, Any]:
     from importlib.metadata import version
 
     from tqdm.auto import tqdm
 
-    out = Path(out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(config.threads)
-    torch.use_deterministic_algorithms(True)
     tokenizer, train_ids, held_ids = _prepared_corpus(config.vocab_size)
     tokenizer.save_pretrained(str(out))
     special = tokenizer.convert_tokens_to_ids("<|endoftext|>")
@@ -436,5 +466,4 @@ def train_model(
     }
     model.save_pretrained(str(out))
     (out / "training.json").write_text(json.dumps(record, indent=2))
-    torch.use_deterministic_algorithms(False)
     return record
