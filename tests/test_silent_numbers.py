@@ -187,3 +187,74 @@ def test_train_cli_with_invalid_sizes_leaves_no_folder(tmp_path) -> None:
     )
     assert result.exit_code != 0 and "multiple" in result.output
     assert not out.exists()
+
+
+# 5. NaN never passes silently ----------------------------------------------------------------
+
+
+def _nan_model(backend):
+    model = load_model(tiny_model_folder("gpt2"), backend=backend)
+    weight = model.blocks[1].attn.W_Q if hasattr(model.blocks[1].attn, "W_Q") else None
+    with torch.no_grad():
+        if weight is not None and backend == "hooked":
+            weight[0, 0, 0] = float("nan")
+        else:
+            next(model.blocks[1].attn.parameters())[0, 0] = float("nan")
+    return model
+
+
+@pytest.mark.parametrize("metric", ["loss", "mean_pairwise"])
+def test_nan_in_the_model_is_an_error_in_patching(backend, metric) -> None:
+    from homoglens import NonFiniteActivationError, corpus_windows
+
+    model = _nan_model(backend)
+    tokens = corpus_windows(model, n_seq=2, seq_len=24).tokens
+    with pytest.raises(NonFiniteActivationError, match="NaN or inf"):
+        positional_patching(model, tokens, metric=metric, progress=False)
+    assert hook_count(model) == 0
+
+
+def test_nan_in_the_model_is_an_error_in_sink_scores(backend) -> None:
+    from homoglens import NonFiniteActivationError, corpus_windows
+
+    model = _nan_model(backend)
+    tokens = corpus_windows(model, n_seq=2, seq_len=24).tokens
+    with pytest.raises(NonFiniteActivationError, match="hook_pattern"):
+        sink_scores(model, tokens, progress=False)
+    assert hook_count(model) == 0
+
+
+def test_top_heads_says_when_it_ranks_undefined_heads_last(get_model) -> None:
+    import dataclasses
+
+    scores = sink_scores(get_model("gpt2", "bridge"), TEXTS, progress=False)
+    mass = scores.mass.clone()
+    mass[0, 0] = float("nan")  # e.g. no query after the key
+    with pytest.warns(UserWarning, match="1 head.*ranked last"):
+        top = dataclasses.replace(scores, mass=mass).top_heads(k=mass.numel())
+    assert (top["layer"].iloc[-1], top["head"].iloc[-1]) == (0, 0)
+
+
+# 7. float32 norms of very large and very small vectors -------------------------------------
+
+
+def test_extreme_magnitudes_give_the_right_cosines() -> None:
+    from homoglens import PositionalSimilarity
+    from homoglens.homogenization import homogenization_sums
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 12, 16)
+    pos = torch.arange(12).repeat(2, 1)
+    ref = homogenization_sums(x, pos, 12)
+    for factor in (1e20, 1e-30):
+        got = homogenization_sums(x * factor, pos, 12)
+        for name in ("to_others_sum", "mean_pairwise_sum", "relative_residual_sum"):
+            torch.testing.assert_close(got[name], ref[name], atol=1e-6, rtol=0)
+        torch.testing.assert_close(got["norm_sum"] / factor, ref["norm_sum"], rtol=1e-5, atol=0)
+    same = torch.full((2, 5, 8), 1e-30)
+    ones = homogenization_sums(same, torch.arange(5).repeat(2, 1), 5)
+    assert float(ones["mean_pairwise_sum"]) == pytest.approx(2.0)
+    sim = PositionalSimilarity.from_activations(torch.randn(8, 20, 16) * 1e20, edge_k=4)
+    assert bool(torch.isfinite(sim.M).all())
+    tiny = PositionalSimilarity.from_activations(torch.full((4, 20, 8), 1e-30), edge_k=4)
+    torch.testing.assert_close(tiny.M, torch.ones_like(tiny.M))

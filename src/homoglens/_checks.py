@@ -5,9 +5,9 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from homoglens.errors import InvalidInputError
+from homoglens.errors import InvalidInputError, NonFiniteActivationError
 
-__all__ = ["as_int", "as_bool", "as_float"]
+__all__ = ["as_int", "as_bool", "as_float", "require_finite"]
 
 
 def as_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
@@ -50,3 +50,25 @@ def as_float(name: str, value: Any, *, low: float, high: float) -> float:
     if not low < number < high:  # also refuses NaN
         raise InvalidInputError(f"{name}={number} must lie in ({low}, {high})")
     return number
+
+
+def require_finite(values: Any, where: str, what: str = "activations") -> None:
+    """The one non-finite check of every measurement: raise before anything is averaged in.
+
+    Args:
+        values: The tensor a result is computed from (already restricted to real tokens).
+        where: The hook or quantity, for the message.
+        what: What the values are.
+
+    Raises:
+        NonFiniteActivationError: ``values`` holds NaN or inf.
+    """
+    import torch
+
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise NonFiniteActivationError(
+            f"{where}: {bad} of {finite.numel()} {what} are NaN or inf; nothing was averaged in. "
+            "Check the model's weights and dtype (float16 overflows; try float32 or bfloat16)"
+        )

@@ -61,6 +61,23 @@ def positions_from_mask(
     return torch.where(keep, pos, torch.full_like(pos, -1))
 
 
+def unit_scale(
+    x: Float[torch.Tensor, "batch pos d_model"], counted: torch.Tensor
+) -> tuple[Float[torch.Tensor, "batch pos d_model"], Int[torch.Tensor, " batch"]]:
+    """Rescale each sequence by a power of two so that its largest counted entry lies in
+    [0.5, 1): exact (no rounding), so cosines and norm ratios are bit-identical, while squares
+    no longer overflow (float32 entries above ~1.8e19) or underflow (below ~1e-19).
+
+    Returns:
+        The rescaled ``x`` and the ``[batch]`` exponents e with ``x_original = x * 2**e``.
+    """
+    amax = x.abs().masked_fill(~counted[..., None], 0.0).amax(dim=(1, 2))
+    exponent = torch.where(
+        amax > 0, torch.frexp(amax).exponent, torch.zeros_like(amax, dtype=torch.int32)
+    )
+    return torch.ldexp(x, (-exponent)[:, None, None].to(x.dtype)), exponent
+
+
 def homogenization_sums(
     resid: Float[torch.Tensor, "batch pos d_model"],
     pos_index: Int[torch.Tensor, "batch pos"],
@@ -114,16 +131,17 @@ def homogenization_sums(
             f"{torch.nonzero(t < 2).flatten().tolist()} have fewer (pads and an excluded first "
             "token do not count)"
         )
-    norms = torch.linalg.vector_norm(x, dim=-1)  # [batch pos]
-    if not bool(torch.isfinite(norms[inc]).all()):
-        bad = int((~torch.isfinite(norms[inc])).sum())
+    finite = torch.isfinite(x).all(-1)  # [batch pos]
+    if not bool(finite[inc].all()):
+        bad = int((~finite[inc]).sum())
         raise NonFiniteActivationError(
             f"{bad} counted residual vectors hold NaN or inf; nothing was averaged in. Check the "
             "model dtype (float16 overflows) or the weights"
         )
-    if not bool(torch.isfinite(norms).all()):  # NaN/inf on pads only: keep them out
+    if not bool(finite.all()):  # NaN/inf on pads only: keep them out
         x = x.masked_fill(~inc[..., None], 0.0)
-        norms = norms.masked_fill(~inc, 0.0)
+    x, exponent = unit_scale(x, inc)
+    norms = torch.linalg.vector_norm(x, dim=-1)  # [batch pos], in units of 2**exponent
     nonzero = inc & (norms > 0)
     # The dot products below are taken on x itself (the unit vectors u = x / ||x|| are never
     # materialised): |x_i . x_j| <= ||x_i|| ||x_j||, finite wherever the norms (checked above) are.
@@ -176,7 +194,7 @@ def homogenization_sums(
         "to_others_sum": per_pos(to_others * inc),
         "to_prefix_sum": per_pos(to_prefix * prefix_w),
         "to_mean_sum": per_pos(to_mean * inc),
-        "norm_sum": per_pos(norms.to(f64) * inc),
+        "norm_sum": per_pos(torch.ldexp(norms.to(f64), exponent[:, None].to(f64)) * inc),
         "count": per_pos(inc.to(f64)),
         "prefix_count": per_pos(prefix_w),
         "mean_pairwise_sum": mean_pairwise.sum(),

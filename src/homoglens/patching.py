@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from jaxtyping import Float, Int
 
-from homoglens._checks import as_int
+from homoglens._checks import as_int, require_finite
 from homoglens.architectures import architecture_of
 from homoglens.data import TokenBatch, to_token_batch
 from homoglens.errors import InvalidInputError
@@ -665,6 +665,7 @@ class _Runner:
             for m in self.homog:
                 out[m] = per_row[index[self.metrics[m]]].view(copies, b).sum(1)
         if self.needs_logits:
+            require_finite(logits[rows_mask.bool()], "logits (unembed.hook_out)", "logits")
             rows_tokens = tokens.repeat(copies, 1)
             for m, metric in enumerate(self.metrics):
                 if metric == "loss":

@@ -18,6 +18,7 @@ References:
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from jaxtyping import Float, Int
 
+from homoglens._checks import require_finite
 from homoglens.data import TokenBatch, to_token_batch
 from homoglens.distributed import (
     all_reduce_sum,
@@ -183,7 +185,15 @@ class SinkScores(SavedResult):
         if by not in ("mass", "importance"):
             raise InvalidInputError(f"by={by!r} must be 'mass' or 'importance'")
         k = as_int("k", k, low=1)
-        values = getattr(self, by).flatten().nan_to_num(float("-inf"))
+        values = getattr(self, by).flatten()
+        undefined = int(torch.isnan(values).sum())
+        if undefined:
+            warnings.warn(
+                f"{undefined} head(s) have no {by} (NaN: no query comes after key {self.key}, "
+                "or no sequence was long enough); they are ranked last",
+                stacklevel=2,
+            )
+        values = values.nan_to_num(float("-inf"))
         order = torch.argsort(values, descending=True)[:k]
         n_heads = self.mass.shape[1]
         return pd.DataFrame(
@@ -360,6 +370,8 @@ def _sink_pass(
 
     def make_hook(layer: int) -> Any:
         def hook(pattern: torch.Tensor, hook: Any) -> None:
+            real = torch.arange(pattern.shape[2], device=pattern.device) < state["lengths"][:, None]
+            require_finite(pattern.transpose(1, 2)[real], hook.name, "attention weights")
             sums = sink_sums(pattern, state["lengths"], key=key, eps=eps)
             per_seq[layer].append(sums["importance_by_sequence"].cpu())
             width = pattern.shape[2]
@@ -570,11 +582,7 @@ def massive_activations(
         def hook(resid: torch.Tensor, hook: Any) -> None:
             a = resid.detach().abs().float()
             real_now = state["real"][:, : a.shape[1]]
-            if not bool(torch.isfinite(a[real_now]).all()):
-                raise NonFiniteActivationError(
-                    f"{hook.name}: NaN or inf in the residual stream; nothing was averaged in. "
-                    "Check the model dtype (float16 overflows) or the weights"
-                )
+            require_finite(a[real_now], hook.name, "residual-stream entries")
             top, arg = a.max(-1)
             median = a.median(-1).values
             ratio = (top / median.clamp_min(torch.finfo(torch.float32).tiny)).to(torch.float64)
