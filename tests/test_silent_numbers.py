@@ -258,3 +258,148 @@ def test_extreme_magnitudes_give_the_right_cosines() -> None:
     assert bool(torch.isfinite(sim.M).all())
     tiny = PositionalSimilarity.from_activations(torch.full((4, 20, 8), 1e-30), edge_k=4)
     torch.testing.assert_close(tiny.M, torch.ones_like(tiny.M))
+
+
+# 6. BOS handling and byte-order marks -------------------------------------------------------
+
+
+def test_a_text_that_starts_with_the_bos_gets_no_second_one(get_model) -> None:
+    from homoglens import to_token_batch
+
+    model = get_model("gpt2", "bridge")
+    batch = to_token_batch(model, "<|endoftext|>Hello world", bos="always")
+    assert batch.tokens.tolist() == [[50256, 15496, 995]] and batch.bos is True
+    never = to_token_batch(model, "<|endoftext|>Hello world", bos="never")
+    assert never.tokens.tolist() == [[50256, 15496, 995]]
+    assert never.bos is True  # position 0 holds the BOS id, whatever the policy asked
+    mixed = to_token_batch(model, ["<|endoftext|>Hello world", "Hello"], bos="never")
+    assert mixed.bos is None
+
+
+def test_a_byte_order_mark_is_not_text(get_model, tmp_path) -> None:
+    from homoglens import corpus_windows, to_token_batch
+
+    model = get_model("gpt2", "bridge")
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    text = "Hello world. " * 40
+    plain.write_text(text, encoding="utf-8")
+    marked.write_bytes("\ufeff".encode() + text.encode())
+    assert torch.equal(to_token_batch(model, marked).tokens, to_token_batch(model, plain).tokens)
+    a = corpus_windows(model, marked, n_seq=2, seq_len=16).tokens
+    assert torch.equal(a, corpus_windows(model, plain, n_seq=2, seq_len=16).tokens)
+
+
+# 8. saved results are checked as they load -------------------------------------------------
+
+
+def _edit_json(folder: Path, stem: str, **changes) -> None:
+    path = folder / f"{stem}.json"
+    meta = json.loads(path.read_text())
+    meta.update(changes)
+    path.write_text(json.dumps(meta))
+
+
+def _edit_tensor(folder: Path, stem: str, name: str, value: torch.Tensor) -> None:
+    path = folder / f"{stem}.safetensors"
+    tensors = load_file(str(path))
+    tensors[name] = value
+    save_file(tensors, str(path))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    from homoglens import PositionalSimilarity
+
+    model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+    texts = [f"Sentence number {i} is here, and it goes on for a little while." for i in range(4)]
+    root = tmp_path_factory.mktemp("saved")
+    homogenization_profile(model, texts, progress=False).save(root / "profile")
+    sink_scores(model, texts, progress=False).save(root / "sinks")
+    positional_patching(model, texts, metric="loss", layers=[0, 1], progress=False).save(
+        root / "patching"
+    )
+    PositionalSimilarity.from_activations(torch.randn(6, 20, 8), edge_k=4).save(root / "sim")
+    return root
+
+
+def _copy(saved: Path, name: str, tmp_path: Path) -> Path:
+    out = tmp_path / name
+    shutil.copytree(saved / name, out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"layers": [2, 1, 0]}, "hook_points disagree"),
+        ({"layers": [0, 0, 1]}, "repeats"),
+        ({"n_sequences": 3.7}, "n_sequences"),
+        ({"n_sequences": -4}, "n_sequences"),
+        ({"n_tokens": "many"}, "n_tokens"),
+    ],
+)
+def test_edited_profiles_are_refused(saved, tmp_path, change, message) -> None:
+    from homoglens import HomogenizationProfile, IncompatibleResultsError
+
+    folder = _copy(saved, "profile", tmp_path)
+    _edit_json(folder, "profile", **change)
+    with pytest.raises(IncompatibleResultsError, match=message):
+        HomogenizationProfile.load(folder)
+
+
+def test_negative_or_fractional_counts_are_refused(saved, tmp_path) -> None:
+    from homoglens import HomogenizationProfile, IncompatibleResultsError
+
+    for bad in (-1.0, 0.5):
+        folder = _copy(saved, "profile", tmp_path / str(bad))
+        count = load_file(str(folder / "profile.safetensors"))["count"].double()
+        count[0] = bad
+        _edit_tensor(folder, "profile", "count", count)
+        with pytest.raises(IncompatibleResultsError, match="count"):
+            HomogenizationProfile.load(folder)
+
+
+@pytest.mark.parametrize(
+    ("name", "stem", "change", "message"),
+    [
+        ("sinks", "sink_scores", {"key": "x"}, "key"),
+        ("sinks", "sink_scores", {"eps": 5}, "eps"),
+        ("sinks", "sink_scores", {"n_sequences": 3.7}, "n_sequences"),
+        ("patching", "patching", {"direction": "sideways"}, "direction"),
+        ("patching", "patching", {"layers": [1, 1]}, "repeats"),
+        ("sim", "similarity", {"space": "hidden"}, "space"),
+    ],
+)
+def test_edited_results_are_refused(saved, tmp_path, name, stem, change, message) -> None:
+    from homoglens import (
+        IncompatibleResultsError,
+        PositionalPatchingResult,
+        PositionalSimilarity,
+        SinkScores,
+    )
+
+    cls = {"sinks": SinkScores, "patching": PositionalPatchingResult, "sim": PositionalSimilarity}
+    folder = _copy(saved, name, tmp_path)
+    _edit_json(folder, stem, **change)
+    with pytest.raises(IncompatibleResultsError, match=message):
+        cls[name].load(folder)
+
+
+def test_a_unit_sum_of_the_wrong_width_is_refused(saved, tmp_path) -> None:
+    from homoglens import IncompatibleResultsError, PositionalSimilarity
+
+    folder = _copy(saved, "sim", tmp_path)
+    units = load_file(str(folder / "similarity.safetensors"))["unit_sum"]
+    _edit_tensor(folder, "similarity", "unit_sum", units[:, :-1].contiguous())
+    with pytest.raises(IncompatibleResultsError, match="unit_sum"):
+        PositionalSimilarity.load(folder)
+    for name in ("profile", "sinks", "patching", "sim"):  # untouched files still load
+        cls = {
+            "profile": "HomogenizationProfile",
+            "sinks": "SinkScores",
+            "patching": "PositionalPatchingResult",
+            "sim": "PositionalSimilarity",
+        }[name]
+        import homoglens
+
+        getattr(homoglens, cls).load(saved / name)

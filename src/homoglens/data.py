@@ -198,8 +198,36 @@ def _bos_id(model: HookedModel) -> int:
     return int(bos_id)
 
 
-def _encode(model: HookedModel, text: str) -> list[int]:
+def _encode(model: HookedModel, text: str, where: str = "the text") -> list[int]:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate, e.g. from a bad decode upstream
+        raise InvalidInputError(
+            f"{where} holds {text[err.start : err.end]!r} at character {err.start}, which is not "
+            "valid Unicode text (a lone surrogate); fix or drop it, e.g. "
+            "text.encode('utf-8', 'replace').decode()"
+        ) from None
     return list(_tokenizer(model)(text, add_special_tokens=False)["input_ids"])
+
+
+def _prefixed(row: list[int], prefix: list[int]) -> list[int]:
+    """``prefix + row``, except that a row which already starts with the BOS gets no second one
+    (as Hugging Face tokenizers do)."""
+    return row if prefix and row[:1] == prefix else prefix + row
+
+
+def _recorded_bos(model: HookedModel, rows: list[list[int]]) -> bool | None:
+    """Whether position 0 of every row holds the BOS id (None: some rows do, some do not),
+    read from the tokens themselves, whatever the policy asked for."""
+    bos_id = getattr(_tokenizer(model), "bos_token_id", None)
+    if bos_id is None:
+        return False
+    starts = [bool(row) and row[0] == bos_id for row in rows]
+    return True if all(starts) else False if not any(starts) else None
+
+
+def _bos_label(bos: bool | None) -> str:
+    return {True: "yes", False: "no", None: "mixed"}[bos]
 
 
 def _n_ctx(model: HookedModel) -> int:
@@ -270,7 +298,9 @@ def corpus_windows(
             start = boundary + 2 if boundary >= 0 else start
         # ~4 characters per token in English: take generously, never past this stretch.
         end = min((i + 1) * stretch if i < n_seq - 1 else len(text), start + 8 * content + 64)
-        ids = _encode(model, text[start:end])
+        ids = _encode(model, text[start:end], f"{label} (window {i})")
+        if prefix and ids[:1] == prefix:  # the stretch starts with the BOS itself
+            ids = ids[1:]
         if len(ids) < content:
             raise InvalidInputError(
                 f"{label} is too small for n_seq={n_seq} windows of seq_len={seq_len} tokens "
@@ -278,12 +308,13 @@ def corpus_windows(
             )
         rows.append(prefix + ids[:content])
     tokens = torch.tensor(rows, dtype=torch.long)
+    recorded = _recorded_bos(model, rows)
     return TokenBatch(
         tokens=tokens,
         attention_mask=torch.ones_like(tokens),
-        bos=use_bos,
+        bos=recorded,
         description=f"{label}: {n_seq} windows x {seq_len} tokens, evenly spaced, "
-        f"bos={'yes' if use_bos else 'no'}",
+        f"bos={_bos_label(recorded)}",
     )
 
 
@@ -301,7 +332,7 @@ def _text_batch(
             raise InvalidInputError(f"text {i} is a {type(text).__name__}, not a str")
         if not text.strip():
             raise InvalidInputError(f"text {i} is empty; every text needs at least one token")
-        rows.append(prefix + _encode(model, text))
+        rows.append(_prefixed(_encode(model, text, f"text {i}"), prefix))
     longest = max(len(r) for r in rows)
     if longest > _n_ctx(model):
         worst = max(range(len(rows)), key=lambda i: len(rows[i]))
@@ -314,12 +345,13 @@ def _text_batch(
     for i, row in enumerate(rows):
         tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
-    return TokenBatch(tokens, mask, use_bos, f"{label}, bos={'yes' if use_bos else 'no'}")
+    recorded = _recorded_bos(model, rows)
+    return TokenBatch(tokens, mask, recorded, f"{label}, bos={_bos_label(recorded)}")
 
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark is not text
     except UnicodeDecodeError as err:
         raise InvalidInputError(
             f"{str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start}); convert it, "
@@ -337,27 +369,30 @@ def _file_batch(model: HookedModel, path: Path, bos: BosPolicy | bool) -> TokenB
         raise InvalidInputError(f"text file {str(path)!r} is empty")
     use_bos = _resolve_bos(model, bos)
     prefix = [_bos_id(model)] if use_bos else []
-    ids = _encode(model, text)
+    ids = _encode(model, text, f"text file {path.name}")
+    if prefix and ids[:1] == prefix:  # the file starts with the BOS itself
+        ids = ids[1:]
     width = min(_n_ctx(model), 256) - len(prefix)
     chunks = [ids[i : i + width] for i in range(0, len(ids), width)]
     if len(chunks) > 1 and len(chunks[-1]) < width:
         chunks.pop()  # equal-length windows; the tail shorter than a window is dropped
     return _text_batch_from_ids(
-        chunks, prefix, use_bos, f"text file {path.name}: {len(chunks)} consecutive windows"
+        model, chunks, prefix, f"text file {path.name}: {len(chunks)} consecutive windows"
     )
 
 
 def _text_batch_from_ids(
-    chunks: list[list[int]], prefix: list[int], use_bos: bool, label: str
+    model: HookedModel, chunks: list[list[int]], prefix: list[int], label: str
 ) -> TokenBatch:
-    longest = max(len(c) for c in chunks) + len(prefix)
-    tokens = torch.zeros(len(chunks), longest, dtype=torch.long)
+    rows = [prefix + chunk for chunk in chunks]
+    longest = max(len(row) for row in rows)
+    tokens = torch.zeros(len(rows), longest, dtype=torch.long)
     mask = torch.zeros_like(tokens)
-    for i, chunk in enumerate(chunks):
-        row = prefix + chunk
+    for i, row in enumerate(rows):
         tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         mask[i, : len(row)] = 1
-    return TokenBatch(tokens, mask, use_bos, f"{label}, bos={'yes' if use_bos else 'no'}")
+    recorded = _recorded_bos(model, rows)
+    return TokenBatch(tokens, mask, recorded, f"{label}, bos={_bos_label(recorded)}")
 
 
 def _check_mask(tokens: torch.Tensor, attention_mask: Any) -> torch.Tensor:

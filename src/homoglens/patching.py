@@ -117,6 +117,12 @@ class PositionalPatchingResult(SavedResult):
     """
 
     _stem: ClassVar[str] = "patching"
+    _choices: ClassVar[dict[str, tuple[str, ...]]] = {
+        "component": PATCH_COMPONENTS,
+        "how": POSITION_ABLATIONS,
+        "direction": ("restore", "break"),
+        "cell_axis": ("pos", "head_index"),
+    }
 
     component: str
     how: str

@@ -17,6 +17,7 @@ References:
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -139,6 +140,7 @@ class SinkScores(SavedResult):
     """
 
     _stem: ClassVar[str] = "sink_scores"
+    _ranges: ClassVar[dict[str, tuple[float, float]]] = {"eps": (0.0, 1.0)}
 
     key: int
     eps: float
@@ -452,6 +454,7 @@ class MassiveActivations(SavedResult):
     """
 
     _stem: ClassVar[str] = "massive"
+    _ranges: ClassVar[dict[str, tuple[float, float]]] = {"threshold": (1.0, math.inf)}
 
     layers: tuple[int, ...]
     ratio_mean: Float[torch.Tensor, "layer pos"]
@@ -661,6 +664,10 @@ class SinkAttribution(SavedResult):
     """
 
     _stem: ClassVar[str] = "attribution"
+    _choices: ClassVar[dict[str, tuple[str, ...]]] = {
+        "method": ("exact", "fast"),
+        "ablation": ("sink", "mean"),
+    }
 
     heads: tuple[tuple[int, int], ...]
     layer: int

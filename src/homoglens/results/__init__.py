@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
@@ -127,6 +128,128 @@ def save_result(result: Any, path: str | Path, stem: str) -> Path:
     return folder
 
 
+_TENSOR_ANNOTATION = re.compile(r"(Float|Int|Bool)\[torch\.Tensor, ['\"]([^'\"]*)['\"]\]")
+_LENGTH_OF = {
+    "layer": "layers",
+    "metric": "metrics",
+    "cell": "cells",
+    "head": "heads",
+    "mode": "modes",
+}
+"""Named dimensions whose size is the length of another field."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_scalars(cls: Any, values: dict[str, Any]) -> None:
+    """Types of the plain (non-tensor) fields, before the dataclass sees them."""
+    for f in fields(cls):
+        if f.name not in values:
+            continue
+        value, annotation = values[f.name], str(f.type)
+        count = f.name.startswith("n_") or "count" in f.name
+        if annotation == "int":
+            if not _is_int(value):
+                raise ValueError(f"{f.name}={value!r} must be an integer")
+            if count and value < 0:
+                raise ValueError(f"{f.name}={value} must be >= 0")
+        elif annotation == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{f.name}={value!r} must be a number")
+            if not math.isfinite(value):
+                raise ValueError(f"{f.name}={value!r} must be finite")
+        elif annotation == "bool" and not isinstance(value, bool):
+            raise ValueError(f"{f.name}={value!r} must be true or false")
+        elif annotation == "str" and not isinstance(value, str):
+            raise ValueError(f"{f.name}={value!r} must be a string")
+        elif annotation.startswith("tuple[int"):
+            if not isinstance(value, (tuple, list)) or not all(_is_int(v) for v in value):
+                raise ValueError(f"{f.name}={value!r} must be a list of integers")
+            if f.name in ("layers", "n_massive") and any(v < 0 for v in value):
+                raise ValueError(f"{f.name}={list(value)} must be >= 0")
+
+
+def validate_result(result: Any) -> None:
+    """The one check of a result read from disk: names, dtypes, shapes, ranges and cross-field
+    consistency, read from the dataclass' own annotations.
+
+    * tensor fields: float / integral as annotated (``Float[...]`` / ``Int[...]``), the number
+      of dimensions annotated, and every named dimension the same size in every field
+      (``layer`` = ``len(layers)``, ``metric`` = ``len(metrics)``, ``cell`` = ``len(cells)``,
+      ``head`` = ``len(heads)``); counts (``count``/``n_*`` fields) integral and >= 0;
+    * ``int`` / ``float`` / ``bool`` / ``str`` fields of exactly that type (``n_sequences`` of
+      3.7 is not 3), counts and indices >= 0, floats finite; ``layers`` distinct;
+    * the class' ``_choices`` (allowed strings) and ``_ranges`` (open intervals);
+    * ``provenance.hook_points``, when recorded by a result whose ``layers`` are residual entries
+      (``_layer_axis``), one per entry and the residual hook of that entry (a reordered
+      ``layers`` would silently relabel every row).
+
+    Raises:
+        ValueError: what is wrong, by field name.
+    """
+    _check_scalars(type(result), {f.name: getattr(result, f.name) for f in fields(result)})
+    sizes: dict[str, int] = {}
+    for dim, attr in _LENGTH_OF.items():
+        if isinstance(getattr(result, attr, None), tuple):
+            sizes[dim] = len(getattr(result, attr))
+    for f in fields(result):
+        value, annotation = getattr(result, f.name), str(f.type)
+        count = f.name.startswith("n_") or "count" in f.name
+        if isinstance(value, torch.Tensor):
+            match = _TENSOR_ANNOTATION.search(annotation)
+            if match is None:
+                continue
+            kind, dims = match.group(1), match.group(2).split()
+            if kind == "Float" and not value.is_floating_point():
+                raise ValueError(f"{f.name} has dtype {value.dtype}, expected a float tensor")
+            if kind == "Int" and (value.is_complex() or value.dtype == torch.bool):
+                raise ValueError(f"{f.name} has dtype {value.dtype}, expected integers")
+            if "..." not in dims and value.ndim != len(dims):
+                raise ValueError(
+                    f"{f.name} has {value.ndim} dimensions {tuple(value.shape)}, expected "
+                    f"[{' '.join(dims)}]"
+                )
+            for dim, size in zip(dims, value.shape, strict=False):
+                if dim == "...":
+                    break
+                if sizes.setdefault(dim, int(size)) != size:
+                    raise ValueError(
+                        f"{f.name} has {size} entries along {dim!r}, but the result has "
+                        f"{sizes[dim]} (shape {tuple(value.shape)})"
+                    )
+            if kind == "Int" or count:
+                finite = value[~torch.isnan(value)] if value.is_floating_point() else value
+                if bool((finite < 0).any()) or not bool((finite == finite.round()).all()):
+                    raise ValueError(f"{f.name} must hold non-negative whole counts")
+    layers = getattr(result, "layers", None)
+    if isinstance(layers, tuple) and len(set(layers)) != len(layers):
+        raise ValueError(f"layers={list(layers)} repeats an entry")
+    for name, allowed in getattr(type(result), "_choices", {}).items():
+        if getattr(result, name) not in allowed:
+            raise ValueError(f"{name}={getattr(result, name)!r} must be one of {list(allowed)}")
+    for name, (low, high) in getattr(type(result), "_ranges", {}).items():
+        value = getattr(result, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value < high:
+            raise ValueError(f"{name}={value!r} must lie in ({low}, {high})")
+    hooks = getattr(getattr(result, "provenance", None), "hook_points", ())
+    if isinstance(layers, tuple) and hooks and getattr(type(result), "_layer_axis", False):
+        if len(hooks) != len(layers):
+            raise ValueError(
+                f"provenance.hook_points has {len(hooks)} entries for {len(layers)} layers"
+            )
+        for layer, hook in zip(layers, hooks, strict=True):
+            resid = (
+                "blocks.0.hook_resid_pre" if layer == 0 else f"blocks.{layer - 1}.hook_resid_post"
+            )
+            if re.fullmatch(r"blocks\.\d+\.hook_resid_(pre|post)", hook) and hook != resid:
+                raise ValueError(
+                    f"layer entry {layer} is recorded at {hook}, but entry {layer} is {resid}: "
+                    "layers and hook_points disagree (reordered or edited layers)"
+                )
+
+
 def load_result(cls: Any, path: str | Path, stem: str) -> Any:
     """Load a result written by :func:`save_result` into ``cls`` (no pickle).
 
@@ -151,7 +274,10 @@ def load_result(cls: Any, path: str | Path, stem: str) -> Any:
             elif str(names[name].type).startswith("tuple"):
                 value = _deep_tuple(value)
             kwargs[name] = value
-        return cls(**kwargs)
+        _check_scalars(cls, kwargs)
+        result = cls(**kwargs)
+        validate_result(result)
+        return result
     except (ValueError, TypeError, IndexError, KeyError) as err:
         raise IncompatibleResultsError(
             f"{folder} does not hold a consistent result: {err}"
@@ -222,6 +348,8 @@ class HomogenizationProfile:
         baseline, IntraSim). Dong, Cordonnier, Loukas 2021, arXiv 2103.03404 (relative residual).
         Roy & Vetterli 2007 (effective rank).
     """
+
+    _layer_axis: ClassVar[bool] = True
 
     layers: tuple[int, ...]
     to_others_sum: Float[torch.Tensor, "layer pos"]
@@ -665,14 +793,19 @@ class HomogenizationProfile:
             raise IncompatibleResultsError(f"{folder}/profile.json has unknown provenance {extra}")
         try:
             prov = {**prov, "hook_points": tuple(prov.get("hook_points", ()))}
-            return cls(
-                layers=tuple(int(x) for x in meta["layers"]),
-                n_sequences=int(meta["n_sequences"]),
-                n_tokens=int(meta["n_tokens"]),
-                n_tokens_sq=int(meta["n_tokens_sq"]),
+            _check_scalars(
+                cls, {k: meta[k] for k in ("layers", "n_sequences", "n_tokens", "n_tokens_sq")}
+            )
+            profile = cls(
+                layers=tuple(meta["layers"]),
+                n_sequences=meta["n_sequences"],
+                n_tokens=meta["n_tokens"],
+                n_tokens_sq=meta["n_tokens_sq"],
                 provenance=Provenance(**prov),
                 **tensors,
             )
+            validate_result(profile)
+            return profile
         except (ValueError, TypeError, IndexError, KeyError) as err:
             raise IncompatibleResultsError(
                 f"{folder} does not hold a consistent profile: {err}"

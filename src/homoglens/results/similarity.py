@@ -85,6 +85,11 @@ class PositionalSimilarity(SavedResult):
     """
 
     _stem: ClassVar[str] = "similarity"
+    _layer_axis: ClassVar[bool] = True
+    _choices: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "space": ("resid", "ln_input", "final_norm"),
+        "centre": (None, "global", "position"),
+    }
 
     layers: tuple[int, ...]
     within_sum: Float[torch.Tensor, "layer pos pos"]
