@@ -403,3 +403,62 @@ def test_a_unit_sum_of_the_wrong_width_is_refused(saved, tmp_path) -> None:
         import homoglens
 
         getattr(homoglens, cls).load(saved / name)
+
+
+# 10. typed errors instead of raw tracebacks --------------------------------------------------
+
+
+def test_meta_device_tokens_and_masks_are_typed_errors(get_model) -> None:
+    from homoglens import InvalidInputError
+
+    model = get_model("gpt2", "bridge")
+    meta = torch.ones(2, 8, dtype=torch.long, device="meta")
+    with pytest.raises(InvalidInputError, match="meta device"):
+        homogenization_profile(model, meta, progress=False)
+    with pytest.raises(InvalidInputError, match="meta device"):
+        homogenization_profile(
+            model, torch.ones(2, 8, dtype=torch.long), attention_mask=meta, progress=False
+        )
+    assert hook_count(model) == 0
+
+
+def test_a_lone_surrogate_is_a_typed_error(get_model) -> None:
+    from homoglens import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="surrogate"):
+        homogenization_profile(get_model("gpt2", "bridge"), ["fine", "bad \udc80"], progress=False)
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from homoglens.cli import main
+
+    return CliRunner().invoke(main, list(args))
+
+
+def test_a_full_disk_is_a_clear_cli_error(tmp_path, monkeypatch) -> None:
+    import errno
+
+    import homoglens.report
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "r"))
+
+    monkeypatch.setattr(homoglens.report, "write_profile_report", full)
+    out = tmp_path / "r"
+    args = ["--model", str(tiny_model_folder("gpt2")), "--n-seq", "2", "--seq-len", "16"]
+    result = _cli("profile", *args, "--out", str(out), "--no-progress", "--no-ablation")
+    assert result.exit_code == 1 and "No space left on device" in result.output
+    assert isinstance(result.exception, SystemExit)  # a message, not a traceback
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_world_size_without_rank_is_a_clear_cli_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    args = ["--model", str(tiny_model_folder("gpt2")), "--n-seq", "2", "--seq-len", "16"]
+    result = _cli("profile", *args, "--out", str(tmp_path / "r"), "--no-progress")
+    assert result.exit_code == 1 and "torchrun" in result.output and "RANK" in result.output
+    assert isinstance(result.exception, SystemExit)

@@ -214,6 +214,14 @@ def _patching(
     )
 
 
+def _os_error(err: OSError) -> str:
+    where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+    return (
+        f"could not write the output{where}: {err.strerror or err}; free some space or choose "
+        "another --out (nothing was left half-written)"
+    )
+
+
 def _init_distributed(opts: dict[str, Any]) -> None:
     """Under ``torchrun`` (``WORLD_SIZE`` > 1): join the process group (NCCL on GPUs, gloo on
     CPU) and put this rank's model on ``cuda:LOCAL_RANK``; profiles, sink scores and ablation
@@ -222,11 +230,32 @@ def _init_distributed(opts: dict[str, Any]) -> None:
 
     import torch
 
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
+    from homoglens.errors import DistributedError
+
+    try:
+        size = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise DistributedError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number; launch with torchrun, "
+            "or unset WORLD_SIZE to run on one process"
+        ) from None
+    if size <= 1 or torch.distributed.is_initialized():
         return
+    missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise DistributedError(
+            f"WORLD_SIZE={size} but {', '.join(missing)} not set: launch with "
+            f"`torchrun --nproc-per-node {size} -m homoglens.cli ...` (it sets them), or unset "
+            "WORLD_SIZE to run on one process"
+        )
     device = opts.get("device")
     cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
-    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    try:
+        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    except (RuntimeError, ValueError) as err:
+        raise DistributedError(
+            f"could not join the process group ({str(err)[:200]}); check the torchrun launch"
+        ) from None
     if cuda and device is None:
         opts["device"] = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
 
@@ -365,6 +394,8 @@ def _run(
         report = folder / "report.html"
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(_os_error(err)) from err
     click.echo(repr(study if study is not None else profile), err=True)
     click.echo(f"wrote {report} in {time.perf_counter() - start:.1f} s")
 
@@ -443,6 +474,8 @@ def sinks(**opts: Any) -> None:
             write_sinks_report(analysis, tmp)
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(_os_error(err)) from err
     click.echo(repr(analysis), err=True)
     click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
 
@@ -491,6 +524,8 @@ def patch(how: str, component: str, metrics: str, direction: str, **opts: Any) -
             write_patching_report(result, tmp)
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(_os_error(err)) from err
     click.echo(repr(result), err=True)
     click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
 
@@ -590,6 +625,8 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
             )
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(_os_error(err)) from err
     finally:  # a run that failed or was interrupted leaves no empty folder it made
         if not existed and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
@@ -714,6 +751,8 @@ def compare(
             write_comparison_report(result, tmp)
     except HomoglensError as err:
         raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(_os_error(err)) from err
     with warnings.catch_warnings():  # the report already warned about the same table
         warnings.simplefilter("ignore")
         claims = result.claims()

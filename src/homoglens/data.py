@@ -436,7 +436,17 @@ def _check_mask(tokens: torch.Tensor, attention_mask: Any) -> torch.Tensor:
     return mask
 
 
+def _on_meta(name: str, tensor: Any) -> None:
+    if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
+        raise InvalidInputError(
+            f"{name} is on the meta device, which holds shapes but no values; create it on "
+            "the CPU or the model's device"
+        )
+
+
 def _tensor_batch(model: HookedModel, tokens: torch.Tensor, attention_mask: Any) -> TokenBatch:
+    _on_meta("tokens", tokens)
+    _on_meta("attention_mask", attention_mask)
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise InvalidInputError(
             f"tokens must be an integer tensor of token ids, got dtype {tokens.dtype}; "
