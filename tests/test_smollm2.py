@@ -111,3 +111,30 @@ def test_smollm2_position_ablations_match_hf_position_ids(be, folder) -> None:
         assert (want - base).abs().max() < 1e-3  # full rotary: a global shift changes nothing
         with ablated_positions(model, "zero"):
             assert (model(tokens) - base).abs().max() > 1.0  # removing rotation matters
+
+
+@pytest.mark.parametrize("be", BACKENDS)
+@pytest.mark.parametrize("direction", ["restore", "break"])
+def test_smollm2_resid_mid_patch_restores_the_stream(be, direction) -> None:
+    """Restoring resid_mid of the last block at every position gives effect 1 (the MLP, the
+    final norm and the unembedding carry no position). It read 0.715, the mlp_out effect,
+    when the bridge patch changed only the MLP's input."""
+    from homoglens import positional_patching
+
+    model = load_model("smollm2-135m-instruct", backend=be)
+    tokens = corpus_windows(model, n_seq=2, seq_len=24).tokens
+    n = int(model.cfg.n_layers)
+    result = positional_patching(
+        model,
+        tokens,
+        how="zero",
+        component="resid_mid",
+        metric=["mean_pairwise", "loss"],
+        direction=direction,
+        layers=[n - 1],
+        bins=[(0, 24)],
+        progress=False,
+    )
+    torch.testing.assert_close(result.patched[:, 0, 0], result.source, atol=1e-5, rtol=1e-6)
+    effect = result.effect[:, 0, 0]
+    torch.testing.assert_close(effect, torch.ones_like(effect), atol=1e-3, rtol=0)
