@@ -192,14 +192,18 @@ def test_train_cli_with_invalid_sizes_leaves_no_folder(tmp_path) -> None:
 # 5. NaN never passes silently ----------------------------------------------------------------
 
 
-def _nan_model(backend):
+def _nan_model(backend, where: str = "attn"):
+    """A NaN in one query weight of block 1 (``attn``) or in block 0's MLP (``mlp``, which
+    reaches the residual stream and the logits on both backends; HookedTransformer turns a NaN
+    attention pattern into zeros, so the attention NaN stays inside the pattern)."""
     model = load_model(tiny_model_folder("gpt2"), backend=backend)
-    weight = model.blocks[1].attn.W_Q if hasattr(model.blocks[1].attn, "W_Q") else None
+    block = model.blocks[1 if where == "attn" else 0]
+    module = block.attn if where == "attn" else block.mlp
+    weight = getattr(module, "W_Q" if where == "attn" else "W_in", None)
     with torch.no_grad():
-        if weight is not None and backend == "hooked":
-            weight[0, 0, 0] = float("nan")
-        else:
-            next(model.blocks[1].attn.parameters())[0, 0] = float("nan")
+        if weight is None or backend != "hooked":
+            weight = next(module.parameters())
+        weight[(0,) * weight.ndim] = float("nan")
     return model
 
 
@@ -207,7 +211,7 @@ def _nan_model(backend):
 def test_nan_in_the_model_is_an_error_in_patching(backend, metric) -> None:
     from homoglens import NonFiniteActivationError, corpus_windows
 
-    model = _nan_model(backend)
+    model = _nan_model(backend, "mlp")
     tokens = corpus_windows(model, n_seq=2, seq_len=24).tokens
     with pytest.raises(NonFiniteActivationError, match="NaN or inf"):
         positional_patching(model, tokens, metric=metric, progress=False)

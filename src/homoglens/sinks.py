@@ -373,7 +373,17 @@ def _sink_pass(
     def make_hook(layer: int) -> Any:
         def hook(pattern: torch.Tensor, hook: Any) -> None:
             real = torch.arange(pattern.shape[2], device=pattern.device) < state["lengths"][:, None]
-            require_finite(pattern.transpose(1, 2)[real], hook.name, "attention weights")
+            rows = pattern.transpose(1, 2)[real]  # [real query, head, key]
+            require_finite(rows, hook.name, "attention weights")
+            # HookedTransformer replaces a NaN pattern by 0 (for fully masked rows), so a NaN
+            # score shows as a row that does not sum to 1.
+            lost = (rows.sum(-1) - 1).abs() > 1e-3
+            if bool(lost.any()):
+                raise NonFiniteActivationError(
+                    f"{hook.name}: {int(lost.sum())} attention rows of real queries do not sum "
+                    "to 1 (NaN scores, which TransformerLens turns into zero rows); nothing was "
+                    "averaged in. Check the model's weights and dtype"
+                )
             sums = sink_sums(pattern, state["lengths"], key=key, eps=eps)
             per_seq[layer].append(sums["importance_by_sequence"].cpu())
             width = pattern.shape[2]
