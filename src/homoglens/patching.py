@@ -671,11 +671,13 @@ class _Runner:
             for m in self.homog:
                 out[m] = per_row[index[self.metrics[m]]].view(copies, b).sum(1)
         if self.needs_logits:
-            require_finite(logits[rows_mask.bool()], "logits (unembed.hook_out)", "logits")
             rows_tokens = tokens.repeat(copies, 1)
             for m, metric in enumerate(self.metrics):
                 if metric == "loss":
                     loss = _next_token_loss(logits, rows_tokens, rows_mask).double().cpu()
+                    # NaN/inf logits make a sequence's loss non-finite: checked there, without
+                    # a copy of [rows pos d_vocab]
+                    require_finite(loss, "logits (unembed.hook_out)", "per-sequence losses")
                     out[m] = loss.view(copies, b).sum(1) / self.n
                 elif callable(metric):
                     for j in range(copies):

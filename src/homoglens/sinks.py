@@ -373,11 +373,11 @@ def _sink_pass(
     def make_hook(layer: int) -> Any:
         def hook(pattern: torch.Tensor, hook: Any) -> None:
             real = torch.arange(pattern.shape[2], device=pattern.device) < state["lengths"][:, None]
-            rows = pattern.transpose(1, 2)[real]  # [real query, head, key]
-            require_finite(rows, hook.name, "attention weights")
-            # HookedTransformer replaces a NaN pattern by 0 (for fully masked rows), so a NaN
-            # score shows as a row that does not sum to 1.
-            lost = (rows.sum(-1) - 1).abs() > 1e-3
+            # One reduction, no copy: a NaN/inf weight makes its row sum non-finite, and
+            # HookedTransformer turns a NaN pattern into a zero row; either way the row of a
+            # real query does not sum to 1.
+            sums = pattern.sum(-1).transpose(1, 2)[real]  # [real query, head]
+            lost = ~((sums - 1).abs() <= 1e-3)
             if bool(lost.any()):
                 raise NonFiniteActivationError(
                     f"{hook.name}: {int(lost.sum())} attention rows of real queries do not sum "
