@@ -85,14 +85,14 @@ def load(name: str, device: str, dtype: torch.dtype, backend: str = "bridge") ->
 def _smollm2_shape_folder() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from homoglens.models import _gpt2_tokenizer_folder, cache_dir
+    from homoglens.assets import cache_dir, gpt2_tokenizer_folder
 
     folder = cache_dir() / "bench" / "smollm2-shape"
     if not (folder / "config.json").exists():
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2_SHAPE))
         model.save_pretrained(folder)
-        AutoTokenizer.from_pretrained(str(_gpt2_tokenizer_folder())).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(str(gpt2_tokenizer_folder())).save_pretrained(folder)
     return folder
 
 
@@ -111,10 +111,10 @@ def bare(model: Any, tokens: torch.Tensor) -> None:
 def blocks_only(model: Any, tokens: torch.Tensor) -> None:
     """The forward through the last block and no further (no final norm, no logits), ended by
     one hook as homoglens ends its own passes."""
-    from homoglens.profile import _run_through
+    from homoglens.engine import run_through
 
     with torch.inference_mode():
-        _run_through(model, tokens, f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", [])
+        run_through(model, tokens, f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", [])
 
 
 def profile(model: Any, tokens: torch.Tensor) -> None:

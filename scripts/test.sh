@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # README command 2: set up both environments and run the whole suite on each
 # TransformerLens line: 4.3 (TransformerBridge) and 3.9 (HookedTransformer and bridge).
-# On the default line (4.3) it also executes every tutorial notebook (nbmake) and builds the
-# docs site with `mkdocs build --strict`.
+# On the default line (4.3) it also lints (ruff: style, imports, Google docstrings), type-checks
+# src/ (pyright, pinned), executes every tutorial notebook (nbmake) and builds the docs site with
+# `mkdocs build --strict`. The layer contract is a test (tests/contracts/test_layers.py), and
+# jaxtyping checks the shapes of every annotated homoglens function at run time under pytest.
 #   bash scripts/test.sh [extra pytest options]
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,6 +17,8 @@ for pair in ".venv:4.3.0" ".venv-tl39:3.9.0"; do
   if [ "$venv" = ".venv" ]; then
     "$venv/bin/ruff" check src tests benchmarks tutorials || status=1
     "$venv/bin/ruff" format --check src tests benchmarks tutorials || status=1
+    echo "=== pyright (src/) ==="
+    "$venv/bin/pyright" --project pyproject.toml --pythonpath "$venv/bin/python" || status=1
   fi
   "$venv/bin/python" -m pytest -q -p no:cacheprovider --doctest-modules src/homoglens tests "$@"
   rc=$?

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import hashlib
-import warnings
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from homoglens import load_model
-from homoglens.models import has_hooked_transformer
-from homoglens.testing import tiny_model_folder
+sys.path.insert(0, str(Path(__file__).parent))  # `from helpers import ...` in every folder
 
-BACKENDS = ["hooked", "bridge"] if has_hooked_transformer() else ["bridge"]
-ARCHS = ["gpt2", "neox", "llama"]
-
-warnings.filterwarnings("ignore", category=DeprecationWarning)
+from helpers import ARCHS, BACKENDS  # noqa: E402
+from homoglens import load_model  # noqa: E402
+from homoglens.testing import tiny_model_folder  # noqa: E402
 
 
 def pytest_report_header(config: Any) -> str:
@@ -53,19 +50,3 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(params=ARCHS)
 def arch(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def hook_count(model: Any) -> int:
-    """Number of forward/backward hook functions attached to any hook point of the model."""
-    total = 0
-    for hp in model.hook_dict.values():
-        total += len(hp._forward_hooks) + len(hp._forward_pre_hooks) + len(hp._backward_hooks)
-    return total
-
-
-def state_hash(model: Any) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().float().numpy().tobytes())
-    return digest.hexdigest()

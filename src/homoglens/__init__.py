@@ -5,8 +5,16 @@ The public face: everything a researcher needs is importable from here.
     >>> from homoglens import load_model, homogenization_profile
 """
 
-from homoglens.architectures import ARCHITECTURES, ArchitectureSpec, architecture_of
-from homoglens.comparison import REPLICATED_MODELS, ModelComparison, compare_models
+from importlib import metadata as _metadata
+
+from homoglens.architectures import (
+    ARCHITECTURES,
+    ArchitectureSpec,
+    architecture_of,
+    resid_hook_name,
+)
+from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS
+from homoglens.comparison import REPLICATED_MODELS, compare_models
 from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
 from homoglens.errors import (
     DistributedError,
@@ -23,25 +31,14 @@ from homoglens.errors import (
     UnknownModelError,
     UnsupportedArchitectureError,
 )
-from homoglens.hooks import PositionAblation, PositionPlan
-from homoglens.interventions import (
-    POSITION_ABLATIONS,
-    ablated_positions,
-    position_ablation_hooks,
-)
-from homoglens.models import EMBEDDED_MODELS, SHIPPED_MODELS, ModelInfo, load_model, model_info
-from homoglens.patching import (
-    PATCH_COMPONENTS,
-    PATCH_METRICS,
-    PositionalPatchingResult,
-    positional_patching,
-)
-from homoglens.profile import (
-    cosine_homogenization,
-    homogenization_profile,
-    resid_hook_name,
-)
+from homoglens.hooks import PositionPlan
+from homoglens.interventions import ablated_positions, position_ablation_hooks
+from homoglens.models import ModelInfo, load_model, model_info
+from homoglens.patching import positional_patching
+from homoglens.profile import cosine_homogenization, homogenization_profile
 from homoglens.results import HomogenizationProfile, PositionAblationStudy, Provenance
+from homoglens.results.comparison import ModelComparison
+from homoglens.results.patching import PositionalPatchingResult
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity import positional_similarity, similarity_from_activations
 from homoglens.sinks import (
@@ -57,8 +54,12 @@ from homoglens.sinks import (
     sink_scores,
 )
 from homoglens.studies import default_ablation_modes, position_ablation_study
+from homoglens.types import PATCH_COMPONENTS, PATCH_METRICS, POSITION_ABLATIONS, PositionAblation
 
-__version__ = "0.1.0"
+try:  # the one version source is pyproject.toml; an installed package carries it
+    __version__: str = _metadata.version("homoglens")
+except _metadata.PackageNotFoundError:  # pragma: no cover - a source tree on sys.path only
+    __version__ = "0+unknown"
 
 __all__ = [
     "ARCHITECTURES",

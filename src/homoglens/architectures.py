@@ -11,9 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
+from homoglens.errors import UnsupportedArchitectureError
+from homoglens.validate import as_int, check_model
 
-__all__ = ["ArchitectureSpec", "ARCHITECTURES", "architecture_of", "spec_for_hf_architecture"]
+__all__ = [
+    "ArchitectureSpec",
+    "ARCHITECTURES",
+    "architecture_of",
+    "spec_for_hf_architecture",
+    "resid_hook_name",
+    "block_hook_name",
+    "pattern_hook_name",
+    "z_hook_name",
+]
 
 
 @dataclass(frozen=True)
@@ -122,22 +132,6 @@ def spec_for_hf_architecture(hf_architecture: str | None) -> ArchitectureSpec:
     )
 
 
-def check_model(model: Any) -> None:
-    """Refuse anything that is not a loaded TransformerLens model (a name, None, a module).
-
-    Raises:
-        InvalidInputError: ``model`` has no ``cfg``/``hook_dict`` or cannot run hooks.
-    """
-    if isinstance(model, (str, bytes)) or not (
-        hasattr(model, "cfg") and hasattr(model, "hook_dict") and hasattr(model, "run_with_hooks")
-    ):
-        raise InvalidInputError(
-            f"expected a HookedTransformer or TransformerBridge, got {type(model).__name__}"
-            + (f" {model!r}" if isinstance(model, str) else "")
-            + "; load one first with homoglens.load_model(name)"
-        )
-
-
 def architecture_of(model: Any) -> ArchitectureSpec:
     """Return the table row for a loaded TransformerLens model (either backend).
 
@@ -154,6 +148,40 @@ def architecture_of(model: Any) -> ArchitectureSpec:
     """
     if isinstance(model, (str, bytes)) or not hasattr(model, "cfg"):
         check_model(model)  # raises the one message for non-models
-    cfg = model.cfg
+    cfg = getattr(model, "cfg")  # noqa: B009 - `model` is Any until check_model has run
     name = getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
     return spec_for_hf_architecture(name)
+
+
+def resid_hook_name(layer: int) -> str:
+    """TransformerLens hook name of entry ``layer`` of the ``n_layers + 1`` residual axis.
+
+    Entry 0 is the input of block 0 (``blocks.0.hook_resid_pre``: token plus positional
+    embeddings); entry l >= 1 is the output of block l - 1 (``blocks.{l-1}.hook_resid_post``).
+    This is the Hugging Face ``output_hidden_states`` convention, without the final norm.
+    """
+    layer = as_int("layer", layer, low=0)
+    return (
+        block_hook_name(0, "hook_resid_pre")
+        if layer == 0
+        else block_hook_name(layer - 1, "hook_resid_post")
+    )
+
+
+def block_hook_name(layer: int, point: str) -> str:
+    """TransformerLens hook name of ``point`` in block ``layer``: ``blocks.{layer}.{point}``
+    (``point`` as TransformerLens spells it: ``"hook_resid_pre"``, ``"attn.hook_pattern"``,
+    ``"ln2.hook_in"``); the one place homoglens builds a block's hook name."""
+    return f"blocks.{as_int('layer', layer, low=0)}.{point}"
+
+
+def pattern_hook_name(layer: int) -> str:
+    """``blocks.{layer}.attn.hook_pattern``: the attention pattern ``[batch head_index
+    query_pos key_pos]`` of block ``layer``."""
+    return block_hook_name(layer, "attn.hook_pattern")
+
+
+def z_hook_name(layer: int) -> str:
+    """``blocks.{layer}.attn.hook_z``: each head's weighted values ``[batch pos head_index
+    d_head]`` in block ``layer``, before the output projection."""
+    return block_hook_name(layer, "attn.hook_z")

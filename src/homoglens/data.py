@@ -14,19 +14,20 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from jaxtyping import Int
 
-from homoglens._checks import as_int
 from homoglens.errors import InvalidInputError, SequenceTooLongError
 from homoglens.types import BosPolicy, HookedModel
+from homoglens.validate import as_int, check_attention_mask
 
 __all__ = [
     "CORPORA",
     "split_austen",
     "TokenBatch",
+    "DataInput",
     "load_corpus",
     "corpus_windows",
     "to_token_batch",
@@ -113,6 +114,14 @@ class TokenBatch:
 # --------------------------------------------------------------------------- corpora
 
 
+DataInput: TypeAlias = (
+    TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str]
+)
+"""What every measurement takes as ``data``: token ids ``[batch pos]`` (used as given, no BOS
+added), a :class:`TokenBatch`, a text, a list of texts, or a text-file path (see
+:func:`to_token_batch`)."""
+
+
 def split_austen(text: str | None = None) -> tuple[str, str]:
     """Split the Austen corpus into (training text, held-out text): the held-out text is the
     last novel, *Sense and Sensibility*; the training text holds the other five.
@@ -164,7 +173,7 @@ def _load_corpus(name: str) -> str:
 
 
 def _tokenizer(model: HookedModel) -> Any:
-    from homoglens.architectures import check_model
+    from homoglens.validate import check_model
 
     check_model(model)
     tok = getattr(model, "tokenizer", None)
@@ -263,7 +272,7 @@ def corpus_windows(
             small for ``n_seq`` windows.
         SequenceTooLongError: ``seq_len`` exceeds ``cfg.n_ctx``.
     """
-    from homoglens.architectures import check_model
+    from homoglens.validate import check_model
 
     check_model(model)
     n_seq = as_int("n_seq", n_seq, low=1)
@@ -395,47 +404,6 @@ def _text_batch_from_ids(
     return TokenBatch(tokens, mask, recorded, f"{label}, bos={_bos_label(recorded)}")
 
 
-def _check_mask(tokens: torch.Tensor, attention_mask: Any) -> torch.Tensor:
-    if attention_mask is None:
-        return torch.ones_like(tokens)
-    if not isinstance(attention_mask, torch.Tensor):
-        raise InvalidInputError(
-            f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}"
-        )
-    if attention_mask.ndim == 1 and tokens.shape[0] == 1:
-        attention_mask = attention_mask.unsqueeze(0)
-    if tuple(attention_mask.shape) != tuple(tokens.shape):
-        raise InvalidInputError(
-            f"attention_mask has shape {tuple(attention_mask.shape)} but tokens have shape "
-            f"{tuple(tokens.shape)}; give one 0/1 entry per token ([batch pos])"
-        )
-    if attention_mask.is_complex():
-        raise InvalidInputError("attention_mask must hold real 0/1 values, not complex numbers")
-    if attention_mask.is_floating_point():
-        if not torch.isin(
-            attention_mask,
-            torch.tensor([0.0, 1.0], dtype=attention_mask.dtype, device=attention_mask.device),
-        ).all():
-            raise InvalidInputError("attention_mask must hold only 0 and 1")
-    mask = attention_mask.to(torch.long).cpu()
-    if not ((mask == 0) | (mask == 1)).all():
-        raise InvalidInputError("attention_mask must hold only 0 and 1 (1 = real token, 0 = pad)")
-    lengths = mask.sum(1)
-    if (lengths == 0).any():
-        rows = torch.nonzero(lengths == 0).flatten().tolist()
-        raise InvalidInputError(f"sequences {rows} are all padding; drop them")
-    starts = mask.argmax(dim=1)
-    pos = torch.arange(mask.shape[1])
-    contiguous = ((pos >= starts[:, None]) & (pos < (starts + lengths)[:, None])).long()
-    if not torch.equal(contiguous, mask):
-        rows = torch.nonzero((contiguous != mask).any(1)).flatten().tolist()
-        raise InvalidInputError(
-            f"attention_mask rows {rows} have pads between real tokens; homoglens needs each "
-            "sequence's real tokens in one block (left or right padding)"
-        )
-    return mask
-
-
 def _on_meta(name: str, tensor: Any) -> None:
     if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
         raise InvalidInputError(
@@ -459,7 +427,7 @@ def _tensor_batch(model: HookedModel, tokens: torch.Tensor, attention_mask: Any)
     if tokens.numel() == 0:
         raise InvalidInputError(f"tokens are empty (shape {tuple(tokens.shape)})")
     tokens = tokens.to(torch.long).cpu()
-    mask = _check_mask(tokens, attention_mask)
+    mask = check_attention_mask(tokens, attention_mask)
     d_vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
     real = tokens[mask.bool()]
     if (real < 0).any() or (d_vocab and (real >= d_vocab).any()):
@@ -484,7 +452,7 @@ def _tensor_batch(model: HookedModel, tokens: torch.Tensor, attention_mask: Any)
 
 def to_token_batch(
     model: HookedModel,
-    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    data: DataInput,
     *,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
@@ -515,7 +483,7 @@ def to_token_batch(
             a mask of the wrong shape or with gaps, all-padding rows, a mask given with text.
         SequenceTooLongError: a sequence longer than ``cfg.n_ctx``.
     """
-    from homoglens.architectures import check_model
+    from homoglens.validate import check_model
 
     check_model(model)
     if isinstance(data, TokenBatch):
@@ -569,3 +537,14 @@ def right_aligned(
     first_real = tokens.gather(1, starts[:, None])  # a valid id for the pads
     out = torch.where(mask.bool(), tokens.gather(1, index), first_real)
     return out, mask
+
+
+def require_min_tokens(batch: TokenBatch, exclude_first: bool) -> None:
+    need = 3 if exclude_first else 2
+    short = torch.nonzero(batch.lengths < need).flatten().tolist()
+    if short:
+        raise InvalidInputError(
+            f"sequences {short[:10]} have fewer than {need} tokens; homogenization compares "
+            f"tokens with each other, so each sequence needs at least {need}"
+            + (" (position 0 is excluded)" if exclude_first else "")
+        )

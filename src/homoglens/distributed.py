@@ -76,6 +76,18 @@ def all_reduce_sum(tensors: Iterable[torch.Tensor]) -> None:
         _collective("all_reduce", tensor, torch.distributed.ReduceOp.SUM)
 
 
+def all_reduce_max(tensors: Iterable[torch.Tensor]) -> None:
+    """Take each tensor's elementwise maximum over all ranks, in place (no-op without a process
+    group). Use -inf, not NaN, for "nothing seen": NaN does not order.
+
+    Raises:
+        DistributedError: the collective failed (another rank stopped)."""
+    if world()[1] == 1:
+        return
+    for tensor in tensors:
+        _collective("all_reduce", tensor, torch.distributed.ReduceOp.MAX)
+
+
 def check_same_data(tokens: torch.Tensor, mask: torch.Tensor, device: torch.device) -> None:
     """Refuse to run when the ranks were given different data (every rank must pass the same
     sequences; each takes its own shard).

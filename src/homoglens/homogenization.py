@@ -20,6 +20,8 @@ adds up to the same result.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from jaxtyping import Float, Int
 
@@ -32,11 +34,9 @@ __all__ = [
     "scalar_metric_weights",
     "token_to_others",
     "edge_totals",
-    "SIMILARITY_STATISTICS",
     "RANK_FIELDS",
     "rank_sums",
-    "edge_groups",
-    "similarity_coefficients",
+    "nan_div",
 ]
 
 SUM_FIELDS = ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")
@@ -253,9 +253,10 @@ def rank_sums(
     * ``*_no_first``: the unit-row metrics without position 0 (the BOS or first token).
 
     Args:
-        x: ``[batch pos d_model]`` vectors; ``scale`` ``[batch pos]`` 1/||x|| on counted tokens
-            (0 elsewhere); ``weight`` 1 on counted tokens; ``rest`` 1 on counted tokens after
-            position 0.
+        x: ``[batch pos d_model]`` vectors.
+        scale: ``[batch pos]`` 1/||x|| on counted tokens, 0 elsewhere.
+        weight: ``[batch pos]`` 1 on counted tokens, 0 elsewhere.
+        rest: ``[batch pos]`` 1 on counted tokens after position 0, 0 elsewhere.
 
     Returns:
         The fields of :data:`RANK_FIELDS`, each a float64 scalar.
@@ -406,91 +407,7 @@ def edge_totals(lengths: Int[torch.Tensor, " batch"], key: int, edge_k: int) -> 
     return torch.tensor([n, edge_k * n, middle, edge_k * n], dtype=torch.float64)
 
 
-SIMILARITY_STATISTICS: tuple[str, ...] = (
-    "naive_first",
-    "naive_last",
-    "matched_first",
-    "matched_last",
-    "homogenization",
-)
-"""Linear statistics of a position x position similarity matrix (see
-:func:`similarity_coefficients`): the naive and the distance-matched edge excess at each end,
-and the mean off-diagonal entry."""
-
-
-def edge_groups(n_pos: int, edge_k: int) -> tuple[range, range, range]:
-    """``(first, middle, last)`` index ranges of ``n_pos`` counted positions: the first
-    ``edge_k``, the rest, and the last ``edge_k``.
-
-    Raises:
-        InvalidInputError: fewer than ``2 * edge_k + 2`` positions (the distance-matched
-            reference needs two middle positions).
-    """
-    if n_pos < 2 * edge_k + 2:
-        raise InvalidInputError(
-            f"edge_k={edge_k} is too large for {n_pos} counted positions: the two edges and a "
-            f"middle of at least 2 positions need {2 * edge_k + 2}; lower edge_k to at most "
-            f"{max(0, (n_pos - 2) // 2)} or use longer windows"
-        )
-    return range(edge_k), range(edge_k, n_pos - edge_k), range(n_pos - edge_k, n_pos)
-
-
-def similarity_coefficients(n_pos: int, edge_k: int) -> Float[torch.Tensor, "stat pos pos"]:
-    """Coefficients ``A_e`` with ``stat_e(X) = sum_{i<j} A_e[i, j] X[i, j]`` for a symmetric
-    position x position matrix ``X``, one per :data:`SIMILARITY_STATISTICS` (float64, zero on
-    and below the diagonal).
-
-    With ``F`` the first ``edge_k`` positions, ``L`` the last ``edge_k`` and ``Mid`` the rest
-    (``m = |Mid|``), and ``t[p] = mean_{j != p} X[p, j]``:
-
-    * ``naive_first = mean_{p in F} t[p] - mean_{p in Mid} t[p]`` (``naive_last`` with ``L``):
-      what ``edge_summary`` reports; biased whenever similarity falls with distance, because
-      edge tokens are farther from the rest on average;
-    * ``matched_first = mean over pairs (i in F, j in Mid, |i - j| <= m - 1) of X[i, j] -
-      r[|i - j|]``, with the reference ``r[d] = mean{X[a, b] : a, b in Mid, |a - b| = d}``
-      (middle-middle pairs only); ``matched_last`` likewise with ``L``; zero in expectation
-      for any stationary process;
-    * ``homogenization = mean_{i != j} X[i, j]``.
-
-    Args:
-        n_pos: Counted positions of a window.
-        edge_k: Positions per edge.
-
-    Returns:
-        ``[5 pos pos]`` float64.
-
-    Raises:
-        InvalidInputError: ``n_pos < 2 * edge_k + 2``.
-
-    References:
-        homoglens' SCIENCE notes, "Position-resolved similarity" (distance-matched excess).
-    """
-    first, middle, last = edge_groups(n_pos, edge_k)
-    f64 = torch.float64
-    out = torch.zeros(len(SIMILARITY_STATISTICS), n_pos, n_pos, dtype=f64)
-    # naive: t[p] = sum_{j != p} X[p, j] / (n - 1); a pair (i, j) enters t[i] and t[j]
-    for e, edge in enumerate((first, last)):
-        row = torch.zeros(n_pos, dtype=f64)
-        row[list(edge)] = 1.0 / (len(edge) * (n_pos - 1))
-        row[list(middle)] = -1.0 / (len(middle) * (n_pos - 1))
-        full = row[:, None].expand(n_pos, n_pos) + row[None, :]
-        out[e] = torch.triu(full, diagonal=1)
-    # matched: edge-middle pairs at lag d, minus the middle-middle mean at the same lag
-    m = len(middle)
-    mid = torch.tensor(list(middle))
-    for e, edge in enumerate((first, last)):
-        coef = torch.zeros(n_pos, n_pos, dtype=f64)
-        lags = torch.zeros(m, dtype=f64)  # pairs per lag
-        pairs = [(i, j) for i in edge for j in middle if abs(i - j) <= m - 1]
-        for i, j in pairs:
-            a, b = min(i, j), max(i, j)
-            coef[a, b] += 1.0 / len(pairs)
-            lags[b - a] += 1.0 / len(pairs)
-        for d in range(1, m):
-            if lags[d] == 0:
-                continue
-            a = mid[: m - d]
-            coef[a, a + d] -= lags[d] / (m - d)
-        out[2 + e] = coef
-    out[4] = torch.triu(torch.full((n_pos, n_pos), 2.0 / (n_pos * (n_pos - 1)), dtype=f64), 1)
-    return out
+def nan_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den`` where ``den > 0``, NaN elsewhere (a mean over nothing is undefined)."""
+    out = num / torch.where(den > 0, den, torch.ones_like(den))
+    return torch.where(den > 0, out, torch.full_like(out, math.nan))

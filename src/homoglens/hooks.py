@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.types import HookFn
+from homoglens.types import HookFn, PositionAblation
 
 __all__ = [
     "PositionAblation",
@@ -33,12 +33,6 @@ __all__ = [
     "sink_removal_delta",
     "mean_head_hook",
 ]
-
-PositionAblation: TypeAlias = Literal["none", "zero", "permute", "shift", "mean"]
-"""How to change the positional signal: ``"none"`` (unchanged), ``"zero"`` (no positional
-signal: a zero embedding, or no rotation = every token at index 0), ``"permute"`` (token i gets
-the signal of ``perm[i]``), ``"shift"`` (token i gets the signal of i + shift), ``"mean"``
-(learned absolute only: every token gets the mean positional embedding)."""
 
 
 @dataclass(frozen=True)

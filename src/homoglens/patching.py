@@ -20,17 +20,22 @@ References:
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
 
-from homoglens._checks import as_int, require_finite
-from homoglens.architectures import architecture_of
-from homoglens.data import TokenBatch, to_token_batch
+from homoglens.architectures import architecture_of, block_hook_name, resid_hook_name
+from homoglens.data import DataInput, to_token_batch
+from homoglens.engine import (
+    Sums,
+    next_token_loss,
+    provenance_of,
+    run_logits,
+    run_through,
+    stream,
+)
 from homoglens.errors import InvalidInputError
 from homoglens.homogenization import (
     edge_totals,
@@ -38,27 +43,28 @@ from homoglens.homogenization import (
     positions_from_mask,
     scalar_metric_weights,
 )
-from homoglens.interventions import (
+from homoglens.interventions import position_ablation_hooks, residual_write_hooks
+from homoglens.models import model_info
+from homoglens.results.patching import PositionalPatchingResult
+from homoglens.types import (
+    PATCH_COMPONENTS,
+    PATCH_METRICS,
     POSITION_ABLATIONS,
     RESIDUAL_SITES,
-    position_ablation_hooks,
-    residual_write_hooks,
+    BosPolicy,
+    FwdHooks,
+    HookedModel,
+    HookFn,
+    HookSpec,
+    PatchComponent,
+    PatchDirection,
+    PatchMetric,
+    PositionAblation,
 )
-from homoglens.models import model_info
-from homoglens.profile import (
-    _model_device,
-    _next_token_loss,
-    _provenance,
-    _run_through,
-    forward_batches,
-    resid_hook_name,
-)
-from homoglens.results import Provenance, SavedResult
-from homoglens.types import BosPolicy, FwdHooks, HookedModel, HookFn
+from homoglens.validate import as_int, require_finite
 
 if TYPE_CHECKING:
-    import pandas as pd
-    from matplotlib.figure import Figure
+    pass
 
 __all__ = [
     "PATCH_COMPONENTS",
@@ -67,182 +73,16 @@ __all__ = [
     "positional_patching",
 ]
 
-PATCH_COMPONENTS = ("resid_pre", "resid_mid", "attn_out", "mlp_out", "head", "positions")
-"""What a cell patches: ``blocks.{l}.hook_resid_pre`` / ``hook_resid_mid`` (not on GPT-NeoX,
-whose attention and MLP run in parallel) / ``hook_attn_out`` / ``hook_mlp_out`` at a bin of
-positions; ``head``: one head's ``blocks.{l}.attn.hook_z`` at every position; ``positions``:
-the positional signal itself where it enters block l (rotary models: the rotation of block l's
-queries and keys; learned-absolute models: the embedding, block 0 only), at every position."""
-
-PATCH_METRICS = ("mean_pairwise", "first_excess", "last_excess", "loss")
-"""Built-in metrics: the scalar homogenization metrics of :data:`homoglens.ATTRIBUTION_METRICS`
-at residual entry ``metric_layer``, and ``loss`` (mean next-token cross-entropy per sequence,
-nats, averaged over sequences)."""
 
 MetricFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | float]
 
-_HOOKS = {
-    "resid_pre": "blocks.{l}.hook_resid_pre",
-    "resid_mid": "blocks.{l}.hook_resid_mid",
-    "attn_out": "blocks.{l}.hook_attn_out",
-    "mlp_out": "blocks.{l}.hook_mlp_out",
-    "head": "blocks.{l}.attn.hook_z",
+_HOOK_POINTS = {  # the block hook point each component is read and written at
+    "resid_pre": "hook_resid_pre",
+    "resid_mid": "hook_resid_mid",
+    "attn_out": "hook_attn_out",
+    "mlp_out": "hook_mlp_out",
+    "head": "attn.hook_z",
 }
-
-
-@dataclass(frozen=True, eq=False)
-class PositionalPatchingResult(SavedResult):
-    """Metric values of every patched cell, with the two unpatched runs.
-
-    Attributes:
-        component: One of :data:`PATCH_COMPONENTS`.
-        how: The positional ablation of the ablated run.
-        direction: ``"restore"`` (ablated run receives normal activations) or ``"break"``.
-        metrics: Metric names (built-in or a callable's ``__name__``).
-        metric_layer: Residual entry the homogenization metrics are measured at.
-        layers: Blocks patched, one row each.
-        cells: Position bins ``(start, stop)`` (or ``(head, head + 1)`` for ``head``).
-        cell_axis: ``"pos"`` or ``"head_index"``.
-        patched: ``[metric layer cell]`` metric of the patched run.
-        normal: ``[metric]`` metric of the unablated run.
-        ablated: ``[metric]`` metric of the position-ablated run.
-        n_sequences: Number of sequences.
-        forward_equivalents: Compute spent, in full forward passes over the data (counting the
-            blocks each pass ran).
-        batching: How cells were batched and where passes started and stopped.
-        provenance: Model, backend, weights, BOS, data.
-
-    References:
-        Heimersheim & Nanda 2024, arXiv 2404.15255; Zhang & Nanda 2024, arXiv 2309.16042.
-    """
-
-    _stem: ClassVar[str] = "patching"
-    _choices: ClassVar[dict[str, tuple[str, ...]]] = {
-        "component": PATCH_COMPONENTS,
-        "how": POSITION_ABLATIONS,
-        "direction": ("restore", "break"),
-        "cell_axis": ("pos", "head_index"),
-    }
-
-    component: str
-    how: str
-    direction: str
-    metrics: tuple[str, ...]
-    metric_layer: int
-    layers: tuple[int, ...]
-    cells: tuple[tuple[int, int], ...]
-    cell_axis: str
-    patched: Float[torch.Tensor, "metric layer cell"]
-    normal: Float[torch.Tensor, " metric"]
-    ablated: Float[torch.Tensor, " metric"]
-    n_sequences: int
-    forward_equivalents: float
-    batching: str
-    provenance: Provenance = field(default_factory=Provenance)
-
-    def __post_init__(self) -> None:
-        shape = (len(self.metrics), len(self.layers), len(self.cells))
-        if tuple(self.patched.shape) != shape:
-            raise ValueError(f"patched has shape {tuple(self.patched.shape)}, expected {shape}")
-
-    @property
-    def receiving(self) -> Float[torch.Tensor, " metric"]:
-        """Metric of the run that receives the patches (ablated for restore)."""
-        return self.ablated if self.direction == "restore" else self.normal
-
-    @property
-    def source(self) -> Float[torch.Tensor, " metric"]:
-        """Metric of the run the patched activations come from."""
-        return self.normal if self.direction == "restore" else self.ablated
-
-    @property
-    def effect(self) -> Float[torch.Tensor, "metric layer cell"]:
-        """(patched - receiving) / (source - receiving): 0 = no change, 1 = the source run's
-        value; NaN where source and receiving agree to 1e-6 relative (float32 forward passes
-        carry ~1e-7 relative noise, which a smaller gap would turn into arbitrary effects)."""
-        gap = (self.source - self.receiving)[:, None, None]
-        scale = torch.maximum(self.source.abs(), self.receiving.abs())[:, None, None]
-        out = (self.patched - self.receiving[:, None, None]) / gap
-        return torch.where(gap.abs() > 1e-6 * scale + 1e-12, out, torch.full_like(out, math.nan))
-
-    def _metric(self, metric: str | None) -> int:
-        if metric is None:
-            return 0
-        if metric not in self.metrics:
-            raise InvalidInputError(f"metric={metric!r} is not one of {self.metrics}")
-        return self.metrics.index(metric)
-
-    def to_pandas(self) -> pd.DataFrame:
-        """Tidy: one row per (metric, layer, cell) with ``patched`` and ``effect``."""
-        import pandas as pd
-
-        rows = []
-        effect = self.effect
-        for m, name in enumerate(self.metrics):
-            for i, layer in enumerate(self.layers):
-                for j, (start, stop) in enumerate(self.cells):
-                    rows.append(
-                        {
-                            "metric": name,
-                            "layer": layer,
-                            self.cell_axis: start if self.cell_axis == "head_index" else None,
-                            "pos_start": start if self.cell_axis == "pos" else None,
-                            "pos_stop": stop if self.cell_axis == "pos" else None,
-                            "patched": float(self.patched[m, i, j]),
-                            "effect": float(effect[m, i, j]),
-                        }
-                    )
-        frame = pd.DataFrame(rows)
-        drop = ["pos_start", "pos_stop"] if self.cell_axis == "head_index" else ["pos"]
-        return frame.drop(columns=[c for c in drop if c in frame])
-
-    def plot(self, metric: str | None = None) -> Figure:
-        """Heatmap of the normalised effect, layer x cell (one metric; default the first), or a
-        curve over blocks when there is one cell per block."""
-        from matplotlib.figure import Figure
-
-        m = self._metric(metric)
-        fig = Figure(figsize=(7, 4.5), layout="constrained")
-        ax = fig.add_subplot()
-        title = f"{self.direction}: {self.component}, {self.metrics[m]} (ablation {self.how})"
-        if len(self.cells) == 1:  # one cell per block: a curve over blocks
-            ax.plot(list(self.layers), self.effect[m, :, 0].numpy(), "o-", color="C3")
-            ax.axhline(0, color="grey", lw=0.6)
-            ax.axhline(1, color="grey", lw=0.6, ls="--")
-            ax.set_xlabel("block")
-            ax.set_ylabel("normalised effect")
-            ax.set_title(title, fontsize=10)
-            return fig
-        image = ax.imshow(
-            self.effect[m].numpy(),
-            aspect="auto",
-            origin="lower",
-            cmap="RdBu_r",
-            vmin=-1,
-            vmax=1,
-            interpolation="nearest",
-        )
-        if self.cell_axis == "pos":
-            labels = [f"{a}" if b - a == 1 else f"{a}-{b - 1}" for a, b in self.cells]
-            ax.set_xlabel("position")
-        else:
-            labels = [str(a) for a, _ in self.cells]
-            ax.set_xlabel("head")
-        step = max(1, len(labels) // 12)
-        ax.set_xticks(range(0, len(labels), step), labels[::step], rotation=45, fontsize=7)
-        ax.set_yticks(range(len(self.layers)), [str(x) for x in self.layers], fontsize=7)
-        ax.set_ylabel("block")
-        ax.set_title(title, fontsize=10)
-        fig.colorbar(image, ax=ax, label="normalised effect")
-        return fig
-
-    def __repr__(self) -> str:
-        return (
-            f"PositionalPatchingResult(model={self.provenance.model!r}, {self.direction} "
-            f"{self.component}, how={self.how}, metrics={list(self.metrics)}, "
-            f"layers={len(self.layers)}, cells={len(self.cells)}, n_sequences={self.n_sequences}, "
-            f"forward_equivalents={self.forward_equivalents:.1f})"
-        )
 
 
 def _check_metrics(metric: Any) -> tuple[list[str | MetricFn], tuple[str, ...]]:
@@ -297,12 +137,12 @@ def _check_cells(
 
 def positional_patching(
     model: HookedModel,
-    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    data: DataInput,
     *,
-    how: str = "zero",
-    component: str = "resid_pre",
-    metric: str | MetricFn | Sequence[str | MetricFn] = "mean_pairwise",
-    direction: str = "restore",
+    how: PositionAblation = "zero",
+    component: PatchComponent = "resid_pre",
+    metric: PatchMetric | MetricFn | Sequence[PatchMetric | MetricFn] = "mean_pairwise",
+    direction: PatchDirection = "restore",
     layers: Sequence[int] | None = None,
     bins: int | Sequence[tuple[int, int]] | None = None,
     metric_layer: int | None = None,
@@ -384,11 +224,12 @@ def positional_patching(
     elif layers is None:  # every block that can change the metrics
         chosen_layers = tuple(range(n_layers if needs_logits else measured))
     else:
-        if hasattr(layers, "__index__") and not isinstance(layers, bool):
-            layers = [layers]  # type: ignore[list-item]
-        if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        given: Any = (
+            [layers] if hasattr(layers, "__index__") and not isinstance(layers, bool) else layers
+        )
+        if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
             raise InvalidInputError(f"layers={layers!r} must be a list of block indices")
-        chosen_layers = tuple(as_int("layer", x, low=0, high=n_layers - 1) for x in layers)
+        chosen_layers = tuple(as_int("layer", x, low=0, high=n_layers - 1) for x in given)
         if not chosen_layers or len(set(chosen_layers)) != len(chosen_layers):
             raise InvalidInputError(f"layers={layers!r} must be distinct blocks")
         # resid_pre of block l is residual entry l itself (where the metric is read); every
@@ -433,8 +274,8 @@ def positional_patching(
         cells, cell_axis = ((0, n_pos),), "pos"
     else:
         cells, cell_axis = _check_cells(component, bins, n_pos, n_heads)
-    options = {"permute": {"seed": seed}, "shift": {"shift": shift}}.get(how, {})
-    ablation = position_ablation_hooks(model, how, **options)  # type: ignore[arg-type]
+    options: dict[str, Any] = {"permute": {"seed": seed}, "shift": {"shift": shift}}.get(how, {})
+    ablation = position_ablation_hooks(model, how, **options)
     order = torch.sort(batch.lengths, stable=True).indices  # uniform-length batches
     batch = batch[order]
     totals = edge_totals(batch.lengths, 0, edge_k) if homog else None
@@ -449,35 +290,45 @@ def positional_patching(
     # Homogenization only: each pass ends where the metric is read (entry l is read at
     # blocks.{l}.hook_resid_pre, before block l), so blocks 0 .. l - 1 run.
     end = n_layers if needs_logits else measured
-    hook_names = [_HOOKS.get(component, "").format(l=layer) for layer in chosen_layers]
+    hook_names = (
+        [block_hook_name(layer, _HOOK_POINTS[component]) for layer in chosen_layers]
+        if component in _HOOK_POINTS
+        else []
+    )
+    ablation_of: list[list[HookSpec]] = []
     if component == "positions":  # the ablation's own hooks, one set per cell
         ablation_of = _positions_cells(model, how, options, chosen_layers, direction, learned)
-    device = _model_device(model)
-    blocks_run = 0.0
     source_run = "normal" if direction == "restore" else "ablated"
     receiving_hooks = ablation if direction == "restore" else []
     starts = {
         layer: skip and (not homog or layer < measured or layer == measured == 0)
         for layer in chosen_layers
     }
-    for tokens, mask in forward_batches(
-        batch, batch_size, device, desc="patching", progress=progress, uniform_length=True
-    ):
+    red = Sums(
+        sums={
+            "patched": patched,
+            "normal": normal,
+            "ablated": ablated,
+            "blocks_run": torch.zeros((), dtype=torch.float64),
+        }
+    )
+
+    def step(tokens: torch.Tensor, mask: torch.Tensor) -> None:
         stores: dict[str, dict[str, torch.Tensor]] = {"normal": {}, "ablated": {}}
         for run, hooks, out in (("normal", [], normal), ("ablated", ablation, ablated)):
             wanted = hook_names if run == source_run and component != "positions" else []
             if run != source_run:  # the receiving run: its resid_pre, to start passes from
-                wanted = [f"blocks.{x}.hook_resid_pre" for x in chosen_layers if starts[x]]
+                wanted = [block_hook_name(x, "hook_resid_pre") for x in chosen_layers if starts[x]]
                 wanted = wanted if component != "positions" else []
             grab = [(name, _keep(stores[run], name)) for name in dict.fromkeys(wanted)]
             out += runner.run(tokens, mask, [*hooks, *grab], copies=1, start=None)[:, 0]
-        blocks_run += 2 * end * len(tokens)
+        red.sums["blocks_run"] += 2 * end * len(tokens)
         if component == "positions":
             for i, hooks in enumerate(ablation_of):
                 values = runner.run(tokens, mask, hooks, copies=1, start=None)
                 patched[:, i, 0] += values[:, 0]
-                blocks_run += end * len(tokens)
-            continue
+                red.sums["blocks_run"] += end * len(tokens)
+            return
         for i, (layer, name) in enumerate(zip(chosen_layers, hook_names, strict=True)):
             source = stores[source_run][name]
             receiving = stores["ablated" if direction == "restore" else "normal"]
@@ -489,12 +340,26 @@ def positional_patching(
                     mask,
                     [*receiving_hooks, *_write(model, component, layer, name, patch)],
                     copies=len(chunk),
-                    start=receiving[f"blocks.{layer}.hook_resid_pre"] if starts[layer] else None,
+                    start=receiving[block_hook_name(layer, "hook_resid_pre")]
+                    if starts[layer]
+                    else None,
                     start_layer=layer if starts[layer] else None,
                 )
                 patched[:, i, lo : lo + len(chunk)] += values
                 begin = layer if starts[layer] else 0
-                blocks_run += max(end - begin, 0) * len(tokens) * len(chunk)
+                red.sums["blocks_run"] += max(end - begin, 0) * len(tokens) * len(chunk)
+
+    stream(
+        model,
+        batch,
+        [red],
+        batch_size=batch_size,
+        desc="patching",
+        progress=progress,
+        step=step,
+        uniform_length=True,
+    )
+    blocks_run = float(red.sums["blocks_run"])
     full = n_layers * len(batch)
     if component == "positions":
         batching = "one forward pass per block (each cell changes which blocks are ablated)"
@@ -525,13 +390,13 @@ def positional_patching(
         n_sequences=len(batch),
         forward_equivalents=blocks_run / full,
         batching=batching,
-        provenance=_provenance(info, batch, (measured,), False),
+        provenance=provenance_of(info, batch, (measured,), False),
     )
 
 
 def _positions_cells(
     model: HookedModel,
-    how: str,
+    how: PositionAblation,
     options: dict[str, Any],
     layers: tuple[int, ...],
     direction: str,
@@ -545,12 +410,12 @@ def _positions_cells(
         if learned:
             cells.append(
                 [] if direction == "restore" else position_ablation_hooks(model, how, **options)
-            )  # type: ignore[arg-type]
+            )
             continue
         blocks = [b for b in range(n_layers) if b != layer] if direction == "restore" else [layer]
         cells.append(
             position_ablation_hooks(model, how, layers=blocks, **options) if blocks else []
-        )  # type: ignore[arg-type]
+        )
     return cells
 
 
@@ -631,31 +496,28 @@ class _Runner:
             captured["resid"] = resid
 
         fwd_hooks = list(hooks)
+        measured = ""
         if self.homog:
             # Entry l of the residual axis is read at blocks.{l}.hook_resid_pre (the same vector
             # as blocks.{l-1}.hook_resid_post), so a patch of resid_pre at block l reaches it.
             n_layers = int(self.model.cfg.n_layers)
             measured = (
-                f"blocks.{self.measured}.hook_resid_pre"
+                block_hook_name(self.measured, "hook_resid_pre")
                 if 0 < self.measured < n_layers
                 else resid_hook_name(self.measured)
             )
             fwd_hooks.append((measured, measure))
-        kwargs: dict[str, Any] = {
-            "attention_mask": rows_mask,
-            "return_type": "logits" if self.needs_logits else None,
-            "fwd_hooks": fwd_hooks,
-        }
+        kwargs: dict[str, Any] = {"attention_mask": rows_mask}
         if start is not None:
             inputs = start.repeat(copies, *([1] * (start.ndim - 1)))
             kwargs["start_at_layer"] = start_layer
         else:
             inputs = tokens.repeat(copies, 1)
+        logits = torch.empty(0)
         if self.needs_logits or not self.homog:
-            logits = self.model.run_with_hooks(inputs, **kwargs)
+            logits = run_logits(self.model, inputs, fwd_hooks, **kwargs)
         else:  # end the pass at the measured entry: no later block, no unembedding
-            del kwargs["return_type"], kwargs["fwd_hooks"]
-            _run_through(self.model, inputs, measured, fwd_hooks, **kwargs)
+            run_through(self.model, inputs, measured, fwd_hooks, **kwargs)
         if self.homog:
             lengths = rows_mask.sum(1)
             sums = homogenization_sums(
@@ -674,7 +536,7 @@ class _Runner:
             rows_tokens = tokens.repeat(copies, 1)
             for m, metric in enumerate(self.metrics):
                 if metric == "loss":
-                    loss = _next_token_loss(logits, rows_tokens, rows_mask).double().cpu()
+                    loss = next_token_loss(logits, rows_tokens, rows_mask).double().cpu()
                     # NaN/inf logits make a sequence's loss non-finite: checked there, without
                     # a copy of [rows pos d_vocab]
                     require_finite(loss, "logits (unembed.hook_out)", "per-sequence losses")

@@ -1,178 +1,211 @@
-"""Figure builders (matplotlib), imported lazily by the result objects and the CLI."""
+"""Generic figure primitives (matplotlib): a figure with panels, curves with interval bands, a
+heatmap with its colour bar, bars with error bars.
+
+This module knows no result class: each result's ``plot()`` composes these primitives
+(:mod:`homoglens.results.figures`). matplotlib is imported when a figure is made, not with
+homoglens.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
 
-    from homoglens.results import HomogenizationProfile
-
-__all__ = ["profile_figure", "curves_figure", "heatmap_figure", "similarity_figure"]
-
-
-def _layers(profile: HomogenizationProfile) -> np.ndarray:
-    return np.asarray(profile.layers)
+__all__ = ["new_figure", "curves", "heatmap", "bars"]
 
 
-def curves_figure(profile: HomogenizationProfile, *, ax=None, title: str | None = None) -> Figure:
-    """Per-layer mean pairwise cosine (raw), anisotropy baseline, and adjusted = raw - baseline.
+def new_figure(
+    width: float,
+    height: float,
+    *,
+    ncols: int = 1,
+    width_ratios: Sequence[float] | None = None,
+) -> tuple[Figure, list[Axes]]:
+    """A constrained-layout figure of ``ncols`` panels in one row.
+
+    Args:
+        width: Figure width (inches).
+        height: Figure height (inches).
+        ncols: Panels.
+        width_ratios: Relative panel widths.
 
     Returns:
-        The matplotlib ``Figure`` holding the axes.
+        The figure and its axes, left to right.
     """
     from matplotlib.figure import Figure
 
-    if ax is None:
-        fig = Figure(figsize=(6, 4), layout="constrained")
-        ax = fig.add_subplot()
-    else:
-        fig = ax.figure
-    x = _layers(profile)
-    ax.plot(x, profile.mean_pairwise.numpy(), "o-", label="mean pairwise cosine (raw)")
-    ax.plot(x, profile.baseline.numpy(), "s--", label="baseline (across sequences)")
-    ax.plot(x, profile.adjusted.numpy(), "^-", label="adjusted = raw - baseline")
-    ax.axhline(0.0, color="grey", lw=0.5)
-    ax.set_xlabel("layer (0 = embeddings, l = output of block l-1)")
-    ax.set_ylabel("cosine")
-    ax.set_title(title or "Homogenization by layer")
-    ax.legend(fontsize="small")
-    return fig
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(1, ncols, width_ratios=width_ratios, squeeze=False)[0]
+    return fig, list(axes)
 
 
-def heatmap_figure(
-    profile: HomogenizationProfile, *, ax=None, metric: str = "to_others", title: str | None = None
-) -> Figure:
-    """Layer x position heatmap of a per-position metric (default ``to_others``).
+def curves(
+    ax: Axes,
+    x: Any,
+    series: Mapping[str, Any],
+    *,
+    bands: Mapping[str, tuple[Any, Any]] | None = None,
+    styles: Mapping[str, str] | None = None,
+    xlabel: str = "",
+    ylabel: str = "",
+    title: str = "",
+    hlines: Sequence[float] = (),
+    legend: str | int | None = "small",
+    legend_title: str | None = None,
+    **line: Any,
+) -> None:
+    """Draw one curve per entry of ``series`` over ``x``, with optional interval bands.
+
+    Args:
+        ax: The panel.
+        x: ``[n]`` positions on the x axis (or a mapping label -> x for curves of their own x).
+        series: ``{label: [n] values}``.
+        bands: ``{label: ([n] low, [n] high)}``, drawn in the curve's colour.
+        styles: ``{label: matplotlib format string}`` (default ``"-"``).
+        xlabel: Axis label.
+        ylabel: Axis label.
+        title: Panel title.
+        hlines: Horizontal reference lines (grey).
+        legend: Legend font size (a name or points), or ``None`` for no legend.
+        legend_title: Legend title.
+        **line: Passed to ``ax.plot`` (``lw``, ``ms``, ...).
+    """
+    for i, (label, y) in enumerate(series.items()):
+        xs = x[label] if isinstance(x, Mapping) else x
+        style = (styles or {}).get(label, "-")
+        ax.plot(np.asarray(xs), np.asarray(y), style, label=label, color=f"C{i % 10}", **line)
+        if bands and label in bands:
+            low, high = bands[label]
+            ax.fill_between(np.asarray(xs), low, high, alpha=0.2, color=f"C{i % 10}")
+    for level in hlines:
+        ax.axhline(level, color="grey", lw=0.6)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend is not None and series:
+        ax.legend(fontsize=legend, title=legend_title)
+
+
+def heatmap(
+    ax: Axes,
+    values: Any,
+    *,
+    xlabel: str = "",
+    ylabel: str = "",
+    title: str = "",
+    label: str = "",
+    cmap: str = "viridis",
+    symmetric: bool = False,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    extent: tuple[float, float, float, float] | None = None,
+    origin: Literal["upper", "lower"] = "lower",
+    yticklabels: Sequence[str] | None = None,
+    xticklabels: Sequence[str] | None = None,
+) -> AxesImage:
+    """A ``[rows cols]`` heatmap with its colour bar.
+
+    Args:
+        ax: The panel.
+        values: ``[rows cols]`` (NaN cells are left blank).
+        xlabel: Axis label.
+        ylabel: Axis label.
+        title: Panel title.
+        label: Colour-bar label (the units).
+        cmap: Colour map.
+        symmetric: A diverging range centred on 0, ``+- max |value|`` (unless ``vmin``/``vmax``).
+        vmin: Lower end of the colour range.
+        vmax: Upper end of the colour range.
+        extent: ``(left, right, bottom, top)`` in data units; default cell indices.
+        origin: ``"lower"`` (row 0 at the bottom) or ``"upper"``.
+        yticklabels: One label per row (thinned to about 12 when there are many).
+        xticklabels: One label per column (thinned to about 12).
 
     Returns:
-        The matplotlib ``Figure`` holding the axes.
+        The image.
     """
-    from matplotlib.figure import Figure
-
-    if ax is None:
-        fig = Figure(figsize=(7, 4), layout="constrained")
-        ax = fig.add_subplot()
-    else:
-        fig = ax.figure
-    values = getattr(profile, metric).numpy()
+    array = np.asarray(values, dtype=float)
+    if symmetric and vmin is None and vmax is None:
+        finite = np.abs(array[np.isfinite(array)])
+        bound = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+        vmin, vmax = -bound, bound
     image = ax.imshow(
-        values,
+        array,
         aspect="auto",
-        origin="lower",
+        origin=origin,
         interpolation="nearest",
-        cmap="viridis",
-        extent=(-0.5, profile.n_pos - 0.5, -0.5, len(values) - 0.5),
+        cmap=cmap,
+        vmin=vmin,
+        vmax=vmax,
+        extent=extent,
     )
-    ax.set_yticks(range(len(values)), [str(layer) for layer in profile.layers])
-    if len(values) > 16:
-        ax.yaxis.set_major_locator(__import__("matplotlib").ticker.MaxNLocator(12, integer=True))
-    ax.set_xlabel("position (from the first real token)")
-    ax.set_ylabel("layer")
-    ax.set_title(title or f"{metric} by layer and position")
-    fig.colorbar(image, ax=ax, label="cosine" if metric != "norm" else "norm")
-    return fig
+    for labels, setter in ((yticklabels, ax.set_yticks), (xticklabels, ax.set_xticks)):
+        if labels is not None:
+            step = max(1, len(labels) // 12)
+            setter(range(0, len(labels), step), list(labels)[::step], fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.figure.colorbar(image, ax=ax, label=label)
+    return image
 
 
-def profile_figure(profile: HomogenizationProfile, *, title: str | None = None) -> Figure:
-    """Two panels: per-layer curves (raw, baseline, adjusted) and the to_others heatmap."""
-    from matplotlib.figure import Figure
+def bars(
+    ax: Axes,
+    labels: Sequence[str],
+    values: Any,
+    *,
+    low: Any = None,
+    high: Any = None,
+    ylabel: str = "",
+    title: str = "",
+    groups: Mapping[str, Any] | None = None,
+    group_low: Mapping[str, Any] | None = None,
+    group_high: Mapping[str, Any] | None = None,
+    rotation: float = 0,
+) -> None:
+    """Bars with optional intervals: one bar per label, or groups of bars side by side.
 
-    fig = Figure(figsize=(13, 4.5), layout="constrained")
-    left, right = fig.subplots(1, 2, width_ratios=[1, 1.3])
-    curves_figure(profile, ax=left)
-    heatmap_figure(profile, ax=right)
-    p = profile.provenance
-    fig.suptitle(
-        title
-        or f"{p.model} ({p.backend}, {p.weights} weights): "
-        f"{profile.n_sequences} sequences, {profile.n_tokens} tokens"
-    )
-    return fig
-
-
-def study_figure(study, *, title: str | None = None) -> Figure:
-    """Left: mean pairwise cosine by layer for each mode with CI bands; right: loss per mode
-    with CIs (a positional-ablation study)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(12, 4.2), layout="constrained")
-    left, right = fig.subplots(1, 2, width_ratios=[1.6, 1])
-    table = study.layer_table()
-    for mode in study.modes:
-        rows = table[table["mode"] == mode]
-        left.plot(rows["layer"], rows["mean_pairwise"], "o-", ms=3, label=mode)
-        left.fill_between(rows["layer"], rows["ci_low"], rows["ci_high"], alpha=0.2)
-    left.set_xlabel("layer (0 = embeddings, l = output of block l-1)")
-    left.set_ylabel("mean pairwise cosine")
-    left.set_title("Homogenization by layer under positional ablations")
-    left.legend(fontsize="small")
-    loss = study.loss_table()
-    x = np.arange(len(loss))
-    err = np.vstack([loss["loss"] - loss["ci_low"], loss["ci_high"] - loss["loss"]])
-    right.bar(x, loss["loss"], yerr=err, capsize=4, color=[f"C{i}" for i in x])
-    right.set_xticks(x, list(loss["mode"]))
-    right.set_ylabel("next-token loss (nats/token)")
-    right.set_title("Loss per mode (95% CI)" if study.ci == 0.95 else "Loss per mode")
-    fig.suptitle(
-        title
-        or f"{study.profiles['none'].provenance.model}: positional ablations, "
-        f"{study.loss.shape[1]} sequences"
-    )
-    return fig
-
-
-def similarity_figure(result, layers: list[int], *, title: str | None = None) -> Figure:
-    """Position x position heatmaps of ``M`` and ``W`` for each chosen layer, ``SP`` and
-    ``to_first`` by position, and the lag curves (a
-    :class:`~homoglens.results.similarity.PositionalSimilarity`)."""
-    from matplotlib.figure import Figure
-
-    n = len(layers)
-    fig = Figure(figsize=(4.2 * (2 * n + 2), 4), layout="constrained")
-    axes = fig.subplots(1, 2 * n + 2)
-    pos = result.positions.numpy()
-    extent = (pos[0] - 0.5, pos[-1] + 0.5, pos[-1] + 0.5, pos[0] - 0.5)
-    for k, layer in enumerate(layers):
-        li = result.layers.index(layer)
-        for ax, name in zip(axes[2 * k : 2 * k + 2], ("M", "W"), strict=True):
-            values = getattr(result, name)[li].numpy()
-            if name == "W":
-                bound = float(np.nanmax(np.abs(values - np.diag(np.diag(values))))) or 1.0
-                image = ax.imshow(
-                    values, cmap="RdBu_r", vmin=-bound, vmax=bound, extent=extent,
-                    interpolation="nearest",
-                )  # fmt: skip
-            else:
-                image = ax.imshow(values, cmap="viridis", extent=extent, interpolation="nearest")
-            ax.set_title(f"{name}, layer {layer}")
-            ax.set_xlabel("position j")
-            ax.set_ylabel("position i")
-            fig.colorbar(image, ax=ax, shrink=0.8, label="cosine")
-    sp_ax, lag_ax = axes[-2], axes[-1]
-    for layer in layers:
-        li = result.layers.index(layer)
-        sp_ax.plot(pos, result.SP[li].numpy(), lw=1, label=f"SP, layer {layer}")
-        sp_ax.plot(pos, result.to_first[li].numpy(), lw=1, ls="--", label=f"to_first, {layer}")
-    sp_ax.set_xlabel("position")
-    sp_ax.set_ylabel("cosine")
-    sp_ax.set_title("Same position across inputs (SP); to first")
-    sp_ax.legend(fontsize="x-small")
-    lags = np.arange(1, result.n_pos)
-    for li, layer in enumerate(result.layers):
-        lag_ax.plot(lags, result.lag[li, 1:].numpy(), lw=1, label=str(layer))
-    lag_ax.set_xlabel("distance |i - j| (positions)")
-    lag_ax.set_ylabel("mean within-window cosine")
-    lag_ax.set_title("Similarity by distance, per layer")
-    if len(result.layers) <= 12:
-        lag_ax.legend(fontsize="x-small", title="layer")
-    p = result.provenance
-    fig.suptitle(
-        title
-        or f"{p.model}: positional similarity over {result.n_sequences} windows "
-        f"(space={result.space}, centre={result.centre})"
-    )
-    return fig
+    Args:
+        ax: The panel.
+        labels: One tick label per bar (or per group position).
+        values: ``[n]`` bar heights (ignored when ``groups`` is given).
+        low: ``[n]`` interval lower ends (optional).
+        high: ``[n]`` interval upper ends.
+        ylabel: Axis label.
+        title: Panel title.
+        groups: ``{series: [n] heights}``: bars of each series side by side at each label.
+        group_low: ``{series: [n] lower ends}``.
+        group_high: ``{series: [n] upper ends}``.
+        rotation: Tick-label rotation (degrees).
+    """
+    x = np.arange(len(labels))
+    if groups is None:
+        heights = np.asarray(values, dtype=float)
+        err = None
+        if low is not None and high is not None:
+            err = np.vstack([heights - np.asarray(low), np.asarray(high) - heights])
+        ax.bar(x, heights, yerr=err, capsize=4, color=[f"C{i % 10}" for i in x])
+    else:
+        width = 0.8 / len(groups)
+        for i, (name, heights) in enumerate(groups.items()):
+            heights = np.asarray(heights, dtype=float)
+            err = None
+            if group_low is not None and group_high is not None:
+                err = np.vstack(
+                    [heights - np.asarray(group_low[name]), np.asarray(group_high[name]) - heights]
+                )
+            offset = (i - (len(groups) - 1) / 2) * width
+            ax.bar(x + offset, heights, width, yerr=err, capsize=2, label=name, color=f"C{i % 10}")
+        ax.legend(fontsize="x-small")
+    ax.axhline(0.0, color="grey", lw=0.5)
+    ax.set_xticks(x, list(labels), rotation=rotation)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)

@@ -8,32 +8,33 @@ on ``batch_size``, not on the number of sequences.
 
 from __future__ import annotations
 
-import operator
-import os
 import warnings
-from collections.abc import Iterator
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _pkg_version
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from jaxtyping import Float, Int
-from tqdm.auto import tqdm
 
-from homoglens._checks import as_bool, as_int
-from homoglens.data import TokenBatch, _check_mask, right_aligned, to_token_batch
+from homoglens.architectures import resid_hook_name
+from homoglens.assets import package_version
+from homoglens.data import DataInput, TokenBatch, require_min_tokens, to_token_batch
 from homoglens.distributed import (
     all_reduce_sum,
-    check_same_data,
     gather_rows,
-    shard_bounds,
-    world,
 )
-from homoglens.errors import InvalidInputError, ModelStateError, NonFiniteActivationError
+from homoglens.engine import (
+    Reducer,
+    model_device,
+    next_token_loss,
+    provenance_of,
+    stream,
+)
+from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import RANK_FIELDS, homogenization_sums, positions_from_mask
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
-from homoglens.types import BosPolicy, HookedModel
+from homoglens.types import BosPolicy, HookedModel, HookFn, HookSpec
+from homoglens.validate import as_bool, check_attention_mask, check_layers, positive_int
 
 __all__ = [
     "homogenization_profile",
@@ -41,64 +42,6 @@ __all__ = [
     "resid_hook_name",
     "NonFiniteActivationError",
 ]
-
-
-def _version(package: str) -> str:
-    try:
-        return _pkg_version(package)
-    except PackageNotFoundError:
-        return ""
-
-
-def resid_hook_name(layer: int) -> str:
-    """TransformerLens hook name of entry ``layer`` of the ``n_layers + 1`` residual axis.
-
-    Entry 0 is the input of block 0 (``blocks.0.hook_resid_pre``: token plus positional
-    embeddings); entry l >= 1 is the output of block l - 1 (``blocks.{l-1}.hook_resid_post``).
-    This is the Hugging Face ``output_hidden_states`` convention, without the final norm.
-    """
-    layer = as_int("layer", layer, low=0)
-    return "blocks.0.hook_resid_pre" if layer == 0 else f"blocks.{layer - 1}.hook_resid_post"
-
-
-def _check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
-    if layers is None:
-        return tuple(range(n_layers + 1))
-    if type(layers).__module__ == "numpy" and getattr(layers, "ndim", 0) >= 1:
-        layers = torch.as_tensor(layers)
-    if isinstance(layers, torch.Tensor):
-        if layers.is_floating_point() or layers.is_complex() or layers.ndim > 1:
-            raise InvalidInputError(
-                f"layers must be ints, got a {layers.dtype} tensor of shape {tuple(layers.shape)}"
-            )
-        layers = layers.reshape(-1).tolist()
-    elif hasattr(layers, "__index__") and not isinstance(layers, bool):
-        layers = [layers]
-    try:
-        chosen = list(layers)
-    except TypeError as err:
-        raise InvalidInputError(f"layers={layers!r} must be a list of ints") from err
-    if not chosen:
-        raise InvalidInputError("layers is empty; give entries in 0..n_layers or None for all")
-    not_int = [
-        layer for layer in chosen if isinstance(layer, bool) or not hasattr(layer, "__index__")
-    ]
-    if not_int:
-        raise InvalidInputError(f"layers must hold ints, got {not_int[:5]}")
-    chosen = [operator.index(layer) for layer in chosen]  # numpy and torch integers too
-    bad = [layer for layer in chosen if not 0 <= layer <= n_layers]
-    if bad:
-        raise InvalidInputError(
-            f"layers {bad} are out of range: entries of the residual axis are 0..{n_layers} "
-            f"(0 = embeddings, l = output of block l-1; this model has {n_layers} blocks)"
-        )
-    if len(set(chosen)) != len(chosen):
-        raise InvalidInputError(f"layers={chosen} has repeats")
-    return tuple(sorted(chosen))
-
-
-def _check_positive_int(name: str, value: Any) -> int:
-    return as_int(name, value, low=1)
 
 
 class _Accumulator:
@@ -135,7 +78,7 @@ class _Accumulator:
                 self.scalars[name] += int(round(float(sums[name])))
 
     def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
-        cpu = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer}.items()}
+        cpu: dict[str, Any] = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer}.items()}
         cpu.update({k: v.round().long().cpu() for k, v in self.pos.items()})  # exact counts
         return HomogenizationProfile(
             layers=layers,
@@ -146,52 +89,9 @@ class _Accumulator:
         )
 
 
-def _check_min_tokens(batch: TokenBatch, exclude_first: bool) -> None:
-    need = 3 if exclude_first else 2
-    short = torch.nonzero(batch.lengths < need).flatten().tolist()
-    if short:
-        raise InvalidInputError(
-            f"sequences {short[:10]} have fewer than {need} tokens; homogenization compares "
-            f"tokens with each other, so each sequence needs at least {need}"
-            + (" (position 0 is excluded)" if exclude_first else "")
-        )
-
-
-def _model_device(model: HookedModel, *, needs_grad: bool = False) -> torch.device:
-    """The model's device, after the one check of its state every streaming function makes
-    before its first pass.
-
-    Refuses a model any of whose submodules is in training mode (dropout would make every
-    measurement random; ``model.training`` alone misses a submodule switched back with
-    ``.train()``), and, where gradients are needed (``needs_grad``), weights created under
-    ``torch.inference_mode`` (autograd cannot save them for the backward pass).
-
-    Raises:
-        ModelStateError: names the submodules in training mode, or the inference-mode weights.
-    """
-    training = [name or "<model>" for name, module in model.named_modules() if module.training]
-    if training:
-        shown = ", ".join(training[:5]) + (
-            f" and {len(training) - 5} more" if len(training) > 5 else ""
-        )
-        raise ModelStateError(
-            f"{len(training)} submodule(s) of the model are in training mode ({shown}): dropout "
-            "would make every result random; call model.eval() first"
-        )
-    if needs_grad:
-        frozen = [name for name, p in model.named_parameters() if p.is_inference()]
-        if frozen:
-            raise ModelStateError(
-                f"{len(frozen)} weight(s) were created under torch.inference_mode ({frozen[0]}, "
-                "...), so autograd cannot differentiate through them; load the model outside "
-                "torch.inference_mode(), or use method='exact'"
-            )
-    return next(model.parameters()).device
-
-
 def homogenization_profile(
     model: HookedModel,
-    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    data: DataInput,
     *,
     layers: list[int] | tuple[int, ...] | int | None = None,
     batch_size: int = 8,
@@ -260,19 +160,19 @@ def homogenization_profile(
         ((3, 7), (3,))
     """
     info = model_info(model)
-    chosen = _check_layers(layers, int(model.cfg.n_layers))
-    batch_size = _check_positive_int("batch_size", batch_size)
+    chosen = check_layers(layers, int(model.cfg.n_layers))
+    batch_size = positive_int("batch_size", batch_size)
     exclude_first = as_bool("exclude_first", exclude_first)
     effective_rank = as_bool("effective_rank", effective_rank)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
-    _check_min_tokens(batch, exclude_first)
+    require_min_tokens(batch, exclude_first)
     if len(batch) == 1:
         warnings.warn(
             "one sequence: the anisotropy baseline (mean cosine across sequences) and so "
             "`adjusted` are NaN; pass several sequences (e.g. a list of texts) to get them",
             stacklevel=2,
         )
-    run = _stream(
+    run = profile_pass(
         model,
         batch,
         chosen,
@@ -281,45 +181,82 @@ def homogenization_profile(
         effective_rank=effective_rank,
         progress=progress,
     )
-    return run.accumulator.profile(chosen, _provenance(info, batch, chosen, exclude_first))
+    return run.accumulator.profile(chosen, provenance_of(info, batch, chosen, exclude_first))
 
 
-def _provenance(
-    info: Any, batch: TokenBatch, chosen: tuple[int, ...], exclude_first: bool
-) -> Provenance:
-    return Provenance(
-        model=info.name,
-        family=info.family,
-        backend=info.backend,
-        weights=info.weights,
-        dtype=info.dtype,
-        model_source=info.source,
-        hook_points=tuple(resid_hook_name(layer) for layer in chosen),
-        bos=batch.bos,
-        data=batch.description,
-        exclude_first=exclude_first,
-        homoglens_version=_version("homoglens"),
-        transformer_lens_version=_version("transformer-lens"),
-    )
+class ProfileReducer(Reducer):
+    """The profile's share of a streamed pass: the residual stream at the chosen entries,
+    reduced inside hooks to mergeable sums (and, on request, per-sequence values and the
+    next-token loss, for the paired ablation study)."""
 
-
-class _StreamResult:
-    """What one streamed pass produced: summed statistics, and optional per-sequence values."""
-
-    def __init__(self, accumulator: _Accumulator) -> None:
-        self.accumulator = accumulator
+    def __init__(
+        self,
+        model: HookedModel,
+        n_pos: int,
+        chosen: tuple[int, ...],
+        *,
+        exclude_first: bool,
+        effective_rank: bool,
+        per_sequence: bool = False,
+        loss: bool = False,
+    ) -> None:
+        self.device = model_device(model)
+        self.n_pos, self.chosen = n_pos, chosen
+        self.exclude_first, self.effective_rank = exclude_first, effective_rank
+        self.per_sequence, self.needs_logits = per_sequence, loss
+        self.accumulator = _Accumulator(
+            len(chosen), n_pos, int(model.cfg.d_model), self.device, effective_rank
+        )
         self.seq_to_others: list[torch.Tensor] = []  # [batch layer pos] float32, CPU
         self.seq_mean_pairwise: list[torch.Tensor] = []  # [batch layer]
         self.seq_loss: list[torch.Tensor] = []  # [batch] mean next-token loss, nats
+        self.state: dict[str, Any] = {}
 
-    def all_reduce(
-        self,
-        n_all: int,
-        shape: tuple[int, int],
-        device: torch.device,
-        per_sequence: bool,
-        loss: bool,
-    ) -> None:
+    def hooks(self) -> list[HookSpec]:
+        names = [resid_hook_name(layer) for layer in self.chosen]
+        return [(name, self._hook(i, name)) for i, name in enumerate(names)]
+
+    def _hook(self, i: int, name: str) -> HookFn:
+        def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+            state = self.state
+            try:
+                sums = homogenization_sums(
+                    resid,
+                    state["pos_index"].to(resid.device),
+                    self.n_pos,
+                    effective_rank=self.effective_rank,
+                    per_sequence=self.per_sequence,
+                )
+            except NonFiniteActivationError as err:
+                raise NonFiniteActivationError(f"{name}: {err}") from None
+            self.accumulator.add(i, sums, first=(i == 0))
+            if self.per_sequence:
+                state["to_others"][:, i, : sums["seq_to_others"].shape[1]] = sums["seq_to_others"]
+                state["mean_pairwise"][:, i] = sums["seq_mean_pairwise"]
+
+        return hook
+
+    def begin(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
+        self.state["pos_index"] = positions_from_mask(mask, exclude_first=self.exclude_first)
+        if self.per_sequence:
+            shape = (tokens.shape[0], len(self.chosen))
+            self.state["to_others"] = torch.full(
+                (*shape, self.n_pos), float("nan"), dtype=torch.float64, device=self.device
+            )
+            self.state["mean_pairwise"] = torch.zeros(
+                shape, dtype=torch.float64, device=self.device
+            )
+
+    def logits(self, logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> None:
+        self.seq_loss.append(next_token_loss(logits, tokens, mask).cpu())
+
+    def end(self) -> None:
+        if self.per_sequence:
+            self.seq_to_others.append(self.state["to_others"].float().cpu())
+            self.seq_mean_pairwise.append(self.state["mean_pairwise"].float().cpu())
+        self.state.clear()
+
+    def all_reduce(self, n_all: int, device: torch.device) -> None:
         """Sum the statistics over all ranks and gather per-sequence values in input order."""
         acc = self.accumulator
         scalars = torch.tensor(
@@ -328,79 +265,18 @@ class _StreamResult:
         tensors = [*acc.layer_pos.values(), *acc.layer.values(), acc.unit_sum, *acc.pos.values()]
         all_reduce_sum([*tensors, scalars])
         acc.scalars = {k: int(round(float(v))) for k, v in zip(acc.scalars, scalars, strict=True)}
-        n_layer, n_pos = shape
-        if per_sequence:
+        n_layer, n_pos = len(self.chosen), self.n_pos
+        if self.per_sequence:
             others = torch.cat([torch.empty(0, n_layer, n_pos), *self.seq_to_others])
             pairwise = torch.cat([torch.empty(0, n_layer), *self.seq_mean_pairwise])
             self.seq_to_others = [gather_rows(others, n_all, device)]
             self.seq_mean_pairwise = [gather_rows(pairwise, n_all, device)]
-        if loss:
+        if self.needs_logits:
             losses = torch.cat([torch.empty(0), *self.seq_loss])
             self.seq_loss = [gather_rows(losses, n_all, device)]
 
 
-def _next_token_loss(
-    logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats) per sequence over real target tokens (computed a few
-    sequences at a time, so no float32 copy of the whole [batch pos d_vocab] logits is made)."""
-    target = tokens[:, 1:]
-    nll = torch.cat(
-        [
-            torch.nn.functional.cross_entropy(
-                chunk[:, :-1].float().transpose(1, 2), tgt, reduction="none"
-            )
-            for chunk, tgt in zip(logits.split(4), target.split(4), strict=True)
-        ]
-    )
-    valid = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
-    return (nll * valid).sum(1) / valid.sum(1).clamp_min(1)
-
-
-def _batch_bounds(
-    lengths: torch.Tensor, batch_size: int, uniform_length: bool
-) -> list[tuple[int, int]]:
-    """``(start, stop)`` of each forward batch; cut at length changes if ``uniform_length``."""
-    bounds, start, n = [], 0, len(lengths)
-    while start < n:
-        stop = min(start + batch_size, n)
-        if uniform_length:
-            same = (lengths[start:stop] == lengths[start]).tolist()
-            stop = start + (same.index(False) if False in same else len(same))
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
-class _Through(Exception):
-    """Raised by the hook that ends a forward pass after the last hook point it needs."""
-
-
-def _end_here(activation: torch.Tensor, hook: Any) -> None:
-    raise _Through
-
-
-def _run_through(
-    model: HookedModel,
-    inputs: torch.Tensor,
-    last: str,
-    fwd_hooks: list[tuple[str, Any]],
-    **kwargs: Any,
-) -> None:
-    """``model.run_with_hooks(inputs, return_type=None, fwd_hooks=..., **kwargs)``, ended right
-    after the hook point ``last`` (and every hook on it) has run: no later block, no final norm
-    and no unembedding run. TransformerLens' ``stop_at_layer`` stops before a block, so on the
-    bridge it cannot stop after the last one; this stops anywhere, on every backend. The hooks
-    are removed by ``run_with_hooks`` as the exception leaves it."""
-    try:
-        model.run_with_hooks(
-            inputs, return_type=None, fwd_hooks=[*fwd_hooks, (last, _end_here)], **kwargs
-        )
-    except _Through:
-        pass
-
-
-def _stream(
+def profile_pass(
     model: HookedModel,
     batch: TokenBatch,
     chosen: tuple[int, ...],
@@ -409,105 +285,39 @@ def _stream(
     exclude_first: bool,
     effective_rank: bool,
     progress: bool,
-    extra_hooks: list[tuple[str, Any]] | None = None,
+    extra_hooks: Sequence[HookSpec] = (),
     per_sequence: bool = False,
     loss: bool = False,
     desc: str = "homogenization",
     uniform_length: bool = False,
-) -> _StreamResult:
-    """Run ``batch`` through ``model`` once, reducing the residual stream inside hooks.
+) -> ProfileReducer:
+    """Stream ``batch`` through ``model`` once (with ``extra_hooks`` attached: an ablation)
+    and return the filled :class:`ProfileReducer`.
 
     With ``uniform_length`` no forward batch mixes sequence lengths (batches are cut where the
     length changes), so position hooks see each sequence's own length as the batch width.
     """
-    device = _model_device(model)
-    names = [resid_hook_name(layer) for layer in chosen]
     n_pos = int(batch.lengths.max())  # of all sequences, so every rank sums the same shapes
-    n_all = len(batch)
-    rank, size = world()
-    check_same_data(batch.tokens, batch.attention_mask, device)
-    start, stop = shard_bounds(n_all, size)[rank]
-    batch = batch[start:stop]
-    result = _StreamResult(
-        _Accumulator(len(chosen), n_pos, int(model.cfg.d_model), device, effective_rank)
+    reducer = ProfileReducer(
+        model,
+        n_pos,
+        chosen,
+        exclude_first=exclude_first,
+        effective_rank=effective_rank,
+        per_sequence=per_sequence,
+        loss=loss,
     )
-    state: dict[str, Any] = {}
-
-    def make_hook(i: int, name: str) -> Any:
-        def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
-            try:
-                sums = homogenization_sums(
-                    resid,
-                    state["pos_index"].to(resid.device),
-                    n_pos,
-                    effective_rank=effective_rank,
-                    per_sequence=per_sequence,
-                )
-            except NonFiniteActivationError as err:
-                raise NonFiniteActivationError(f"{name}: {err}") from None
-            result.accumulator.add(i, sums, first=(i == 0))
-            if per_sequence:
-                state["to_others"][:, i, : sums["seq_to_others"].shape[1]] = sums["seq_to_others"]
-                state["mean_pairwise"][:, i] = sums["seq_mean_pairwise"]
-
-        return hook
-
-    fwd_hooks = list(extra_hooks or []) + [
-        (name, make_hook(i, name)) for i, name in enumerate(names)
-    ]
-    try:
-        for tokens, mask in forward_batches(
-            batch, batch_size, device, desc=desc, progress=progress, uniform_length=uniform_length
-        ):
-            state["pos_index"] = positions_from_mask(mask, exclude_first=exclude_first)
-            if per_sequence:
-                shape = (tokens.shape[0], len(chosen))
-                state["to_others"] = torch.full(
-                    (*shape, n_pos), float("nan"), dtype=torch.float64, device=device
-                )
-                state["mean_pairwise"] = torch.zeros(shape, dtype=torch.float64, device=device)
-            if loss:
-                logits = model.run_with_hooks(
-                    tokens, attention_mask=mask, return_type="logits", fwd_hooks=fwd_hooks
-                )
-                result.seq_loss.append(_next_token_loss(logits, tokens, mask).cpu())
-                del logits
-            else:
-                last = resid_hook_name(max(chosen))  # nothing after it is measured
-                _run_through(model, tokens, last, fwd_hooks, attention_mask=mask)
-            if per_sequence:
-                result.seq_to_others.append(state["to_others"].float().cpu())
-                result.seq_mean_pairwise.append(state["mean_pairwise"].float().cpu())
-    finally:
-        state.clear()
-    if size > 1:
-        result.all_reduce(n_all, (len(chosen), n_pos), device, per_sequence, loss)
-    return result
-
-
-def forward_batches(
-    batch: TokenBatch,
-    batch_size: int,
-    device: torch.device,
-    *,
-    desc: str,
-    progress: bool,
-    uniform_length: bool = False,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield right-aligned ``(tokens, attention_mask)`` batches on ``device``, under
-    ``torch.inference_mode`` and with a tqdm progress bar (the one streaming loop of homoglens:
-    profiles, studies, sink scores and massive activations all run through it)."""
-    bar = tqdm(total=len(batch), unit="seq", desc=desc, disable=not progress)
-    try:
-        with torch.inference_mode():
-            for start, stop in _batch_bounds(batch.lengths, batch_size, uniform_length):
-                tokens, mask = right_aligned(
-                    batch.tokens[start:stop], batch.attention_mask[start:stop]
-                )
-                yield tokens.to(device), mask.to(device)
-                bar.update(stop - start)
-    finally:
-        bar.close()
+    stream(
+        model,
+        batch,
+        [reducer],
+        batch_size=batch_size,
+        desc=desc,
+        progress=progress,
+        extra_hooks=extra_hooks,
+        uniform_length=uniform_length,
+    )
+    return reducer
 
 
 def cosine_homogenization(
@@ -555,7 +365,9 @@ def cosine_homogenization(
             f"resid {tuple(resid.shape)} is empty; give at least one sequence of 2 vectors"
         )
     shape_only = torch.zeros(resid.shape[:2], dtype=torch.long)
-    mask = _check_mask(shape_only, attention_mask).to(resid.device)  # same checks as the model path
+    mask = check_attention_mask(shape_only, attention_mask).to(
+        resid.device
+    )  # same checks as the model path
     pos_index = positions_from_mask(mask, exclude_first=exclude_first)
     n_pos = int(mask.sum(1).max())
     sums = homogenization_sums(resid, pos_index, n_pos, effective_rank=effective_rank)
@@ -566,6 +378,6 @@ def cosine_homogenization(
         Provenance(
             exclude_first=exclude_first,
             data="given activations",
-            homoglens_version=_version("homoglens"),
+            homoglens_version=package_version("homoglens"),
         ),
     )

@@ -18,8 +18,6 @@ pass for jackknife pseudo-values (``pseudo_values=True``). Sums are float64; und
 
 from __future__ import annotations
 
-import math
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal
@@ -27,101 +25,27 @@ from typing import Any, Literal
 import torch
 from jaxtyping import Float, Int
 
-from homoglens._checks import as_bool, as_float, as_int
-from homoglens.data import TokenBatch, _check_mask, to_token_batch
-from homoglens.distributed import all_reduce_sum, check_same_data, gather_rows, shard_bounds, world
-from homoglens.errors import InvalidInputError, NonFiniteActivationError
-from homoglens.homogenization import SIMILARITY_STATISTICS, edge_groups, similarity_coefficients
+from homoglens.architectures import resid_hook_name
+from homoglens.data import DataInput, to_token_batch
+from homoglens.engine import Sums, model_device, provenance_of, stream
+from homoglens.errors import InvalidInputError
 from homoglens.models import model_info
-from homoglens.profile import (
-    _check_layers,
-    _model_device,
-    _provenance,
-    _run_through,
-    forward_batches,
-    resid_hook_name,
-)
 from homoglens.results import Provenance
 from homoglens.results.similarity import PositionalSimilarity
-from homoglens.types import BosPolicy, Centring, HookedModel, SimilaritySpace
+from homoglens.similarity_math import (
+    SimilaritySums,
+    centre_moments,
+    check_similarity_options,
+    cross_pass,
+    edge_groups,
+    finish_fields,
+    main_pass,
+)
+from homoglens.types import CENTRES, SPACES, BosPolicy, Centring, HookedModel, SimilaritySpace
+from homoglens.validate import as_bool, as_int, check_layers
 
+# SPACES and CENTRES (the option vocabularies) live in homoglens.types; importable from here.
 __all__ = ["positional_similarity", "similarity_from_activations", "SPACES", "CENTRES"]
-
-SPACES: tuple[str, ...] = ("resid", "ln_input", "final_norm")
-"""Where vectors are read: the residual stream; what the next block's first normalisation
-makes of it without its affine weights; the last entry after the final norm (with its weights,
-Hugging Face's last ``hidden_states``)."""
-CENTRES: tuple[str | None, ...] = (None, "global", "position")
-"""Corpus centring: none, one mean per layer (without position 0 and massive tokens), or one
-mean per position and layer."""
-
-
-class _Sums:
-    """Float64 running sums of one run: centring moments, the main sums, the second pass."""
-
-    def __init__(
-        self, n_layer: int, n_pos: int, d_model: int, edge_k: int, device: torch.device
-    ) -> None:
-        f64 = {"dtype": torch.float64, "device": device}
-        self.n_layer, self.n_pos, self.d_model = n_layer, n_pos, d_model
-        self.within = torch.zeros(n_layer, n_pos, n_pos, **f64)
-        self.units = torch.zeros(n_layer, n_pos, d_model, **f64)
-        self.n = torch.zeros((), **f64)
-        self.coef = similarity_coefficients(n_pos, edge_k).to(device)
-        self.rows: list[torch.Tensor] = []  # [batch layer stat] per batch
-        self.cross_rows: list[torch.Tensor] = []
-        self.same_rows: list[torch.Tensor] = []
-        # centring
-        self.mean: torch.Tensor | None = None  # [layer d] or [layer pos d]
-        self.scale: torch.Tensor | None = None  # [layer d]
-        self.n_massive: tuple[int, ...] = ()
-
-    def units_of(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Centre, standardise and normalise ``x [batch pos d]`` of layer ``i``: unit vectors
-        (0 for zero vectors) in the work dtype, and their norms."""
-        if self.mean is not None:
-            mean = self.mean[i].to(x.device, x.dtype)
-            x = x - (mean if mean.ndim == 2 else mean[None, None])
-        if self.scale is not None:
-            x = x / self.scale[i].to(x.device, x.dtype)
-        finite = torch.isfinite(x).all(-1)
-        if not bool(finite.all()):
-            raise NonFiniteActivationError(
-                f"{int((~finite).sum())} vectors hold NaN or inf; nothing was averaged in. Check "
-                "the model dtype (float16 overflows) or the weights"
-            )
-        # An exact power-of-two rescaling per vector first: float32 squares of entries above
-        # ~1.8e19 overflow and below ~1e-19 underflow; the unit vector does not change.
-        amax = x.abs().amax(-1, keepdim=True)
-        exponent = torch.where(amax > 0, torch.frexp(amax).exponent, 0).to(x.dtype)
-        x = torch.ldexp(x, -exponent)
-        norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-        return torch.where(norms > 0, x / safe, torch.zeros_like(x)), torch.ldexp(norms, exponent)
-
-    def add(self, i: int, x: torch.Tensor, row: torch.Tensor) -> None:
-        """Main pass: add layer ``i`` of a batch; per-window statistics go into ``row``."""
-        u, _ = self.units_of(i, x)
-        gram = u @ u.transpose(1, 2)  # [batch pos pos]
-        self.within[i] += gram.sum(0, dtype=torch.float64).to(self.within.device)
-        self.units[i] += u.sum(0, dtype=torch.float64).to(self.units.device)
-        row[:, i] = torch.einsum("bij,eij->be", gram.double(), self.coef.to(gram.device))
-
-    def add_cross(self, i: int, x: torch.Tensor, cross: torch.Tensor, same: torch.Tensor) -> None:
-        """Second pass: each window's share of the cross-window terms, given the final sums."""
-        u, _ = self.units_of(i, x)
-        u64 = u.double()
-        ub = self.units[i].to(u.device)
-        vectors = torch.einsum("eij,jd->eid", self.sym.to(u.device), ub)  # S_e Ub
-        gram = u64 @ u64.transpose(1, 2)
-        own = torch.einsum("bij,eij->be", gram, self.coef.to(u.device))  # stat_e(U_s U_s^T)
-        cross[:, i] = torch.einsum("bpd,epd->be", u64, vectors) - 2 * own
-        same[:, i] = (u64 * ub[None]).sum(-1) - (u64 * u64).sum(-1)
-
-    @property
-    def sym(self) -> torch.Tensor:
-        """``S_e = A_e + A_e^T`` (full symmetric coefficients)."""
-        return self.coef + self.coef.transpose(1, 2)
 
 
 def _space_fn(model: HookedModel, space: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -148,131 +72,9 @@ def _space_fn(model: HookedModel, space: str) -> Callable[[torch.Tensor], torch.
     return lambda x: x  # no normalisation
 
 
-def _centre_moments(
-    sums: _Sums,
-    feed: Callable[[Callable[[int, torch.Tensor, int], None]], None],
-    centre: str,
-    standardize: bool,
-    massive_threshold: float,
-    device: torch.device,
-    reduce: bool,
-) -> None:
-    """First pass: the corpus mean (and s.d.) per layer (all-reduced over ranks if ``reduce``)."""
-    f64 = {"dtype": torch.float64, "device": device}
-    n_layer, n_pos, d = sums.n_layer, sums.n_pos, sums.d_model
-    if centre == "global":
-        total = torch.zeros(n_layer, d, **f64)
-    else:
-        total = torch.zeros(n_layer, n_pos, d, **f64)
-    square = torch.zeros(n_layer, d, **f64)
-    count = torch.zeros(n_layer, **f64)
-    massive = torch.zeros(n_layer, **f64)
-
-    def take(i: int, x: torch.Tensor, first: int) -> None:
-        x64 = x.double()
-        if centre == "global":
-            ax = x64.abs()
-            ratio = ax.amax(-1) / ax.median(-1).values.clamp_min(torch.finfo(torch.float64).tiny)
-            keep = ratio <= massive_threshold
-            keep[:, 0] = False  # position 0 (a BOS or the first token) never enters it
-            massive[i] += float((ratio > massive_threshold)[:, 1:].sum())
-            w = keep[..., None].to(x64.dtype)
-            total[i] += (x64 * w).sum((0, 1)).to(device)
-            square[i] += (x64 * x64 * w).sum((0, 1)).to(device)
-            count[i] += float(keep.sum())
-        else:
-            xs = x64[:, first:]
-            total[i] += xs.sum(0).to(device)
-            square[i] += (xs * xs).sum((0, 1)).to(device)
-            count[i] += float(xs.shape[0])
-
-    feed(take)
-    if reduce:
-        all_reduce_sum([total, square, count, massive])
-    if bool((count < 1).any()):
-        raise InvalidInputError(
-            "centre='global' found no token to average: every token is position 0 or massive "
-            f"(max |x| / median |x| > {massive_threshold}); raise massive_threshold"
-        )
-    if centre == "global":
-        mean = total / count[:, None]
-        var = square / count[:, None] - mean * mean
-    else:
-        mean = total / count[:, None, None]
-        var = (square - count[:, None] * (mean * mean).sum(1)) / (count[:, None] * n_pos)
-    sums.mean = mean
-    sums.n_massive = tuple(int(v) for v in massive.round().tolist()) if centre == "global" else ()
-    if standardize:
-        sd = var.clamp_min(0).sqrt()
-        sums.scale = torch.where(sd > 0, sd, torch.ones_like(sd))
-
-
-def _finish(
-    sums: _Sums,
-    layers: tuple[int, ...],
-    n_all: int,
-    device: torch.device,
-    *,
-    first: int,
-    edge_k: int,
-    space: str,
-    centre: str | None,
-    standardize: bool,
-    massive_threshold: float,
-    provenance: Provenance,
-    pseudo: bool,
-    gather: bool = True,
-) -> PositionalSimilarity:
-    """Gather the per-window rows (over ranks if ``gather``) and build the result."""
-    n_layer, n_stat = len(layers), len(SIMILARITY_STATISTICS)
-
-    def rows(parts: list[torch.Tensor], width: int) -> torch.Tensor:
-        local = torch.cat([torch.empty(0, n_layer, width, dtype=torch.float64), *parts])
-        return (gather_rows(local, n_all, device) if gather else local).cpu()
-
-    return PositionalSimilarity(
-        layers=layers,
-        within_sum=sums.within.cpu(),
-        unit_sum=sums.units.cpu(),
-        n_sequences=n_all,
-        window_within=rows(sums.rows, n_stat),
-        window_cross=rows(sums.cross_rows, n_stat) if pseudo else None,
-        window_same_position=rows(sums.same_rows, sums.n_pos) if pseudo else None,
-        first_position=first,
-        edge_k=edge_k,
-        space=space,
-        centre=centre,
-        standardize=standardize,
-        massive_threshold=massive_threshold,
-        n_massive=sums.n_massive,
-        provenance=provenance,
-    )
-
-
-def _check_options(
-    space: Any, centre: Any, standardize: Any, edge_k: Any, massive_threshold: Any, pseudo: Any
-) -> tuple[str, str | None, bool, int, float, bool]:
-    if space not in SPACES:
-        raise InvalidInputError(f"space={space!r} must be one of {list(SPACES)}")
-    if centre not in CENTRES:
-        raise InvalidInputError(
-            f"centre={centre!r} must be None, 'global' (one corpus mean per layer) or "
-            "'position' (one per position)"
-        )
-    standardize = as_bool("standardize", standardize)
-    if standardize and centre is None:
-        raise InvalidInputError(
-            "standardize=True divides each dimension by its corpus s.d. around the corpus "
-            "mean; pass centre='global' or centre='position' with it"
-        )
-    edge_k = as_int("edge_k", edge_k, low=1)
-    massive_threshold = as_float("massive_threshold", massive_threshold, low=1.0, high=math.inf)
-    return space, centre, standardize, edge_k, massive_threshold, as_bool("pseudo_values", pseudo)
-
-
 def positional_similarity(
     model: HookedModel,
-    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    data: DataInput,
     *,
     layers: list[int] | tuple[int, ...] | int | None = None,
     space: SimilaritySpace = "resid",
@@ -357,18 +159,18 @@ def positional_similarity(
     """
     info = model_info(model)
     n_layers = int(model.cfg.n_layers)
-    space, centre, standardize, edge_k, massive_threshold, pseudo_values = _check_options(
+    space, centre, standardize, edge_k, massive_threshold, pseudo_values = check_similarity_options(
         space, centre, standardize, edge_k, massive_threshold, pseudo_values
     )
     if space == "final_norm":
-        if layers is not None and _check_layers(layers, n_layers) != (n_layers,):
+        if layers is not None and check_layers(layers, n_layers) != (n_layers,):
             raise InvalidInputError(
                 f"space='final_norm' reads the last entry ({n_layers}) after the final norm; "
                 f"pass layers=None or [{n_layers}], or use space='resid' for other entries"
             )
         chosen: tuple[int, ...] = (n_layers,)
     else:
-        chosen = _check_layers(layers, n_layers)
+        chosen = check_layers(layers, n_layers)
     batch_size = as_int("batch_size", batch_size, low=1)
     progress = as_bool("progress", progress)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
@@ -383,7 +185,7 @@ def positional_similarity(
     first = _exclude_first(exclude_first, batch.bos)
     n_pos = int(lengths[0]) - first
     edge_groups(n_pos, edge_k)
-    device = _model_device(model)
+    device = model_device(model)
     n_all = len(batch)
     if n_all == 1:
         warnings.warn(
@@ -391,18 +193,14 @@ def positional_similarity(
             "pass several windows",
             stacklevel=2,
         )
-    rank, size = world()
-    check_same_data(batch.tokens, batch.attention_mask, device)
-    start, stop = shard_bounds(n_all, size)[rank]
-    shard = batch[start:stop]
-    sums = _Sums(len(chosen), n_pos, int(model.cfg.d_model), edge_k, device)
+    sums = SimilaritySums(len(chosen), n_pos, int(model.cfg.d_model), edge_k, device)
     to_space = _space_fn(model, space)
     names = [resid_hook_name(layer) for layer in chosen]
-    last = names[-1] if space != "final_norm" else resid_hook_name(n_layers)
 
     def feed(fn: Callable[[int, torch.Tensor, int], None], desc: str) -> None:
-        """Run the shard once; ``fn(i, x, first)`` gets layer ``i``'s ``[batch T d]`` vectors
-        in ``space`` (work dtype: float32, or float64 for a float64 model)."""
+        """Run this rank's shard once; ``fn(i, x, first)`` gets layer ``i``'s ``[batch T d]``
+        vectors in ``space`` (work dtype: float32, or float64 for a float64 model). The passes
+        sum into ``sums``, which the caller all-reduces between passes."""
 
         def make_hook(i: int) -> Any:
             def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
@@ -412,14 +210,11 @@ def positional_similarity(
 
             return hook
 
-        hooks = [(name, make_hook(i)) for i, name in enumerate(names)]
-        for tokens, mask in forward_batches(
-            shard, batch_size, device, desc=desc, progress=progress
-        ):
-            _run_through(model, tokens, last, hooks, attention_mask=mask)
+        reader = Sums([(name, make_hook(i)) for i, name in enumerate(names)])
+        stream(model, batch, [reader], batch_size=batch_size, desc=desc, progress=progress)
 
     if centre is not None:
-        _centre_moments(
+        centre_moments(
             sums,
             lambda fn: feed(fn, "similarity (centring)"),
             centre,
@@ -428,13 +223,13 @@ def positional_similarity(
             device,
             reduce=True,
         )
-    _main_pass(sums, lambda fn: feed(fn, "similarity"), len(chosen), reduce=True)
+    main_pass(sums, lambda fn: feed(fn, "similarity"), len(chosen), reduce=True)
     if pseudo_values:
-        _cross_pass(sums, lambda fn: feed(fn, "similarity (pseudo-values)"), len(chosen))
-    provenance = _provenance(info, batch, chosen, bool(first))
+        cross_pass(sums, lambda fn: feed(fn, "similarity (pseudo-values)"), len(chosen))
+    provenance = provenance_of(info, batch, chosen, bool(first))
     if space == "final_norm":
         provenance = _with_hooks(provenance, ("ln_final (output, with its weights)",))
-    return _finish(
+    fields = finish_fields(
         sums,
         chosen,
         n_all,
@@ -445,9 +240,9 @@ def positional_similarity(
         centre=centre,
         standardize=standardize,
         massive_threshold=massive_threshold,
-        provenance=provenance,
         pseudo=pseudo_values,
     )
+    return PositionalSimilarity(**fields, provenance=provenance)
 
 
 def _with_hooks(provenance: Provenance, hooks: tuple[str, ...]) -> Provenance:
@@ -467,61 +262,6 @@ def _exclude_first(exclude_first: Any, bos: bool | None) -> int:
             return 1
         return int(bool(bos))
     return int(as_bool("exclude_first", exclude_first))
-
-
-def _main_pass(
-    sums: _Sums,
-    feed: Callable[[Callable[[int, torch.Tensor, int], None]], None],
-    n_layer: int,
-    reduce: bool,
-) -> None:
-    """Main pass: the sums and one row of statistics per window; all-reduced over ranks."""
-    feed(_on_cpu_rows(sums, n_layer))
-    if reduce:
-        all_reduce_sum([sums.within, sums.units, sums.n])
-
-
-def _on_cpu_rows(sums: _Sums, n_layer: int) -> Callable[[int, torch.Tensor, int], None]:
-    """Per-window rows are filled where the activations are, then kept on the CPU."""
-
-    def run(i: int, x: torch.Tensor, first: int) -> None:
-        if i == 0:
-            sums.rows.append(
-                torch.zeros(
-                    x.shape[0],
-                    n_layer,
-                    len(SIMILARITY_STATISTICS),
-                    dtype=torch.float64,
-                    device=x.device,
-                )
-            )
-            sums.n += x.shape[0]
-        sums.add(i, x[:, first:], sums.rows[-1])
-        if i == n_layer - 1:
-            sums.rows[-1] = sums.rows[-1].cpu()
-
-    return run
-
-
-def _cross_pass(
-    sums: _Sums,
-    feed: Callable[[Callable[[int, torch.Tensor, int], None]], None],
-    n_layer: int,
-) -> None:
-    """Last pass: each window's share of the cross-window terms (needs the final sums)."""
-
-    def run(i: int, x: torch.Tensor, first: int) -> None:
-        if i == 0:
-            b = x.shape[0]
-            f64 = {"dtype": torch.float64, "device": x.device}
-            sums.cross_rows.append(torch.zeros(b, n_layer, len(SIMILARITY_STATISTICS), **f64))
-            sums.same_rows.append(torch.zeros(b, n_layer, sums.n_pos, **f64))
-        sums.add_cross(i, x[:, first:], sums.cross_rows[-1], sums.same_rows[-1])
-        if i == n_layer - 1:
-            sums.cross_rows[-1] = sums.cross_rows[-1].cpu()
-            sums.same_rows[-1] = sums.same_rows[-1].cpu()
-
-    feed(run)
 
 
 def similarity_from_activations(
@@ -547,8 +287,12 @@ def similarity_from_activations(
             ``ActivationCache``. Float64 input is reduced in float64 throughout.
         attention_mask: ``[batch pos]`` 0/1 (left or right padding); every row must hold the
             same number of real tokens. Default: all real.
-        centre, standardize, exclude_first, edge_k, massive_threshold, pseudo_values: As for
-            :func:`positional_similarity` (``exclude_first`` is a bool here).
+        centre: As for :func:`positional_similarity`.
+        standardize: As for :func:`positional_similarity`.
+        exclude_first: Leave position 0 out (a bool here; there is no BOS record).
+        edge_k: As for :func:`positional_similarity`.
+        massive_threshold: As for :func:`positional_similarity`.
+        pseudo_values: As for :func:`positional_similarity`.
         batch_size: Windows reduced at a time (memory).
 
     Returns:
@@ -567,75 +311,14 @@ def similarity_from_activations(
         >>> tuple(sim.M.shape), list(edge.columns)
         ((1, 20, 20), ['layer', 'edge', 'naive', 'matched', 'ci_low', 'ci_high', 'n_sequences'])
     """
-    if (
-        not isinstance(resid, torch.Tensor)
-        or resid.ndim not in (3, 4)
-        or not resid.is_floating_point()
-    ):
-        raise InvalidInputError(
-            "resid must be a float tensor [batch pos d_model] or [layer batch pos d_model], "
-            f"got {getattr(resid, 'shape', type(resid).__name__)}"
-        )
-    x_all = resid.detach()[None] if resid.ndim == 3 else resid.detach()
-    n_layer, n_seq, width, d_model = (int(s) for s in x_all.shape)
-    if min(n_layer, n_seq, width, d_model) == 0:
-        raise InvalidInputError(f"resid {tuple(resid.shape)} is empty")
-    _, centre, standardize, edge_k, massive_threshold, pseudo_values = _check_options(
-        "resid", centre, standardize, edge_k, massive_threshold, pseudo_values
-    )
-    first = int(as_bool("exclude_first", exclude_first))
-    batch_size = as_int("batch_size", batch_size, low=1)
-    mask = _check_mask(torch.zeros(n_seq, width, dtype=torch.long), attention_mask).to(x_all.device)
-    lengths = mask.sum(1)
-    if int(lengths.min()) != int(lengths.max()):
-        raise InvalidInputError(
-            f"attention_mask rows hold {int(lengths.min())}..{int(lengths.max())} real tokens; "
-            "positional similarity needs windows of equal length (every pair of positions in "
-            "every window)"
-        )
-    length = int(lengths[0])
-    n_pos = length - first
-    edge_groups(n_pos, edge_k)
-    keep = mask.bool()
-    work = torch.float64 if x_all.dtype == torch.float64 else torch.float32
-    if not bool(torch.isfinite(x_all[:, keep]).all()):
-        raise NonFiniteActivationError(
-            "resid holds NaN or inf at real tokens; nothing was averaged in"
-        )
-    device = x_all.device
-    sums = _Sums(n_layer, n_pos, d_model, edge_k, device)
-
-    def feed(fn: Callable[[int, torch.Tensor, int], None]) -> None:
-        for start in range(0, n_seq, batch_size):
-            stop = min(start + batch_size, n_seq)
-            rows = keep[start:stop]
-            for i in range(n_layer):
-                x = x_all[i, start:stop][rows].view(stop - start, length, d_model)
-                fn(i, x.to(work), first)
-
-    if centre is not None:
-        _centre_moments(sums, feed, centre, standardize, massive_threshold, device, reduce=False)
-    _main_pass(sums, feed, n_layer, reduce=False)
-    if pseudo_values:
-        _cross_pass(sums, feed, n_layer)
-    from homoglens.profile import _version
-
-    return _finish(
-        sums,
-        tuple(range(n_layer)),
-        n_seq,
-        device,
-        first=first,
-        edge_k=edge_k,
-        space="resid",
+    return PositionalSimilarity.from_activations(
+        resid,
+        attention_mask,
         centre=centre,
         standardize=standardize,
+        exclude_first=exclude_first,
+        edge_k=edge_k,
         massive_threshold=massive_threshold,
-        provenance=Provenance(
-            exclude_first=bool(first),
-            data=f"given activations {tuple(resid.shape)}",
-            homoglens_version=_version("homoglens"),
-        ),
-        pseudo=pseudo_values,
-        gather=False,
+        pseudo_values=pseudo_values,
+        batch_size=batch_size,
     )

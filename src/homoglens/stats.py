@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 
-from homoglens._checks import as_float, as_int
 from homoglens.errors import InvalidInputError
 from homoglens.types import Verdict
+from homoglens.validate import as_float, as_int
 
 __all__ = [
     "Verdict",
@@ -169,7 +169,7 @@ def _t_cdf(t: float, df: float) -> float:
 def estimate(
     groups: Sequence[Float[torch.Tensor, "seed window"]],
     *,
-    weights: Sequence[float] | None = None,
+    weights: Sequence[float | int] | None = None,
     windows: Int[torch.Tensor, "boot window"],
     resample_seeds: bool,
     sesoi: float = 0.01,

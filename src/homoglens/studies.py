@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from jaxtyping import Int
 
-from homoglens._checks import as_bool, as_float, as_int
 from homoglens.architectures import architecture_of
-from homoglens.data import TokenBatch, to_token_batch
+from homoglens.data import DataInput, require_min_tokens, to_token_batch
+from homoglens.engine import provenance_of
 from homoglens.errors import InvalidInputError
-from homoglens.interventions import POSITION_ABLATIONS, position_ablation_hooks
+from homoglens.interventions import position_ablation_hooks
 from homoglens.models import model_info
-from homoglens.profile import (
-    _check_layers,
-    _check_min_tokens,
-    _provenance,
-    _stream,
-)
+from homoglens.profile import profile_pass
 from homoglens.results import PositionAblationStudy
-from homoglens.types import BosPolicy, HookedModel
+from homoglens.types import POSITION_ABLATIONS, BosPolicy, HookedModel, PositionAblation
+from homoglens.validate import as_bool, as_float, as_int, check_layers
 
 __all__ = ["position_ablation_study", "default_ablation_modes"]
 
@@ -37,7 +32,7 @@ def default_ablation_modes(model: HookedModel) -> tuple[str, ...]:
 
 def position_ablation_study(
     model: HookedModel,
-    data: TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str],
+    data: DataInput,
     *,
     modes: Sequence[str] | None = None,
     layers: Sequence[int] | None = None,
@@ -103,9 +98,9 @@ def position_ablation_study(
     shift = as_int("shift", shift)
     exclude_first = as_bool("exclude_first", exclude_first)
     effective_rank = as_bool("effective_rank", effective_rank)
-    chosen = _check_layers(layers, int(model.cfg.n_layers))
+    chosen = check_layers(layers, int(model.cfg.n_layers))
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
-    _check_min_tokens(batch, exclude_first)
+    require_min_tokens(batch, exclude_first)
     # Run sequences grouped by length, so that "permute" and "mean" act on each sequence's own
     # positions (a padded batch would hand short sequences positions they do not have); the
     # per-sequence results are put back in input order below.
@@ -120,8 +115,8 @@ def position_ablation_study(
     hooks = {
         mode: position_ablation_hooks(
             model,
-            mode,
-            positions=positions,  # type: ignore[arg-type]
+            cast(PositionAblation, mode),  # checked against POSITION_ABLATIONS above
+            positions=positions,
             **options.get(mode, {}),
         )
         for mode in chosen_modes
@@ -136,7 +131,7 @@ def position_ablation_study(
     n_pos = int(batch.lengths.max())
     profiles, loss, pairwise, others = {}, [], [], []
     for mode in chosen_modes:
-        run = _stream(
+        run = profile_pass(
             model,
             batch,
             chosen,
@@ -150,7 +145,7 @@ def position_ablation_study(
             desc=f"ablation {mode}",
             uniform_length=True,
         )
-        prov = _provenance(info, batch, chosen, exclude_first)
+        prov = provenance_of(info, batch, chosen, exclude_first)
         profiles[mode] = run.accumulator.profile(chosen, prov)
         loss.append(torch.cat(run.seq_loss).double()[inverse])
         pairwise.append(torch.cat(run.seq_mean_pairwise)[inverse])

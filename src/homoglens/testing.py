@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-from homoglens.models import _atomic_folder, _gpt2_tokenizer_folder, cache_dir
+from homoglens.assets import atomic_folder, cache_dir, gpt2_tokenizer_folder
 
 __all__ = ["TinyArch", "tiny_model_folder", "tiny_hf_config"]
 
@@ -50,7 +50,7 @@ def tiny_hf_config(
     if arch == "gpt2":
         return GPT2Config(
             n_positions=n_ctx,
-            n_ctx=n_ctx,
+            **{"n_ctx": n_ctx},  # legacy names, taken by the config's **kwargs
             n_embd=d_model,
             n_layer=n_layers,
             n_head=n_heads,
@@ -62,7 +62,7 @@ def tiny_hf_config(
             num_hidden_layers=n_layers,
             num_attention_heads=n_heads,
             intermediate_size=4 * d_model,
-            rotary_pct=0.25,
+            **{"rotary_pct": 0.25},
             max_position_embeddings=n_ctx,
             use_parallel_residual=True,
             hidden_act="gelu",
@@ -78,7 +78,7 @@ def tiny_hf_config(
             intermediate_size=2 * d_model,
             max_position_embeddings=n_ctx,
             tie_word_embeddings=True,
-            rope_theta=10000.0,
+            **{"rope_theta": 10000.0},
             **common,
         )
     raise ValueError(f"unknown tiny architecture {arch!r}; use 'gpt2', 'neox' or 'llama'")
@@ -124,9 +124,9 @@ def tiny_model_folder(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg).eval()
-    with _atomic_folder(target) as tmp:
+    with atomic_folder(target) as tmp:
         model.save_pretrained(tmp)
         if tokenizer:
-            AutoTokenizer.from_pretrained(str(_gpt2_tokenizer_folder())).save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(str(gpt2_tokenizer_folder())).save_pretrained(tmp)
         (tmp / "homoglens_tiny.json").write_text(json.dumps({"arch": arch, "seed": seed, **config}))
     return target

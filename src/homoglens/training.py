@@ -37,14 +37,14 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
-from homoglens._checks import as_int
-from homoglens._fs import staged_output
+from homoglens.assets import staged_output
 from homoglens.data import HELD_OUT, TokenBatch, split_austen
 from homoglens.errors import InvalidInputError
+from homoglens.validate import as_int
 
 __all__ = [
     "TrainingConfig",
@@ -187,7 +187,7 @@ def build_model(config: TrainingConfig, vocab_size: int, special_id: int) -> Any
             num_attention_heads=config.n_heads,
             intermediate_size=4 * config.d_model,
             hidden_act="gelu_new",
-            rotary_pct=1.0,
+            **{"rotary_pct": 1.0},  # a legacy name, taken by the config's **kwargs
             max_position_embeddings=config.n_ctx,
             use_parallel_residual=False,
             attention_bias=True,
@@ -216,7 +216,7 @@ def build_model(config: TrainingConfig, vocab_size: int, special_id: int) -> Any
         out_proj = ("attn.c_proj", "mlp.c_proj")
     _init(model, config, out_proj)
     if config.variant == "none":
-        wpe = model.transformer.wpe.weight
+        wpe = cast(Any, model).transformer.wpe.weight
         with torch.no_grad():
             wpe.zero_()
         wpe.requires_grad_(False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, get_args, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -21,12 +21,28 @@ __all__ = [
     "AttentionMask",
     "Residual",
     "HookFn",
+    "HookSpec",
     "FwdHooks",
     "HookedModel",
     "SimilaritySpace",
     "Centring",
+    "SPACES",
+    "CENTRES",
     "GroupBy",
     "Verdict",
+    "PositionAblation",
+    "POSITION_ABLATIONS",
+    "ResidualSite",
+    "RESIDUAL_SITES",
+    "PatchComponent",
+    "PATCH_COMPONENTS",
+    "PatchMetric",
+    "PATCH_METRICS",
+    "PatchDirection",
+    "AttributionMetric",
+    "ATTRIBUTION_METRICS",
+    "AttributionMethod",
+    "HeadAblation",
 ]
 
 Backend: TypeAlias = Literal["auto", "hooked", "bridge"]
@@ -46,9 +62,13 @@ SimilaritySpace: TypeAlias = Literal["resid", "ln_input", "final_norm"]
 next normalisation makes of it without its affine weights, or the last entry after the final
 norm (Hugging Face's last ``hidden_states``)."""
 
+SPACES: tuple[SimilaritySpace, ...] = get_args(SimilaritySpace)
+
 Centring: TypeAlias = Literal["global", "position"]
 """Corpus centring before cosines: one mean per layer (without position 0 and massive tokens),
 or one mean per position and layer."""
+
+CENTRES: tuple[Centring | None, ...] = (None, *get_args(Centring))
 
 GroupBy: TypeAlias = Literal["variant"]
 """How :func:`~homoglens.compare_models` groups labels: by the positional variant recorded in
@@ -57,6 +77,54 @@ GroupBy: TypeAlias = Literal["variant"]
 Verdict: TypeAlias = Literal["holds", "equivalent", "fails", "inconclusive"]
 """Outcome of a directional test with a smallest effect size of interest."""
 
+PositionAblation: TypeAlias = Literal["none", "zero", "permute", "shift", "mean"]
+"""How to change the positional signal: ``"none"`` (unchanged), ``"zero"`` (no positional
+signal: a zero embedding, or no rotation = every token at index 0), ``"permute"`` (token i gets
+the signal of ``perm[i]``), ``"shift"`` (token i gets the signal of i + shift), ``"mean"``
+(learned absolute only: every token gets the mean positional embedding)."""
+
+POSITION_ABLATIONS: tuple[PositionAblation, ...] = get_args(PositionAblation)
+"""Every positional ablation mode, in the order studies run them (see :data:`PositionAblation`;
+``"mean"`` exists for learned absolute positions only)."""
+
+ResidualSite: TypeAlias = Literal["resid_pre", "resid_mid", "resid_post"]
+"""A point of a block's residual stream: before the block, between attention and MLP (not in
+parallel blocks such as GPT-NeoX's), after the block."""
+
+RESIDUAL_SITES: tuple[ResidualSite, ...] = get_args(ResidualSite)
+
+PatchComponent: TypeAlias = Literal[
+    "resid_pre", "resid_mid", "attn_out", "mlp_out", "head", "positions"
+]
+"""What a patching cell patches: ``blocks.{l}.hook_resid_pre`` / ``hook_resid_mid`` (not on
+GPT-NeoX, whose attention and MLP run in parallel) / ``hook_attn_out`` / ``hook_mlp_out`` at a
+bin of positions; ``head``: one head's ``blocks.{l}.attn.hook_z`` at every position;
+``positions``: the positional signal of one block (rotary) or of the embedding (learned)."""
+
+PATCH_COMPONENTS: tuple[PatchComponent, ...] = get_args(PatchComponent)
+
+PatchMetric: TypeAlias = Literal["mean_pairwise", "first_excess", "last_excess", "loss"]
+"""A built-in patching metric: homogenization statistics at the measured residual entry, or
+the mean next-token cross-entropy (nats)."""
+
+PATCH_METRICS: tuple[PatchMetric, ...] = get_args(PatchMetric)
+
+PatchDirection: TypeAlias = Literal["restore", "break"]
+"""``"restore"``: the position-ablated run receives one activation of the normal run;
+``"break"``: the normal run receives one activation of the ablated run."""
+
+AttributionMetric: TypeAlias = Literal["mean_pairwise", "first_excess", "last_excess"]
+"""Scalar homogenization metrics that :func:`~homoglens.sink_attribution` attributes to heads."""
+
+ATTRIBUTION_METRICS: tuple[AttributionMetric, ...] = get_args(AttributionMetric)
+
+AttributionMethod: TypeAlias = Literal["exact", "fast"]
+"""Exact reruns with the heads ablated, or first-order attribution patching."""
+
+HeadAblation: TypeAlias = Literal["sink", "mean"]
+"""How a head is removed: its attention to the sink key moved to the other keys, or its output
+``hook_z`` replaced by its corpus mean."""
+
 Tokens: TypeAlias = Int[torch.Tensor, "batch pos"]
 AttentionMask: TypeAlias = Int[torch.Tensor, "batch pos"] | Bool[torch.Tensor, "batch pos"]
 Residual: TypeAlias = Float[torch.Tensor, "batch pos d_model"]
@@ -64,25 +132,54 @@ Residual: TypeAlias = Float[torch.Tensor, "batch pos d_model"]
 HookFn: TypeAlias = Callable[..., Any]
 """A TransformerLens forward hook: ``(activation, hook) -> activation | None``."""
 
-FwdHooks: TypeAlias = list[tuple[str, HookFn]]
+HookSpec: TypeAlias = tuple[str, HookFn]
+"""One forward hook as TransformerLens' ``fwd_hooks`` takes it: ``(hook name, hook function)``."""
+
+FwdHooks: TypeAlias = list[HookSpec]
 
 
 @runtime_checkable
 class HookedModel(Protocol):
-    """The small surface homoglens uses; ``HookedTransformer`` and ``TransformerBridge`` both
-    provide it."""
+    """The surface homoglens uses; ``HookedTransformer`` and ``TransformerBridge`` both
+    provide it. Both are ``torch.nn.Module`` s with TransformerLens' hook points; the
+    architecture-specific parts (``blocks``, ``W_pos``, ``ln_final``, the bridge's
+    ``original_model``) are reached through :mod:`homoglens.architectures`' table and typed
+    ``Any`` here (``__getattr__``)."""
 
     cfg: Any
     tokenizer: Any
+    hook_dict: dict[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other module attribute (``blocks``, ``ln_final``, ...)."""
+        ...
+
+    def named_modules(self) -> Iterator[tuple[str, torch.nn.Module]]:
+        """The model's submodules (``torch.nn.Module.named_modules``)."""
+        ...
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The model's parameters by name (``torch.nn.Module.named_parameters``)."""
+        ...
 
     def hooks(
         self, fwd_hooks: Sequence[tuple[str, HookFn]] = ..., *args: Any, **kwargs: Any
-    ) -> AbstractContextManager[Any]: ...
+    ) -> AbstractContextManager[Any]:
+        """Attach ``fwd_hooks`` for the ``with`` block (TransformerLens' level-scoped hooks)."""
+        ...
 
-    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any:
+        """Run a forward pass with hooks attached for it only."""
+        ...
 
-    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> Any:
+        """Run a forward pass and return its output and an ``ActivationCache``."""
+        ...
 
-    def to_tokens(self, *args: Any, **kwargs: Any) -> torch.Tensor: ...
+    def to_tokens(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Tokenize text as the model does (BOS by ``cfg.default_prepend_bos``)."""
+        ...
 
-    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]:
+        """The model's parameters (``torch.nn.Module.parameters``)."""
+        ...

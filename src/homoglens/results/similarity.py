@@ -18,10 +18,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from jaxtyping import Float
 
+from homoglens.assets import package_version
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
-from homoglens.homogenization import SIMILARITY_STATISTICS, edge_groups, similarity_coefficients
 from homoglens.results import Provenance, SavedResult
+from homoglens.similarity_math import (
+    SIMILARITY_STATISTICS,
+    activation_fields,
+    edge_groups,
+    similarity_coefficients,
+)
 from homoglens.stats import estimate, window_resamples
+from homoglens.types import CENTRES, SPACES, Centring
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,7 +58,7 @@ class PositionalSimilarity(SavedResult):
     * edge statistics (:meth:`edge_excess`): the naive excess of the first / last ``k``
       positions' mean similarity over the middle's, and the distance-matched excess, which
       compares edge-middle pairs with middle-middle pairs at the same distance (see
-      :func:`homoglens.homogenization.similarity_coefficients`).
+      :func:`homoglens.similarity_math.similarity_coefficients`).
 
     Stored fields (float64; sums merge by addition):
         layers: Entries of the ``n_layers + 1`` residual axis held.
@@ -59,7 +66,7 @@ class PositionalSimilarity(SavedResult):
         unit_sum: ``[layer pos d_model]`` sum over windows of the unit vectors at each position.
         n_sequences: Windows.
         window_within: ``[seq layer stat]`` per window, ``stat_e(U_s U_s^T)`` for each of
-            :data:`~homoglens.homogenization.SIMILARITY_STATISTICS` (the coefficients of
+            :data:`~homoglens.similarity_math.SIMILARITY_STATISTICS` (the coefficients of
             ``edge_k``).
         window_cross: ``[seq layer stat]`` or ``None``: per window,
             ``sum_{r != s} (stat_e(U_s U_r^T) + stat_e(U_r U_s^T))``, the window's share of
@@ -125,21 +132,13 @@ class PositionalSimilarity(SavedResult):
             if got != shape:
                 raise ValueError(f"{name} has shape {got}, expected {shape}")
         if self.unit_sum.ndim != 3 or tuple(self.unit_sum.shape[:2]) != (n_layer, n_pos):
-            raise ValueError(
-                f"unit_sum has shape {tuple(self.unit_sum.shape)}, expected "
-                f"({n_layer}, {n_pos}, d_model)"
-            )
+            raise ValueError(f"unit_sum is {tuple(self.unit_sum.shape)}, not [{n_layer} {n_pos} d]")
         if (self.window_cross is None) != (self.window_same_position is None):
             raise ValueError("window_cross and window_same_position come together")
         if self.n_sequences < 1 or self.first_position not in (0, 1):
-            raise ValueError(
-                f"n_sequences={self.n_sequences} must be >= 1 and first_position="
-                f"{self.first_position} 0 or 1"
-            )
-        if self.space not in ("resid", "ln_input", "final_norm"):
-            raise ValueError(f"unknown space {self.space!r}")
-        if self.centre not in (None, "global", "position"):
-            raise ValueError(f"unknown centre {self.centre!r}")
+            raise ValueError(f"n_sequences={self.n_sequences} < 1 or first_position not 0 / 1")
+        if self.space not in SPACES or self.centre not in CENTRES:
+            raise ValueError(f"unknown space {self.space!r} or centre {self.centre!r}")
         edge_groups(n_pos, int(self.edge_k))  # edge_k fits the windows
 
     @classmethod
@@ -149,7 +148,7 @@ class PositionalSimilarity(SavedResult):
         | Float[torch.Tensor, "layer batch pos d_model"],
         attention_mask: Any = None,
         *,
-        centre: str | None = None,
+        centre: Centring | None = None,
         standardize: bool = False,
         exclude_first: bool = False,
         edge_k: int = 8,
@@ -160,12 +159,10 @@ class PositionalSimilarity(SavedResult):
         """Build the result from activations you already have (no model), e.g. the tensors
         of an ``ActivationCache``: see :func:`homoglens.similarity.similarity_from_activations`
         for the arguments, errors and an example."""
-        from homoglens.similarity import similarity_from_activations
-
-        return similarity_from_activations(
+        fields = activation_fields(
             resid,
             attention_mask,
-            centre=centre,  # type: ignore[arg-type]
+            centre=centre,
             standardize=standardize,
             exclude_first=exclude_first,
             edge_k=edge_k,
@@ -173,6 +170,12 @@ class PositionalSimilarity(SavedResult):
             pseudo_values=pseudo_values,
             batch_size=batch_size,
         )
+        provenance = Provenance(
+            exclude_first=bool(fields["first_position"]),
+            data=f"given activations {tuple(resid.shape)}",
+            homoglens_version=package_version("homoglens"),
+        )
+        return cls(**fields, provenance=provenance)
 
     # ------------------------------------------------------------------ shape
     @property
@@ -352,7 +355,7 @@ class PositionalSimilarity(SavedResult):
         """
         import pandas as pd
 
-        from homoglens._checks import as_int
+        from homoglens.validate import as_int
 
         k = self.edge_k if k is None else as_int("k", k, low=1)
         naive = self._stat(self.M, k=k)
@@ -482,16 +485,9 @@ class PositionalSimilarity(SavedResult):
         Raises:
             InvalidInputError: a layer not in this result.
         """
-        from homoglens.plotting import similarity_figure
+        from homoglens.results.figures import similarity_figure
 
-        chosen = [self.layers[-1]] if layers is None else layers
-        chosen = [chosen] if isinstance(chosen, int) else list(chosen)
-        missing = [layer for layer in chosen if layer not in self.layers]
-        if missing or not chosen:
-            raise InvalidInputError(
-                f"layers {missing or chosen} are not in this result (it has {list(self.layers)})"
-            )
-        return similarity_figure(self, chosen, title=title)
+        return similarity_figure(self, layers, title=title)
 
     # ------------------------------------------------------------------ combining
     @staticmethod

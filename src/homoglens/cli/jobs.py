@@ -1,0 +1,278 @@
+"""What the ``homoglens`` commands run: load the model and windows, run the measurements
+the options ask for, and write the report (typed errors become one-line CLI errors)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from homoglens.errors import HomoglensError
+from homoglens.types import PatchComponent, PatchDirection, PatchMetric, PositionAblation
+
+
+def patching_job(
+    model: Any,
+    windows: Any,
+    opts: dict[str, Any],
+    *,
+    how: PositionAblation = "zero",
+    component: PatchComponent = "resid_pre",
+    metrics: tuple[PatchMetric, ...] = ("mean_pairwise", "loss"),
+    direction: PatchDirection = "restore",
+) -> Any:
+    """The report's patching sweep: every ``--patch-layer-step``-th block, on the first
+    ``--patch-n-seq`` windows, at most 16 sequences (and logits) per forward pass."""
+    from homoglens.architectures import architecture_of
+    from homoglens.patching import positional_patching
+
+    n_layers = int(model.cfg.n_layers)
+    layers = sorted(set(range(0, n_layers, opts["patch_layer_step"])) | {n_layers - 1})
+    if component == "positions":  # one pass per block: cheap, so every block
+        learned = architecture_of(model).positional == "learned_absolute"
+        layers = [0] if learned else list(range(n_layers))
+    subset = windows[: opts["patch_n_seq"]]
+    shortest = int(subset.lengths.min())
+    bins = min(opts["patch_bins"], shortest)
+    edge_k = min(opts["edge_k"], (shortest - 2) // 2)
+    if edge_k < 1 and any(m in ("first_excess", "last_excess") for m in metrics):
+        raise click.BadParameter(f"windows of {shortest} tokens are too short for edge metrics")
+    cells = {"head": int(model.cfg.n_heads), "positions": 1}.get(component) or int(bins)
+    click.echo(
+        f"patching sweep: {len(layers)} blocks x {cells} cells on {len(subset)} windows "
+        f"(about {len(layers) * cells + 2} forward passes over them)",
+        err=True,
+    )
+    return positional_patching(
+        model,
+        subset,
+        how=how,
+        component=component,
+        metric=list(metrics),
+        direction=direction,
+        layers=layers,
+        bins=bins,
+        edge_k=max(edge_k, 1),
+        batch_size=opts["batch_size"],
+        cell_batch=max(1, 16 // opts["batch_size"]),  # <= 16 sequences (and logits) per pass
+        progress=opts["progress"],
+    )
+
+
+def os_error_message(err: OSError) -> str:
+    """A one-line CLI error for a failed write (full disk, read-only folder)."""
+    where = f" ({err.filename})" if getattr(err, "filename", None) else ""
+    return (
+        f"could not write the output{where}: {err.strerror or err}; free some space or choose "
+        "another --out (nothing was left half-written)"
+    )
+
+
+def init_distributed(opts: dict[str, Any]) -> None:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1): join the process group (NCCL on GPUs, gloo on
+    CPU) and put this rank's model on ``cuda:LOCAL_RANK``; profiles, sink scores and ablation
+    studies then shard the windows by rank, and only rank 0 writes the report."""
+    import os
+
+    import torch
+
+    from homoglens.errors import DistributedError
+
+    try:
+        size = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise DistributedError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number; launch with torchrun, "
+            "or unset WORLD_SIZE to run on one process"
+        ) from None
+    if size <= 1 or torch.distributed.is_initialized():
+        return
+    missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise DistributedError(
+            f"WORLD_SIZE={size} but {', '.join(missing)} not set: launch with "
+            f"`torchrun --nproc-per-node {size} -m homoglens.cli ...` (it sets them), or unset "
+            "WORLD_SIZE to run on one process"
+        )
+    device = opts.get("device")
+    cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
+    try:
+        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    except (RuntimeError, ValueError) as err:
+        raise DistributedError(
+            f"could not join the process group ({str(err)[:200]}); check the torchrun launch"
+        ) from None
+    if cuda and device is None:
+        opts["device"] = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+
+
+def load_job(opts: dict[str, Any]) -> tuple[Any, Any]:
+    """Load the model and cut the corpus windows the options ask for."""
+    from homoglens.data import corpus_windows
+    from homoglens.models import load_model
+
+    init_distributed(opts)
+
+    if opts["device"] is not None:
+        from homoglens.validate import check_device
+
+        check_device(opts["device"])
+    click.echo(f"loading {opts['model']} ({opts['backend']} backend) ...", err=True)
+    model = load_model(
+        opts["model"],
+        backend=opts["backend"],
+        device=opts["device"],
+        process_weights=opts["process_weights"],
+    )
+    source = opts["text_file"] if opts["text_file"] is not None else opts["corpus"]
+    windows = corpus_windows(
+        model, source, n_seq=opts["n_seq"], seq_len=opts["seq_len"], bos=opts["bos"]
+    )
+    return model, windows
+
+
+def sinks_job(model: Any, windows: Any, opts: dict[str, Any], *, required: bool) -> Any:
+    """The sink analysis; ``None`` (with a warning) when the windows are too short for it and
+    it is only a section of the profile report."""
+    from homoglens.sinks import sink_analysis
+
+    shortest = int(windows.lengths.min())
+    edge_k = min(opts["edge_k"], (shortest - 2) // 2)  # as the profile's edge table does
+    if edge_k < 1:
+        message = (
+            f"windows of {shortest} tokens are too short for the sink attribution; use "
+            "--seq-len 4 or more"
+        )
+        if required:
+            raise click.BadParameter(message)
+        click.echo(f"warning: {message}; the report has no sinks section", err=True)
+        return None
+    return sink_analysis(
+        model,
+        windows,
+        top_k=opts["sink_top_k"],
+        edge_k=edge_k,
+        attribution_n_seq=opts["sink_n_seq"],
+        batch_size=opts["batch_size"],
+        progress=opts["progress"],
+    )
+
+
+def similarity_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
+    """The position-resolved section (centred by position, with pseudo-values: three passes);
+    ``None`` with a warning when the windows are of unequal length or too short for the
+    edges."""
+    from homoglens.similarity import positional_similarity
+
+    lengths = windows.lengths
+    counted = int(lengths.min()) - int(bool(windows.bos))
+    edge_k = min(opts["edge_k"], (counted - 2) // 2)
+    if int(lengths.min()) != int(lengths.max()) or edge_k < 1:
+        click.echo(
+            "warning: the position-resolved section needs equal windows of at least 4 counted "
+            "tokens; the report has none",
+            err=True,
+        )
+        return None
+    return positional_similarity(
+        model,
+        windows,
+        edge_k=edge_k,
+        centre="position",
+        pseudo_values=True,
+        batch_size=opts["batch_size"],
+        progress=opts["progress"],
+    )
+
+
+def run_profile(
+    opts: dict[str, Any],
+    *,
+    modes: list[str] | None,
+    default_out: str,
+    ablation: dict[str, Any],
+    sinks: bool = False,
+    patching: bool = False,
+    similarity: bool = False,
+) -> None:
+    """The profile / ablate commands: load, measure what the options ask for, write the
+    report into a staged folder, and report the time (typed errors become CLI errors)."""
+    from homoglens.assets import staged_output
+    from homoglens.profile import homogenization_profile
+    from homoglens.report import check_output_dir, write_profile_report
+    from homoglens.studies import default_ablation_modes, position_ablation_study
+
+    try:
+        folder = check_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
+        start = time.perf_counter()
+        model, windows = load_job(opts)
+        common = {
+            "batch_size": opts["batch_size"],
+            "exclude_first": opts["exclude_first"],
+            "effective_rank": opts["effective_rank"],
+            "progress": opts["progress"],
+        }
+        timings: dict[str, float] = {}
+
+        def timed(section: str, job: Callable[[], Any]) -> Any:
+            begin = time.perf_counter()
+            out = job()
+            timings[section] = time.perf_counter() - begin
+            return out
+
+        timings["load"] = time.perf_counter() - start
+        study = None
+        if modes is None:
+            profile = timed("profile", lambda: homogenization_profile(model, windows, **common))
+        else:
+            chosen = modes or default_ablation_modes(model)
+            study = timed(
+                "profile + ablations",
+                lambda: position_ablation_study(model, windows, modes=chosen, **ablation, **common),
+            )
+            profile = study.profiles["none"]
+        sim = (
+            timed("similarity", lambda: similarity_job(model, windows, opts))
+            if similarity
+            else None
+        )
+        analysis = (
+            timed("sinks", lambda: sinks_job(model, windows, opts, required=False))
+            if sinks
+            else None
+        )
+        patched = (
+            timed(
+                "patching",
+                lambda: [
+                    patching_job(model, windows, opts),
+                    patching_job(model, windows, opts, component="positions"),
+                ],
+            )
+            if patching
+            else None
+        )
+        with staged_output(folder) as tmp:
+            write_profile_report(
+                profile,
+                tmp,
+                edge_k=opts["edge_k"],
+                study=study,
+                sinks=analysis,
+                patching=patched,
+                similarity=sim,
+            )
+        report = folder / "report.html"
+        timings["report"] = time.perf_counter() - start - sum(timings.values())
+    except HomoglensError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
+        raise click.ClickException(os_error_message(err)) from err
+    click.echo(repr(study if study is not None else profile), err=True)
+    click.echo(
+        "time by section: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()), err=True
+    )
+    click.echo(f"wrote {report} in {time.perf_counter() - start:.1f} s")

@@ -1,0 +1,381 @@
+"""The one streaming driver of homoglens.
+
+Every measurement that runs a model over a corpus runs through :func:`stream`: it declares
+*reducers* (which hook points they read, how one batch reduces into mergeable sums, how ranks
+merge them), and the engine runs the batches: right-aligned padding, ``torch.inference_mode``
+(or gradients, for attribution), device placement, the progress bar, the pass ended right after
+the deepest hook point read, and the shard of the data and the all-reduce of the sums under
+``torch.distributed``. Hooks are attached only here, through ``model.run_with_hooks`` (which
+removes them however the pass ends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+
+from homoglens.architectures import resid_hook_name
+from homoglens.assets import package_version
+from homoglens.data import TokenBatch, right_aligned
+from homoglens.distributed import (
+    all_reduce_max,
+    all_reduce_sum,
+    check_same_data,
+    gather_rows,
+    shard_bounds,
+    world,
+)
+from homoglens.errors import ModelStateError
+from homoglens.results import Provenance
+from homoglens.types import HookedModel, HookFn, HookSpec
+
+
+def model_device(model: HookedModel, *, needs_grad: bool = False) -> torch.device:
+    """The model's device, after the one check of its state every streaming function makes
+    before its first pass.
+
+    Refuses a model any of whose submodules is in training mode (dropout would make every
+    measurement random; ``model.training`` alone misses a submodule switched back with
+    ``.train()``), and, where gradients are needed (``needs_grad``), weights created under
+    ``torch.inference_mode`` (autograd cannot save them for the backward pass).
+
+    Raises:
+        ModelStateError: names the submodules in training mode, or the inference-mode weights.
+    """
+    training = [name or "<model>" for name, module in model.named_modules() if module.training]
+    if training:
+        shown = ", ".join(training[:5]) + (
+            f" and {len(training) - 5} more" if len(training) > 5 else ""
+        )
+        raise ModelStateError(
+            f"{len(training)} submodule(s) of the model are in training mode ({shown}): dropout "
+            "would make every result random; call model.eval() first"
+        )
+    if needs_grad:
+        frozen = [name for name, p in model.named_parameters() if p.is_inference()]
+        if frozen:
+            raise ModelStateError(
+                f"{len(frozen)} weight(s) were created under torch.inference_mode ({frozen[0]}, "
+                "...), so autograd cannot differentiate through them; load the model outside "
+                "torch.inference_mode(), or use method='exact'"
+            )
+    return next(model.parameters()).device
+
+
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) per sequence over real target tokens (computed a few
+    sequences at a time, so no float32 copy of the whole [batch pos d_vocab] logits is made)."""
+    target = tokens[:, 1:]
+    nll = torch.cat(
+        [
+            torch.nn.functional.cross_entropy(
+                chunk[:, :-1].float().transpose(1, 2), tgt, reduction="none"
+            )
+            for chunk, tgt in zip(logits.split(4), target.split(4), strict=True)
+        ]
+    )
+    valid = (mask[:, 1:] * mask[:, :-1]).to(nll.dtype)
+    return (nll * valid).sum(1) / valid.sum(1).clamp_min(1)
+
+
+def batch_bounds(
+    lengths: torch.Tensor, batch_size: int, uniform_length: bool
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each forward batch; cut at length changes if ``uniform_length``."""
+    bounds, start, n = [], 0, len(lengths)
+    while start < n:
+        stop = min(start + batch_size, n)
+        if uniform_length:
+            same = (lengths[start:stop] == lengths[start]).tolist()
+            stop = start + (same.index(False) if False in same else len(same))
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+class _Through(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by the hook that ends a forward pass after the last hook point it needs."""
+
+
+def run_through(
+    model: HookedModel,
+    inputs: torch.Tensor,
+    last: str | Sequence[str],
+    fwd_hooks: Sequence[HookSpec],
+    **kwargs: Any,
+) -> None:
+    """``model.run_with_hooks(inputs, return_type=None, fwd_hooks=..., **kwargs)``, ended right
+    after every hook point in ``last`` has fired (and every hook on it has run): no later block,
+    no final norm and no unembedding run.
+
+    TransformerLens' ``stop_at_layer`` stops before a block, so on the bridge it cannot stop
+    after the last one; this stops anywhere, on every backend, and needs no table of which hook
+    point fires last. The hooks are removed by ``run_with_hooks`` as the exception leaves it.
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        inputs: ``[batch pos]`` token ids, or the residual stream with ``start_at_layer``.
+        last: The hook point(s) read; the pass ends once all of them have fired.
+        fwd_hooks: ``(hook name, hook function)`` pairs, attached for this pass only.
+        **kwargs: Passed to ``run_with_hooks`` (``attention_mask``, ``start_at_layer``).
+    """
+    names = {last} if isinstance(last, str) else set(last)
+    fired: set[str] = set()
+
+    def ender(name: str) -> HookFn:
+        # Keyed by the name it was attached under: the bridge hands hooks its canonical name
+        # (``hook.name``), which can differ from the alias the caller used.
+        def end_when_all_fired(activation: torch.Tensor, hook: Any) -> None:
+            fired.add(name)
+            if fired >= names:
+                raise _Through
+
+        return end_when_all_fired
+
+    enders = [(name, ender(name)) for name in sorted(names)]
+    try:
+        model.run_with_hooks(inputs, return_type=None, fwd_hooks=[*fwd_hooks, *enders], **kwargs)
+    except _Through:
+        pass
+
+
+def run_logits(
+    model: HookedModel,
+    inputs: torch.Tensor,
+    fwd_hooks: Sequence[HookSpec],
+    **kwargs: Any,
+) -> Float[torch.Tensor, "batch pos d_vocab"]:
+    """A full pass with ``fwd_hooks`` attached for it only: ``model.run_with_hooks(inputs,
+    return_type="logits", fwd_hooks=..., **kwargs)``; the hooks are removed however it ends."""
+    return model.run_with_hooks(inputs, return_type="logits", fwd_hooks=list(fwd_hooks), **kwargs)
+
+
+class Reducer:
+    """One measurement's share of a streamed pass; override what the measurement needs.
+
+    A reducer declares the hook points it reads (:meth:`hooks`: read-only hook functions that
+    reduce activations into sums the reducer holds), hears of each batch before and after its
+    pass (:meth:`begin`, :meth:`end`), may ask for the logits (``needs_logits``), and merges its
+    sums over ranks under ``torch.distributed`` (:meth:`all_reduce`). Sums must be mergeable:
+    the result of a split corpus equals the result of one pass.
+    """
+
+    needs_logits: bool = False
+
+    def hooks(self) -> list[HookSpec]:
+        """``(hook name, hook function)`` pairs the pass attaches; none by default."""
+        return []
+
+    def begin(
+        self, tokens: Int[torch.Tensor, "batch pos"], mask: Int[torch.Tensor, "batch pos"]
+    ) -> None:
+        """Called before each batch's pass (right-aligned tokens and mask, on the device)."""
+
+    def logits(
+        self,
+        logits: Float[torch.Tensor, "batch pos d_vocab"],
+        tokens: Int[torch.Tensor, "batch pos"],
+        mask: Int[torch.Tensor, "batch pos"],
+    ) -> None:
+        """Called after a full pass when ``needs_logits`` is set."""
+
+    def end(self) -> None:
+        """Called after each batch's pass."""
+
+    def all_reduce(self, n_all: int, device: torch.device) -> None:
+        """Merge this rank's sums with the other ranks' (only called when the world size is
+        above 1; ``n_all`` is the number of sequences over all ranks)."""
+
+
+class Sums(Reducer):
+    """A reducer whose state is named tensors that merge over ranks: ``sums`` by addition,
+    ``maxima`` by elementwise maximum, ``rows`` (per-sequence values, a list of
+    ``[batch ...]`` parts) by gathering in input order.
+
+    The hooks are closures of the measurement that add into those tensors; ``batch`` holds the
+    current batch's ``tokens``, ``mask`` and ``lengths`` while its pass runs.
+    """
+
+    def __init__(
+        self,
+        hooks: Sequence[HookSpec] = (),
+        *,
+        sums: dict[str, torch.Tensor] | None = None,
+        maxima: dict[str, torch.Tensor] | None = None,
+        rows: dict[str, tuple[int, ...]] | None = None,
+    ) -> None:
+        self._hooks = list(hooks)
+        self.sums = dict(sums or {})
+        self.maxima = dict(maxima or {})
+        self._row_shapes = dict(rows or {})
+        self.rows: dict[str, list[torch.Tensor]] = {name: [] for name in self._row_shapes}
+        self.batch: dict[str, torch.Tensor] = {}
+
+    def hooks(self) -> list[HookSpec]:
+        """The hooks declared at construction and with :meth:`add_hooks`."""
+        return list(self._hooks)
+
+    def add_hooks(self, hooks: Sequence[HookSpec]) -> None:
+        """Declare more hook points read (built after the sums they add into)."""
+        self._hooks.extend(hooks)
+
+    def begin(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
+        """Hold the batch's ``tokens``, ``mask`` and ``lengths`` for the hooks."""
+        self.batch.update(tokens=tokens, mask=mask, lengths=mask.sum(1))
+
+    def end(self) -> None:
+        """Drop the batch."""
+        self.batch.clear()
+
+    def row_values(self, name: str) -> torch.Tensor:
+        """The per-sequence values ``name`` of every sequence seen, concatenated (CPU)."""
+        empty = torch.empty(0, *self._row_shapes[name], dtype=torch.float64)
+        return torch.cat([empty, *(part.cpu().to(torch.float64) for part in self.rows[name])])
+
+    def all_reduce(self, n_all: int, device: torch.device) -> None:
+        """Sum ``sums``, maximise ``maxima`` and gather ``rows`` over ranks, in place."""
+        # The collectives run on the model's device (NCCL needs CUDA tensors); results are
+        # copied back into the tensors the measurement holds, wherever they live.
+        for merge, tensors in ((all_reduce_sum, self.sums), (all_reduce_max, self.maxima)):
+            moved = {name: t.to(device) for name, t in tensors.items()}
+            merge(moved.values())
+            for name, t in tensors.items():
+                t.copy_(moved[name])
+        for name in self.rows:
+            self.rows[name] = [gather_rows(self.row_values(name), n_all, device)]
+
+
+def stream(
+    model: HookedModel,
+    batch: TokenBatch,
+    reducers: Sequence[Reducer],
+    *,
+    batch_size: int,
+    desc: str,
+    progress: bool,
+    extra_hooks: Sequence[HookSpec] = (),
+    step: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    uniform_length: bool = False,
+    needs_grad: bool = False,
+) -> torch.device:
+    """Run ``batch`` through ``model`` once, feeding every reducer: the one streaming loop.
+
+    Each rank takes its shard of ``batch`` (:func:`homoglens.distributed.shard_bounds`; all of
+    it without a process group); batches are right-aligned and moved to the model's device and
+    run under ``torch.inference_mode`` (``needs_grad``: with gradients on, for attribution).
+    Without ``step``, each batch runs one pass with ``extra_hooks`` (interventions) and every
+    reducer's hooks, ended after the last hook point read, or to the logits if a reducer needs
+    them. With ``step``, ``step(tokens, mask)`` runs the batch's passes itself (several per
+    batch: patching, exact attribution) through :func:`run_through` / :func:`run_logits`.
+    After the last batch, under ``torch.distributed``, each reducer merges its sums over ranks.
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``, in eval mode.
+        batch: The sequences (the same on every rank).
+        reducers: What the pass feeds.
+        batch_size: Sequences per forward pass.
+        desc: Progress-bar label.
+        progress: Show a tqdm progress bar.
+        extra_hooks: Hooks that change the pass (interventions), attached before the reducers'.
+        step: Runs a batch's passes itself, instead of the one pass per batch.
+        uniform_length: No forward batch mixes sequence lengths.
+        needs_grad: Run with gradients enabled (and check the weights allow a backward pass).
+
+    Returns:
+        The model's device.
+
+    Raises:
+        ModelStateError: a submodule is in training mode (or inference-mode weights with
+            ``needs_grad``).
+        DistributedError: the ranks hold different data, or a collective failed.
+    """
+    device = model_device(model, needs_grad=needs_grad)
+    n_all = len(batch)
+    rank, size = world()
+    check_same_data(batch.tokens, batch.attention_mask, device)
+    start, stop = shard_bounds(n_all, size)[rank]
+    reader_hooks = [spec for reducer in reducers for spec in reducer.hooks()]
+    fwd_hooks = [*extra_hooks, *reader_hooks]
+    needs_logits = any(reducer.needs_logits for reducer in reducers)
+    read = [name for name, _ in reader_hooks]
+    if step is None and not needs_logits and not read:
+        raise ValueError("stream: no reducer reads a hook point and none needs the logits")
+    for tokens, mask in forward_batches(
+        batch[start:stop],
+        batch_size,
+        device,
+        desc=desc,
+        progress=progress,
+        uniform_length=uniform_length,
+        needs_grad=needs_grad,
+    ):
+        for reducer in reducers:
+            reducer.begin(tokens, mask)
+        if step is not None:
+            step(tokens, mask)
+        elif needs_logits:
+            logits = run_logits(model, tokens, fwd_hooks, attention_mask=mask)
+            for reducer in reducers:
+                if reducer.needs_logits:
+                    reducer.logits(logits, tokens, mask)
+            del logits
+        else:
+            run_through(model, tokens, read, fwd_hooks, attention_mask=mask)
+        for reducer in reducers:
+            reducer.end()
+    if size > 1:
+        for reducer in reducers:
+            reducer.all_reduce(n_all, device)
+    return device
+
+
+def forward_batches(
+    batch: TokenBatch,
+    batch_size: int,
+    device: torch.device,
+    *,
+    desc: str,
+    progress: bool,
+    uniform_length: bool = False,
+    needs_grad: bool = False,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield right-aligned ``(tokens, attention_mask)`` batches on ``device``, under
+    ``torch.inference_mode`` (``needs_grad``: with gradients on) and with a tqdm progress bar;
+    the batches of :func:`stream`."""
+    bar = tqdm(total=len(batch), unit="seq", desc=desc, disable=not progress)
+    mode = torch.enable_grad() if needs_grad else torch.inference_mode()
+    try:
+        with mode:
+            for start, stop in batch_bounds(batch.lengths, batch_size, uniform_length):
+                tokens, mask = right_aligned(
+                    batch.tokens[start:stop], batch.attention_mask[start:stop]
+                )
+                yield tokens.to(device), mask.to(device)
+                bar.update(stop - start)
+    finally:
+        bar.close()
+
+
+def provenance_of(
+    info: Any, batch: TokenBatch, chosen: Sequence[int], exclude_first: bool
+) -> Provenance:
+    """The :class:`~homoglens.results.Provenance` of a measurement of ``model_info`` ``info``
+    on ``batch`` at the residual-axis entries ``chosen``."""
+    return Provenance(
+        model=info.name,
+        family=info.family,
+        backend=info.backend,
+        weights=info.weights,
+        dtype=info.dtype,
+        model_source=info.source,
+        hook_points=tuple(resid_hook_name(layer) for layer in chosen),
+        bos=batch.bos,
+        data=batch.description,
+        exclude_first=exclude_first,
+        homoglens_version=package_version("homoglens"),
+        transformer_lens_version=package_version("transformer-lens"),
+    )

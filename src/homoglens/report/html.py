@@ -1,0 +1,112 @@
+"""HTML building blocks of the reports: the page, its style, tables, embedded PNGs, the
+provenance table, and the output-folder check."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from homoglens.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+CSS = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
+color:#222;line-height:1.45}
+h1{font-size:1.6em}
+h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f4f4f4}
+td:first-child,th:first-child{text-align:left}img{max-width:100%}
+.note{color:#555;font-size:.9em}
+"""
+
+
+def check_output_dir(out: str | Path, *, overwrite: bool) -> Path:
+    """Validate an output folder before any work is done; nothing is created or deleted here.
+
+    Raises:
+        InvalidInputError: ``out`` is a file; is the working folder, one of its parents, the home
+            folder or a filesystem root (never replaced); or is not empty and ``overwrite`` is
+            False.
+    """
+    folder = Path(out).expanduser()
+    if folder.is_symlink():
+        raise InvalidInputError(
+            f"--out {str(folder)!r} is a symbolic link; give the real folder it points to"
+        )
+    if folder.exists() and not folder.is_dir():
+        raise InvalidInputError(f"--out {str(folder)!r} is a file; give a folder")
+    blocker = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise InvalidInputError(
+            f"--out {str(folder)!r} cannot be created: {str(blocker)!r} is a file, not a folder"
+        )
+    resolved = folder.resolve()
+    cwd = Path.cwd().resolve()
+    protected = {cwd, Path.home().resolve(), Path(resolved.anchor)} | set(cwd.parents)
+    if resolved in protected:
+        raise InvalidInputError(
+            f"--out {str(folder)!r} is the working folder, one of its parents, the home folder or "
+            "a filesystem root; homoglens never replaces those. Give a new folder, e.g. "
+            "--out homoglens-report"
+        )
+    if folder.exists() and any(folder.iterdir()) and not overwrite:
+        raise InvalidInputError(
+            f"output folder {str(folder)!r} is not empty; choose another --out or pass "
+            "--overwrite to replace its contents (only after the run succeeds)"
+        )
+    return folder
+
+
+def png_tag(fig: Figure, path: Path) -> str:
+    """Save ``fig`` as a PNG at ``path`` and return it base64-encoded for an ``<img>``."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    data = buf.getvalue()
+    path.write_bytes(data)
+    return base64.b64encode(data).decode("ascii")
+
+
+def table_html(frame: Any) -> str:
+    """A DataFrame as an HTML table, floats to 4 decimals."""
+    return str(frame.to_html(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+def page_html(heading: str, body: str) -> str:
+    """A self-contained HTML page (the report's style inlined)."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(heading)}</title>
+<style>{CSS}</style></head><body>
+<h1>{html.escape(heading)}</h1>
+{body}
+</body></html>
+"""
+
+
+def provenance_table(rows: dict[str, Any]) -> str:
+    """A two-column HTML table of provenance fields."""
+    return (
+        "<table>"
+        + "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+            for k, v in rows.items()
+        )
+        + "</table>"
+    )
+
+
+def section_page(out: Path, heading: str, section: str, provenance: Any) -> Path:
+    """Write ``report.html``: one section and the provenance table."""
+    prov = asdict(provenance)
+    prov.pop("hook_points", None)
+    body = section + "<h2>Provenance</h2>" + provenance_table(prov)
+    path = out / "report.html"
+    path.write_text(page_html(heading, body), encoding="utf-8")
+    return path

@@ -1,0 +1,226 @@
+"""Write a homogenization profile as files: safetensors + JSON, tidy CSV, PNG figures, and one
+self-contained HTML report (figures embedded, no network needed to view it)."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from homoglens.report.html import page_html, png_tag, provenance_table, section_page
+from homoglens.report.sections import (
+    comparison_section,
+    first_token_warning,
+    patching_section,
+    similarity_section,
+    sinks_section,
+    study_section,
+)
+
+if TYPE_CHECKING:
+    from homoglens.results import HomogenizationProfile, PositionAblationStudy
+    from homoglens.results.comparison import ModelComparison
+    from homoglens.results.patching import PositionalPatchingResult
+    from homoglens.results.similarity import PositionalSimilarity
+    from homoglens.sinks import SinkAnalysis
+
+__all__ = [
+    "write_comparison_report",
+    "write_patching_report",
+    "write_profile_report",
+    "write_sinks_report",
+]
+
+
+def write_sinks_report(analysis: SinkAnalysis, out: Path, *, title: str | None = None) -> Path:
+    """Write the attention-sink analysis (``sinks/`` results, CSVs, figures, ``report.html``)
+    into the prepared folder ``out``.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    out = Path(out)
+    heading = title or f"Attention sinks: {analysis.scores.provenance.model}"
+    return section_page(out, heading, sinks_section(analysis, out), analysis.scores.provenance)
+
+
+def write_patching_report(
+    result: PositionalPatchingResult, out: Path, *, title: str | None = None
+) -> Path:
+    """Write a patching result (``patching/``, ``patching.csv``, figures, ``report.html``)
+    into the prepared folder ``out``.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    out = Path(out)
+    heading = title or f"Positional activation patching: {result.provenance.model}"
+    return section_page(out, heading, patching_section(result, out), result.provenance)
+
+
+def write_comparison_report(
+    comparison: ModelComparison, out: Path, *, title: str | None = None
+) -> Path:
+    """Write a model comparison (``comparison/``, ``comparison_*.csv``, figure,
+    ``report.html``) into the prepared folder ``out``.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    out = Path(out)
+    heading = title or "Controlled comparison: " + ", ".join(comparison.labels)
+    body = (
+        comparison_section(comparison, out)
+        + "<h2>Provenance</h2>"
+        + provenance_table(
+            {
+                **{f"backend ({k})": v for k, v in comparison.settings.get("backends", {}).items()},
+                **{f"weights ({k})": v for k, v in comparison.settings.get("weights", {}).items()},
+                "modes": ", ".join(comparison.settings.get("modes", [])),
+            }
+        )
+    )
+    path = out / "report.html"
+    path.write_text(page_html(heading, body), encoding="utf-8")
+    return path
+
+
+def write_profile_report(
+    profile: HomogenizationProfile,
+    out: Path,
+    *,
+    edge_k: int = 8,
+    title: str | None = None,
+    study: PositionAblationStudy | None = None,
+    sinks: SinkAnalysis | None = None,
+    patching: PositionalPatchingResult | list[PositionalPatchingResult] | None = None,
+    similarity: PositionalSimilarity | None = None,
+) -> Path:
+    """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
+
+    Files: ``profile/profile.safetensors`` + ``profile/profile.json`` (reload with
+    ``HomogenizationProfile.load``), ``profile.csv`` (tidy), ``edge_summary.csv``,
+    ``figures/curves.png``, ``figures/curves_adjusted.png``, ``figures/heatmap.png``,
+    ``report.html``; with a ``study``: ``study/``, ``ablation_loss.csv``,
+    ``ablation_layers.csv``, ``figures/ablation.png`` and a report section; with ``sinks``:
+    ``sinks/``, ``sink_*.csv``, sink figures and a section; with ``patching``: ``patching/``,
+    ``patching.csv``, heatmaps and a section; with ``similarity``: ``similarity/``,
+    ``similarity*.csv``, figures and a position-resolved section.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+
+    from homoglens.plotting import curves as draw_curves
+    from homoglens.plotting import new_figure
+    from homoglens.results.figures import LAYER_AXIS, profile_curves, profile_heatmap
+
+    out = Path(out)
+    profile.save(out / "profile")
+    profile.to_pandas().to_csv(out / "profile.csv", index=False)
+    figures = out / "figures"
+    figures.mkdir(exist_ok=True)
+    curves = png_tag(profile_curves(profile), figures / "curves.png")
+
+    fig, (ax,) = new_figure(6, 4)
+    draw_curves(
+        ax, list(profile.layers), {"adjusted": profile.adjusted.numpy()},
+        styles={"adjusted": "^-"}, hlines=(0.0,), legend=None, xlabel=LAYER_AXIS,
+        ylabel="mean pairwise cosine - baseline",
+        title="Adjusted homogenization (beyond anisotropy)",
+    )  # fmt: skip
+    adjusted = png_tag(fig, figures / "curves_adjusted.png")
+    heat = png_tag(profile_heatmap(profile), figures / "heatmap.png")
+
+    counted = int((profile.count > 0).sum())
+    k = min(edge_k, (counted - 1) // 2)
+    if k >= 1:
+        edge = profile.edge_summary(k)
+        edge.to_csv(out / "edge_summary.csv", index=False)
+        edge_html = edge.to_html(index=False, float_format=lambda v: f"{v:.4f}")
+    else:
+        edge_html = f"<p>Too few counted positions ({counted}) for an edge-versus-middle table.</p>"
+    per_layer = profile.to_pandas()
+    per_layer = per_layer[per_layer["pos"].isna()].pivot(
+        index="layer", columns="metric", values="value"
+    )
+    per_layer.columns.name = None
+    per_layer = per_layer.reset_index()
+
+    prov = asdict(profile.provenance)
+    prov["hook_points"] = (
+        f"{prov['hook_points'][0]} ... {prov['hook_points'][-1]}" if prov["hook_points"] else ""
+    )
+    prov.update(n_sequences=profile.n_sequences, n_tokens=profile.n_tokens, positions=profile.n_pos)
+    ablation = similarity_section(similarity, out) if similarity is not None else ""
+    if study is not None:
+        ablation += study_section(study, out)
+    if sinks is not None:
+        ablation += sinks_section(sinks, out)
+    if patching is not None:
+        sweeps = patching if isinstance(patching, list) else [patching]
+        for sweep in sweeps:
+            ablation += patching_section(sweep, out, name=f"patching_{sweep.component}")
+    source = (
+        f"Model source: {html.escape(profile.provenance.model_source)}."
+        if profile.provenance.model_source
+        else ""
+    )
+    warning = first_token_warning(profile)
+    p = profile.provenance
+    heading = title or f"Token homogenization: {p.model}"
+    body = f"""<p class="note">{profile.n_sequences} sequences, {profile.n_tokens} tokens;
+{p.backend} backend, {p.weights} weights; BOS at position 0: {p.bos};
+exclude_first: {p.exclude_first}.
+Metrics are homoglens' operationalisation of token homogenization (Yusupov et al. 2025,
+arXiv 2508.17126); they do not reproduce the paper's numbers. Raw cosines include anisotropy:
+read them against the baseline (mean cosine between tokens of different sequences).
+{source}</p>
+{warning}
+<details open><summary>What the numbers mean</summary><dl class="note">
+<dt>layer</dt><dd>0 = embeddings (input of block 0), l = output of block l-1.</dd>
+<dt>to_others[layer, pos]</dt><dd>mean cosine of the token at pos to the other tokens of its
+sequence, averaged over sequences.</dd>
+<dt>mean_pairwise[layer]</dt><dd>mean cosine over all token pairs of a sequence, averaged over
+sequences (raw homogenization).</dd>
+<dt>baseline[layer]</dt><dd>mean cosine between tokens of <em>different</em> sequences
+(anisotropy, Ethayarajh 2019), exact over all cross pairs.</dd>
+<dt>adjusted[layer]</dt><dd>mean_pairwise - baseline: homogenization beyond anisotropy.</dd>
+<dt>relative_residual[layer]</dt><dd>||X - mean||_F / ||X||_F per sequence; 0 when all tokens
+are identical (Dong et al. 2021).</dd>
+<dt>effective_rank[layer]</dt><dd>exp(entropy of the normalised singular values) of each
+sequence's [pos d_model] matrix (Roy &amp; Vetterli 2007).</dd>
+<dt>to_mean, to_prefix, norm</dt><dd>cosine to the sequence mean, mean cosine to earlier tokens,
+mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
+<h2>Homogenization by layer (raw and baseline)</h2>
+<img alt="curves" src="data:image/png;base64,{curves}">
+<h2>Adjusted homogenization (raw minus baseline)</h2>
+<img alt="adjusted" src="data:image/png;base64,{adjusted}">
+<h2>Layer x position: mean cosine to the other tokens (to_others)</h2>
+<img alt="heatmap" src="data:image/png;base64,{heat}">
+<h2>Edge versus middle (to_others, first/last {max(k, 0)} positions)</h2>
+{edge_html}
+<h2>Per-layer values</h2>
+{per_layer.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
+{ablation}
+<h2>Provenance</h2>
+{provenance_table(prov)}
+<p class="note">Files beside this report: profile/ (safetensors + JSON, reload with
+<code>HomogenizationProfile.load</code>), profile.csv (tidy), edge_summary.csv, figures/.</p>
+"""
+    path = out / "report.html"
+    path.write_text(page_html(heading, body), encoding="utf-8")
+    return path

@@ -1,0 +1,493 @@
+"""The result of :func:`~homoglens.compare_models`: per-window statistics of every model,
+intact and position-ablated, with the bootstrap contrasts and the claims table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from homoglens.claims import claims_table
+from homoglens.errors import IncompatibleResultsError, InvalidInputError
+from homoglens.results import PositionAblationStudy, prepare_folder, read_saved
+from homoglens.results.similarity import PositionalSimilarity
+from homoglens.results.sinks import SinkScores
+from homoglens.stats import estimate, window_resamples
+from homoglens.validate import as_float, as_int
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+
+LAYER_STATISTICS: tuple[str, ...] = (
+    "mean_pairwise",
+    "homogenization",
+    "matched_first",
+    "matched_last",
+    "naive_first",
+    "naive_last",
+    "sp_first",
+    "sp_last",
+)
+
+
+STATISTICS: tuple[str, ...] = (
+    "loss",
+    "adjusted_last",
+    *LAYER_STATISTICS,
+    "sink_rate",
+    "sink_importance_top",
+)
+"""Per-window statistics of :class:`ModelComparison` (see the module docstring)."""
+
+
+@dataclass(frozen=True, eq=False)
+class ModelComparison:
+    """Several models measured on the same windows, paired by window.
+
+    Attributes:
+        labels: Model labels, in the order given.
+        statistics: ``{label: {mode: {statistic: values}}}``: every per-window statistic
+            (:data:`STATISTICS`; ``[seq]`` or ``[seq layer]``) of every model, intact
+            (``"none"``) and under each positional ablation (no sink statistics then).
+        layers: The layer axis of the ``[seq layer]`` statistics.
+        variants: ``{label: variant}``, the grouping key of ``group_by="variant"`` (the
+            positional scheme recorded in ``training.json``, ``-bos`` appended for BOS-trained
+            models; the label itself for other models).
+        computed: Labels measured here (the others came as shipped statistics).
+        studies: ``{label: PositionAblationStudy}`` of the computed labels.
+        similarity: ``{label: PositionalSimilarity}`` of the computed labels (intact model).
+        sinks: ``{label: SinkScores}`` on key 0 (computed labels, intact model).
+        heldout: ``{label: {...}}`` what ``training.json`` records (held-out loss over the whole
+            held-out novel, unigram entropy, variant, seed, bos).
+        no_positions: The label (or, with ``group_by``, the variant) without positions.
+        group_by: ``None`` (every label its own model) or ``"variant"`` (labels of one variant
+            are training seeds of one model; seeds are the unit of replication).
+        edge_k: Positions per edge.
+        eps: Sink importance threshold.
+        n_boot, ci, seed, block: Bootstrap resamples, coverage, seed, block length (windows).
+        sesoi, loss_sesoi: Smallest effects of interest (cosine; nats/token).
+        settings: How the comparison was run.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126 (claims C1-C3).
+    """
+
+    labels: tuple[str, ...]
+    statistics: dict[str, dict[str, dict[str, torch.Tensor]]]
+    layers: tuple[int, ...]
+    variants: dict[str, str]
+    computed: tuple[str, ...] = ()
+    studies: dict[str, PositionAblationStudy] = field(default_factory=dict)
+    similarity: dict[str, PositionalSimilarity] = field(default_factory=dict)
+    sinks: dict[str, SinkScores] = field(default_factory=dict)
+    heldout: dict[str, dict[str, Any]] = field(default_factory=dict)
+    no_positions: str | None = None
+    group_by: str | None = None
+    edge_k: int = 8
+    eps: float = 0.3
+    n_boot: int = 1000
+    ci: float = 0.95
+    seed: int = 0
+    block: int = 16
+    sesoi: float = 0.01
+    loss_sesoi: float = 0.01
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.labels) < 1 or len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"labels {self.labels} must be unique and at least one")
+        if set(self.statistics) != set(self.labels) or set(self.variants) != set(self.labels):
+            raise ValueError(
+                f"statistics {sorted(self.statistics)} and variants {sorted(self.variants)} "
+                f"must cover the labels {self.labels}"
+            )
+        for name in ("studies", "similarity", "sinks"):
+            if set(getattr(self, name)) != set(self.computed):
+                raise ValueError(f"{name} has {sorted(getattr(self, name))}, expected "
+                                 f"the computed labels {self.computed}")  # fmt: skip
+        n_seq = set()
+        for label, modes in self.statistics.items():
+            if "none" not in modes:
+                raise ValueError(f"{label} has no intact ('none') statistics")
+            for mode, stats in modes.items():
+                for stat, values in stats.items():
+                    n_seq.add(int(values.shape[0]))
+                    if stat in LAYER_STATISTICS and tuple(values.shape[1:]) != (len(self.layers),):
+                        raise ValueError(
+                            f"{label}/{mode}/{stat} has shape {tuple(values.shape)}, expected "
+                            f"(seq, {len(self.layers)})"
+                        )
+        if len(n_seq) != 1:
+            raise ValueError(f"models hold different numbers of windows {sorted(n_seq)}")
+        if self.group_by not in (None, "variant"):
+            raise ValueError(f"group_by={self.group_by!r} must be None or 'variant'")
+        if self.no_positions is not None and self.no_positions not in self.entities():
+            raise ValueError(f"no_positions={self.no_positions!r} is not one of the models")
+        if not 0 < float(self.ci) < 1 or int(self.n_boot) < 1 or int(self.edge_k) < 1:
+            raise IncompatibleResultsError(
+                f"ci={self.ci!r} must lie in (0, 1), n_boot={self.n_boot!r} and "
+                f"edge_k={self.edge_k!r} be >= 1"
+            )
+
+    @property
+    def n_sequences(self) -> int:
+        """Number of windows every model read."""
+        return int(self.statistics[self.labels[0]]["none"]["loss"].shape[0])
+
+    def entities(self) -> dict[str, list[str]]:
+        """``{model: [labels]}``: each label alone, or labels grouped by variant (seeds)."""
+        if self.group_by is None:
+            return {label: [label] for label in self.labels}
+        out: dict[str, list[str]] = {}
+        for label in self.labels:
+            out.setdefault(self.variants[label], []).append(label)
+        return out
+
+    def _check_label(self, label: str) -> None:
+        if label not in self.labels:
+            raise InvalidInputError(f"model {label!r} not in this comparison; it has {self.labels}")
+
+    def per_sequence(self, label: str, mode: str = "none") -> dict[str, torch.Tensor]:
+        """Every statistic of one model and mode, per window.
+
+        Args:
+            label: A model label.
+            mode: ``"none"`` (intact) or a positional ablation that was run.
+
+        Returns:
+            ``{statistic: [seq] or [seq layer]}`` float64 tensors (cosines; loss in nats/token;
+            sink_rate in percent; importance in [0, 1]).
+
+        Raises:
+            InvalidInputError: unknown label or mode.
+        """
+        self._check_label(label)
+        if mode not in self.statistics[label]:
+            raise InvalidInputError(
+                f"mode {mode!r} was not run for {label!r}; it has {list(self.statistics[label])}"
+            )
+        return {k: v.double() for k, v in self.statistics[label][mode].items()}
+
+    def _last(self, values: torch.Tensor) -> torch.Tensor:
+        return values[:, -1] if values.ndim == 2 else values
+
+    @cached_property
+    def _resamples(self) -> torch.Tensor:
+        return window_resamples(
+            self.n_sequences, block=self.block, n_boot=self.n_boot, seed=self.seed
+        )
+
+    def _estimate(self, groups: list[torch.Tensor], weights: list[float] | None = None) -> Any:
+        return estimate(
+            groups,
+            weights=weights,
+            windows=self._resamples,
+            resample_seeds=False,
+            ci=self.ci,
+            sesoi=self.sesoi,
+            seed=self.seed,
+        )
+
+    # ------------------------------------------------------------------ tables
+    def summary(self) -> pd.DataFrame:
+        """One row per (model, statistic), at the last layer for per-layer statistics: mean
+        over windows with a block-bootstrap interval.
+
+        Returns:
+            DataFrame with columns ``model, statistic, value, ci_low, ci_high``.
+        """
+        import pandas as pd
+
+        rows = []
+        for label in self.labels:
+            for stat, values in self.per_sequence(label).items():
+                est = self._estimate([self._last(values)[None]])
+                rows.append((label, stat, est.value, est.ci_low, est.ci_high))
+        return pd.DataFrame(rows, columns=["model", "statistic", "value", "ci_low", "ci_high"])
+
+    def differences(self, reference: str | None = None) -> pd.DataFrame:
+        """Paired differences between models (model minus ``reference``) on the same windows,
+        at the last layer for per-layer statistics.
+
+        Args:
+            reference: The label subtracted (default: the first label).
+
+        Returns:
+            DataFrame with columns ``model, reference, statistic, diff, ci_low, ci_high``.
+
+        Raises:
+            InvalidInputError: unknown label.
+        """
+        import pandas as pd
+
+        reference = self.labels[0] if reference is None else reference
+        self._check_label(reference)
+        ref = self.per_sequence(reference)
+        rows = []
+        for label in self.labels:
+            if label == reference:
+                continue
+            for stat, values in self.per_sequence(label).items():
+                est = self._estimate([(self._last(values) - self._last(ref[stat]))[None]])
+                rows.append((label, reference, stat, est.value, est.ci_low, est.ci_high))
+        return pd.DataFrame(
+            rows, columns=["model", "reference", "statistic", "diff", "ci_low", "ci_high"]
+        )
+
+    def ablation_effects(self) -> pd.DataFrame:
+        """Paired effect of each positional ablation within each model (ablated minus intact),
+        at the last layer for per-layer statistics.
+
+        Returns:
+            DataFrame with columns ``model, mode, statistic, diff, ci_low, ci_high``.
+        """
+        import pandas as pd
+
+        rows = []
+        for label in self.labels:
+            intact = self.per_sequence(label)
+            for mode in self.statistics[label]:
+                if mode == "none":
+                    continue
+                for stat, values in self.per_sequence(label, mode).items():
+                    diff = self._last(values) - self._last(intact[stat])
+                    est = self._estimate([diff[None]])
+                    rows.append((label, mode, stat, est.value, est.ci_low, est.ci_high))
+        return pd.DataFrame(
+            rows, columns=["model", "mode", "statistic", "diff", "ci_low", "ci_high"]
+        )
+
+    def layer_table(self) -> pd.DataFrame:
+        """Per model and layer entry (intact): the raw mean pairwise cosine and the centred
+        homogenization ``H`` (mean off-diagonal ``W``), each with a block-bootstrap interval.
+
+        Returns:
+            DataFrame with columns ``model, layer, mean_pairwise, ci_low, ci_high,
+            homogenization, h_ci_low, h_ci_high``.
+        """
+        import pandas as pd
+
+        rows = []
+        for label in self.labels:
+            stats = self.per_sequence(label)
+            for li, layer in enumerate(self.layers):
+                raw = self._estimate([stats["mean_pairwise"][:, li][None]])
+                h = self._estimate([stats["homogenization"][:, li][None]])
+                rows.append(
+                    (
+                        label,
+                        layer,
+                        raw.value,
+                        raw.ci_low,
+                        raw.ci_high,
+                        h.value,
+                        h.ci_low,
+                        h.ci_high,
+                    )  # fmt: skip
+                )
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "model",
+                "layer",
+                "mean_pairwise",
+                "ci_low",
+                "ci_high",
+                "homogenization",
+                "h_ci_low",
+                "h_ci_high",
+            ],  # fmt: skip
+        )
+
+    def claims(
+        self,
+        *,
+        sesoi: float | None = None,
+        loss_sesoi: float | None = None,
+        alpha: float = 0.05,
+        block: int | None = None,
+    ) -> pd.DataFrame:
+        """Test every reading of claims C1-C3 (:mod:`homoglens.claims`) on these models.
+
+        One pre-declared primary test per reading and model, Holm-adjusted; the rest secondary.
+        With ``group_by="variant"`` a model is a variant and its training seeds are the unit of
+        replication (hierarchical bootstrap: seeds, then window blocks; t intervals with
+        Welch-Satterthwaite degrees of freedom), and ``seed_sd`` gives the between-seed s.d.
+
+        Args:
+            sesoi: Smallest effect size of interest for cosines (default: ``self.sesoi``).
+            loss_sesoi: The same for loss, nats/token (default: ``self.loss_sesoi``).
+            alpha: Level of each test (family-wise over the primary tests).
+            block: Windows per bootstrap block (default: ``self.block``).
+
+        Returns:
+            DataFrame with columns ``claim, reading, test, model, primary, predicted, value,
+            se, ci_low, ci_high, p, p_holm, p_tost, p_tost_holm, sesoi, verdict, n_seeds,
+            seed_sd, n_windows`` (see :func:`homoglens.claims.claims_table`).
+        """
+        entities = {
+            name: [self.statistics[label] for label in labels]
+            for name, labels in self.entities().items()
+        }
+        return claims_table(
+            entities,
+            layers=self.layers,
+            no_positions=self.no_positions,
+            sesoi=self.sesoi if sesoi is None else as_float("sesoi", sesoi, low=0, high=1e9),
+            loss_sesoi=self.loss_sesoi
+            if loss_sesoi is None
+            else as_float("loss_sesoi", loss_sesoi, low=0, high=1e9),
+            alpha=as_float("alpha", alpha, low=0.0, high=1.0),
+            ci=self.ci,
+            block=self.block if block is None else as_int("block", block, low=1),
+            n_boot=self.n_boot,
+            seed=self.seed,
+            resample_seeds=self.group_by is not None,
+        )
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: :meth:`summary` (one row per model and statistic)."""
+        return self.summary()
+
+    def plot(self) -> Figure:
+        """Left: centred homogenization by layer per model; middle: the matched and the naive
+        edge excess at the last layer (block-bootstrap intervals); right: loss per model."""
+        from homoglens.results.figures import comparison_figure
+
+        return comparison_figure(self)
+
+    # ------------------------------------------------------------------ persistence
+    def export_statistics(self, label: str, path: str | Path) -> Path:
+        """Write one model's per-window statistics (every mode) as ``{name}.safetensors`` +
+        ``{name}.json`` into ``path``, the format :func:`compare_models` reads for shipped
+        replicates (the training record and the comparison settings go into the JSON).
+
+        Returns:
+            The JSON file's path.
+        """
+        from safetensors.torch import save_file
+
+        self._check_label(label)
+        folder = prepare_folder(path)
+        stem = label.split("/")[-1]
+        tensors = {
+            f"{mode}/{stat}": values.float().contiguous()
+            for mode, stats in self.statistics[label].items()
+            for stat, values in stats.items()
+        }
+        save_file(tensors, str(folder / f"{stem}.safetensors"))
+        meta = {
+            "format": "homoglens.ReplicateStatistics/1",
+            "label": label,
+            "variant": self.variants[label],
+            "heldout": self.heldout.get(label, {}),
+            "layers": list(self.layers),
+            "edge_k": self.edge_k,
+            "centre": self.settings.get("centre"),
+            "eps": self.eps,
+            "seed": self.seed,
+            "n_windows": self.n_sequences,
+            "data": self.settings.get("data", ""),
+            "window_index": self.settings.get("window_index"),
+        }
+        out = folder / f"{stem}.json"
+        out.write_text(json.dumps(meta, indent=2))
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        """Save as ``comparison.json`` + ``comparison.safetensors`` (every per-window
+        statistic) + a study, a similarity and a sink-score folder per computed model."""
+        from safetensors.torch import save_file
+
+        folder = prepare_folder(path)
+        for i, label in enumerate(self.labels):
+            if label in self.computed:
+                self.studies[label].save(folder / f"model_{i}" / "study")
+                self.similarity[label].save(folder / f"model_{i}" / "similarity")
+                self.sinks[label].save(folder / f"model_{i}" / "sinks")
+        tensors = {
+            f"{i}/{mode}/{stat}": values.contiguous()
+            for i, label in enumerate(self.labels)
+            for mode, stats in self.statistics[label].items()
+            for stat, values in stats.items()
+        }
+        save_file(tensors, str(folder / "comparison.safetensors"))
+        meta = {
+            "format": "homoglens.ModelComparison/2",
+            "labels": list(self.labels),
+            "layers": list(self.layers),
+            "variants": self.variants,
+            "computed": list(self.computed),
+            "heldout": self.heldout,
+            "no_positions": self.no_positions,
+            "group_by": self.group_by,
+            **{k: getattr(self, k) for k in COMPARISON_SCALARS},
+            "settings": self.settings,
+        }
+        (folder / "comparison.json").write_text(json.dumps(meta, indent=2))
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelComparison:
+        """Load what :meth:`save` wrote.
+
+        Raises:
+            ResultsNotFoundError: a file is missing.
+            IncompatibleResultsError: wrong format or inconsistent content.
+        """
+        folder = Path(path).expanduser()
+        meta, tensors = read_saved(folder, "comparison")
+        if not isinstance(meta, dict) or meta.get("format") != "homoglens.ModelComparison/2":
+            raise IncompatibleResultsError(f"{folder} does not hold a ModelComparison/2")
+        keys = {"format", "labels", "layers", "variants", "computed", "heldout", "no_positions"}
+        keys |= {"group_by", "settings", *COMPARISON_SCALARS}
+        if set(meta) != keys:
+            raise IncompatibleResultsError(
+                f"{folder}/comparison.json has keys {sorted(meta)}, expected {sorted(keys)}"
+            )
+        try:
+            labels = tuple(meta["labels"])
+            statistics: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+            for key, values in tensors.items():
+                i, mode, stat = key.split("/")
+                statistics.setdefault(labels[int(i)], {}).setdefault(mode, {})[stat] = values
+            computed = tuple(meta["computed"])
+            where = {label: folder / f"model_{labels.index(label)}" for label in computed}
+            return cls(
+                labels=labels,
+                statistics=statistics,
+                layers=tuple(meta["layers"]),
+                variants=meta["variants"],
+                computed=computed,
+                studies={k: PositionAblationStudy.load(v / "study") for k, v in where.items()},
+                similarity={
+                    k: PositionalSimilarity.load(v / "similarity") for k, v in where.items()
+                },
+                sinks={k: SinkScores.load(v / "sinks") for k, v in where.items()},
+                heldout=meta["heldout"],
+                no_positions=meta["no_positions"],
+                group_by=meta["group_by"],
+                settings=meta["settings"],
+                **{k: meta[k] for k in COMPARISON_SCALARS},
+            )
+        except (KeyError, ValueError, TypeError, IndexError) as err:
+            raise IncompatibleResultsError(
+                f"{folder} does not hold a consistent comparison: {err!r}"
+            ) from None
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelComparison(models={list(self.entities())}, labels={len(self.labels)}, "
+            f"n_sequences={self.n_sequences}, group_by={self.group_by!r}, "
+            f"no_positions={self.no_positions!r}, edge_k={self.edge_k})"
+        )
+
+
+COMPARISON_SCALARS = ("edge_k", "eps", "n_boot", "ci", "seed", "block", "sesoi", "loss_sesoi")

@@ -1,0 +1,142 @@
+"""The result of :func:`~homoglens.positional_patching`: normalised patching effects per
+layer and cell, with the normal and ablated baselines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from jaxtyping import Float
+
+from homoglens.errors import InvalidInputError
+from homoglens.results import Provenance, SavedResult
+from homoglens.types import PATCH_COMPONENTS, POSITION_ABLATIONS
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True, eq=False)
+class PositionalPatchingResult(SavedResult):
+    """Metric values of every patched cell, with the two unpatched runs.
+
+    Attributes:
+        component: One of :data:`PATCH_COMPONENTS`.
+        how: The positional ablation of the ablated run.
+        direction: ``"restore"`` (ablated run receives normal activations) or ``"break"``.
+        metrics: Metric names (built-in or a callable's ``__name__``).
+        metric_layer: Residual entry the homogenization metrics are measured at.
+        layers: Blocks patched, one row each.
+        cells: Position bins ``(start, stop)`` (or ``(head, head + 1)`` for ``head``).
+        cell_axis: ``"pos"`` or ``"head_index"``.
+        patched: ``[metric layer cell]`` metric of the patched run.
+        normal: ``[metric]`` metric of the unablated run.
+        ablated: ``[metric]`` metric of the position-ablated run.
+        n_sequences: Number of sequences.
+        forward_equivalents: Compute spent, in full forward passes over the data (counting the
+            blocks each pass ran).
+        batching: How cells were batched and where passes started and stopped.
+        provenance: Model, backend, weights, BOS, data.
+
+    References:
+        Heimersheim & Nanda 2024, arXiv 2404.15255; Zhang & Nanda 2024, arXiv 2309.16042.
+    """
+
+    _stem: ClassVar[str] = "patching"
+    _choices: ClassVar[dict[str, tuple[str, ...]]] = {
+        "component": PATCH_COMPONENTS,
+        "how": POSITION_ABLATIONS,
+        "direction": ("restore", "break"),
+        "cell_axis": ("pos", "head_index"),
+    }
+
+    component: str
+    how: str
+    direction: str
+    metrics: tuple[str, ...]
+    metric_layer: int
+    layers: tuple[int, ...]
+    cells: tuple[tuple[int, int], ...]
+    cell_axis: str
+    patched: Float[torch.Tensor, "metric layer cell"]
+    normal: Float[torch.Tensor, " metric"]
+    ablated: Float[torch.Tensor, " metric"]
+    n_sequences: int
+    forward_equivalents: float
+    batching: str
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        shape = (len(self.metrics), len(self.layers), len(self.cells))
+        if tuple(self.patched.shape) != shape:
+            raise ValueError(f"patched has shape {tuple(self.patched.shape)}, expected {shape}")
+
+    @property
+    def receiving(self) -> Float[torch.Tensor, " metric"]:
+        """Metric of the run that receives the patches (ablated for restore)."""
+        return self.ablated if self.direction == "restore" else self.normal
+
+    @property
+    def source(self) -> Float[torch.Tensor, " metric"]:
+        """Metric of the run the patched activations come from."""
+        return self.normal if self.direction == "restore" else self.ablated
+
+    @property
+    def effect(self) -> Float[torch.Tensor, "metric layer cell"]:
+        """(patched - receiving) / (source - receiving): 0 = no change, 1 = the source run's
+        value; NaN where source and receiving agree to 1e-6 relative (float32 forward passes
+        carry ~1e-7 relative noise, which a smaller gap would turn into arbitrary effects)."""
+        gap = (self.source - self.receiving)[:, None, None]
+        scale = torch.maximum(self.source.abs(), self.receiving.abs())[:, None, None]
+        out = (self.patched - self.receiving[:, None, None]) / gap
+        return torch.where(gap.abs() > 1e-6 * scale + 1e-12, out, torch.full_like(out, math.nan))
+
+    def _metric(self, metric: str | None) -> int:
+        if metric is None:
+            return 0
+        if metric not in self.metrics:
+            raise InvalidInputError(f"metric={metric!r} is not one of {self.metrics}")
+        return self.metrics.index(metric)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: one row per (metric, layer, cell) with ``patched`` and ``effect``."""
+        import pandas as pd
+
+        rows = []
+        effect = self.effect
+        for m, name in enumerate(self.metrics):
+            for i, layer in enumerate(self.layers):
+                for j, (start, stop) in enumerate(self.cells):
+                    rows.append(
+                        {
+                            "metric": name,
+                            "layer": layer,
+                            self.cell_axis: start if self.cell_axis == "head_index" else None,
+                            "pos_start": start if self.cell_axis == "pos" else None,
+                            "pos_stop": stop if self.cell_axis == "pos" else None,
+                            "patched": float(self.patched[m, i, j]),
+                            "effect": float(effect[m, i, j]),
+                        }
+                    )
+        frame = pd.DataFrame(rows)
+        drop = ["pos_start", "pos_stop"] if self.cell_axis == "head_index" else ["pos"]
+        return frame.drop(columns=[c for c in drop if c in frame])
+
+    def plot(self, metric: str | None = None) -> Figure:
+        """Heatmap of the normalised effect, layer x cell (one metric; default the first), or a
+        curve over blocks when there is one cell per block."""
+        from homoglens.results.figures import patching_figure
+
+        return patching_figure(self, self._metric(metric))
+
+    def __repr__(self) -> str:
+        return (
+            f"PositionalPatchingResult(model={self.provenance.model!r}, {self.direction} "
+            f"{self.component}, how={self.how}, metrics={list(self.metrics)}, "
+            f"layers={len(self.layers)}, cells={len(self.cells)}, n_sequences={self.n_sequences}, "
+            f"forward_equivalents={self.forward_equivalents:.1f})"
+        )

@@ -1,0 +1,581 @@
+"""``HomogenizationProfile``: the sufficient statistics of a streamed corpus, and every
+value derived from them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from jaxtyping import Float, Int
+
+from homoglens.errors import IncompatibleResultsError, InvalidInputError
+from homoglens.homogenization import nan_div
+from homoglens.results.base import (
+    Provenance,
+    check_scalars,
+    prepare_folder,
+    read_saved,
+    validate_result,
+)
+
+if TYPE_CHECKING:  # plotting stays a lazy import
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+
+_FORMAT = "homoglens.HomogenizationProfile/1"
+
+
+@dataclass(frozen=True, eq=False)
+class HomogenizationProfile:
+    """Cosine homogenization of the residual stream per layer and position, with provenance.
+
+    The layer axis indexes hook points: entry 0 is the input of block 0 (embeddings, positional
+    included; ``blocks.0.hook_resid_pre``), entry l >= 1 the output of block l - 1
+    (``blocks.{l-1}.hook_resid_post``), the Hugging Face ``hidden_states`` convention without the
+    final norm. ``layers`` says which entries this profile holds. Positions count from each
+    sequence's first real (non-pad) token.
+
+    Stored fields (sufficient statistics, float64 unless noted; all mergeable by addition):
+        layers: Entries of the ``n_layers + 1`` axis held, in order.
+        to_others_sum, to_prefix_sum, to_mean_sum, norm_sum: ``[layer pos]`` sums over sequences.
+        count: ``[pos]`` int64, sequences with a counted token at each position.
+        prefix_count: ``[pos]`` int64, sequences whose position has >= 1 counted earlier token.
+        mean_pairwise_sum, relative_residual_sum: ``[layer]`` sums of per-sequence values.
+        effective_rank_sum: ``[layer]`` or ``None`` if not requested.
+        unit_effective_rank_sum, matrix_entropy_sum, unit_effective_rank_no_first_sum,
+        matrix_entropy_no_first_sum: ``[layer]`` sums of the unit-row rank metrics, or ``None``
+            (not requested, or a profile saved before they existed).
+        unit_sum: ``[layer d_model]`` G, the sum over all sequences of S = sum of unit vectors.
+        unit_sum_sq: ``[layer]`` sum over sequences of ||S||^2.
+        n_sequences, n_tokens, n_tokens_sq: sequences, counted tokens and sum of T^2.
+        provenance: :class:`Provenance`.
+
+    Derived values (properties; cosines in [-1, 1], NaN where undefined) are documented on
+    each property: ``to_others, to_prefix, to_mean, norm, mean_pairwise, baseline, adjusted,
+    relative_residual, effective_rank, unit_effective_rank, matrix_entropy,
+    unit_effective_rank_no_first, matrix_entropy_no_first``.
+
+    References:
+        Yusupov et al. 2025, "Token Homogenization under Positional Bias", arXiv 2508.17126
+        (the phenomenon; these metrics are homoglens' own operationalisation).
+        Ethayarajh 2019, "How Contextual are Contextualized Word Representations?" (anisotropy
+        baseline, IntraSim). Dong, Cordonnier, Loukas 2021, arXiv 2103.03404 (relative residual).
+        Roy & Vetterli 2007 (effective rank).
+    """
+
+    _layer_axis: ClassVar[bool] = True
+
+    layers: tuple[int, ...]
+    to_others_sum: Float[torch.Tensor, "layer pos"]
+    to_prefix_sum: Float[torch.Tensor, "layer pos"]
+    to_mean_sum: Float[torch.Tensor, "layer pos"]
+    norm_sum: Float[torch.Tensor, "layer pos"]
+    count: Int[torch.Tensor, " pos"]
+    prefix_count: Int[torch.Tensor, " pos"]
+    mean_pairwise_sum: Float[torch.Tensor, " layer"]
+    relative_residual_sum: Float[torch.Tensor, " layer"]
+    unit_sum: Float[torch.Tensor, "layer d_model"]
+    unit_sum_sq: Float[torch.Tensor, " layer"]
+    n_sequences: int
+    n_tokens: int
+    n_tokens_sq: int
+    effective_rank_sum: Float[torch.Tensor, " layer"] | None = None
+    provenance: Provenance = field(default_factory=Provenance)
+    unit_effective_rank_sum: Float[torch.Tensor, " layer"] | None = None
+    matrix_entropy_sum: Float[torch.Tensor, " layer"] | None = None
+    unit_effective_rank_no_first_sum: Float[torch.Tensor, " layer"] | None = None
+    matrix_entropy_no_first_sum: Float[torch.Tensor, " layer"] | None = None
+
+    def __post_init__(self) -> None:
+        n_layer, n_pos = len(self.layers), int(self.count.shape[0])
+        expected = {
+            "to_others_sum": (n_layer, n_pos),
+            "to_prefix_sum": (n_layer, n_pos),
+            "to_mean_sum": (n_layer, n_pos),
+            "norm_sum": (n_layer, n_pos),
+            "prefix_count": (n_pos,),
+            "mean_pairwise_sum": (n_layer,),
+            "relative_residual_sum": (n_layer,),
+            "unit_sum_sq": (n_layer,),
+        }
+        for name in _UNIT_RANK:
+            if (getattr(self, name) is None) != (getattr(self, _UNIT_RANK[0]) is None):
+                raise ValueError(f"the unit-row rank fields {_UNIT_RANK} come together")
+            if getattr(self, name) is not None and self.effective_rank_sum is None:
+                raise ValueError(f"{name} needs effective_rank_sum")
+        for name in ("effective_rank_sum", *_UNIT_RANK):
+            if getattr(self, name) is not None:
+                expected[name] = (n_layer,)
+        for name, shape in expected.items():
+            got = tuple(getattr(self, name).shape)
+            if got != shape:
+                raise ValueError(
+                    f"{name} has shape {got}, expected {shape} (layers={n_layer}, pos={n_pos})"
+                )
+        if self.unit_sum.ndim != 2 or self.unit_sum.shape[0] != n_layer:
+            raise ValueError(
+                f"unit_sum has shape {tuple(self.unit_sum.shape)}, expected ({n_layer}, d_model)"
+            )
+        if self.n_sequences < 1 or self.n_tokens < 2 * self.n_sequences:
+            raise ValueError(
+                f"n_sequences={self.n_sequences} and n_tokens={self.n_tokens}: a profile holds at "
+                "least one sequence of at least 2 counted tokens"
+            )
+
+    # ----------------------------------------------------------------- derived values
+    @cached_property
+    def to_others(self) -> Float[torch.Tensor, "layer pos"]:
+        """``[layer pos]`` mean over sequences of mean_{j != p} cos(x_p, x_j)."""
+        return nan_div(self.to_others_sum, self.count)
+
+    @cached_property
+    def to_prefix(self) -> Float[torch.Tensor, "layer pos"]:
+        """``[layer pos]`` mean over sequences of mean_{j < p} cos(x_p, x_j); NaN at p = 0."""
+        return nan_div(self.to_prefix_sum, self.prefix_count)
+
+    @cached_property
+    def to_mean(self) -> Float[torch.Tensor, "layer pos"]:
+        """``[layer pos]`` mean over sequences of cos(x_p, mean of the sequence's x)."""
+        return nan_div(self.to_mean_sum, self.count)
+
+    @cached_property
+    def norm(self) -> Float[torch.Tensor, "layer pos"]:
+        """``[layer pos]`` mean residual norm ||x_p|| (model units)."""
+        return nan_div(self.norm_sum, self.count)
+
+    @cached_property
+    def mean_pairwise(self) -> Float[torch.Tensor, " layer"]:
+        """``[layer]`` mean over sequences (equal weight) of mean_{i != j} cos(x_i, x_j)."""
+        return self.mean_pairwise_sum / self.n_sequences
+
+    @cached_property
+    def baseline(self) -> Float[torch.Tensor, " layer"]:
+        """``[layer]`` anisotropy: mean cosine over all pairs of tokens from *different*
+        sequences, exact: (||G||^2 - sum ||S||^2) / ((sum T)^2 - sum T^2). NaN for 1 sequence."""
+        pairs = float(self.n_tokens) ** 2 - float(self.n_tokens_sq)
+        if pairs <= 0:
+            return torch.full_like(self.unit_sum_sq, math.nan)
+        return ((self.unit_sum * self.unit_sum).sum(-1) - self.unit_sum_sq) / pairs
+
+    @cached_property
+    def adjusted(self) -> Float[torch.Tensor, " layer"]:
+        """``[layer]`` mean_pairwise - baseline: homogenization beyond anisotropy."""
+        return self.mean_pairwise - self.baseline
+
+    @cached_property
+    def relative_residual(self) -> Float[torch.Tensor, " layer"]:
+        """``[layer]`` mean over sequences of ||X - 1 xbar^T||_F / ||X||_F, in [0, 1]; 0 iff
+        all positions are identical."""
+        return self.relative_residual_sum / self.n_sequences
+
+    @cached_property
+    def effective_rank(self) -> Float[torch.Tensor, " layer"] | None:
+        """``[layer]`` mean over sequences of the effective rank of X as it is (1 .. min(T,
+        d_model)), or ``None`` if it was not requested. Rows weigh by their norms, so one
+        token with massive activations (usually the first, or a BOS) dominates it: one entry of
+        1000 on x_0 moves it from 56.5 to 10.2 while the mean cosine moves from 0.199 to 0.197.
+        Prefer :attr:`unit_effective_rank` / :attr:`matrix_entropy` (``*_no_first``)."""
+        if self.effective_rank_sum is None:
+            return None
+        return self.effective_rank_sum / self.n_sequences
+
+    def _rank(self, name: str) -> torch.Tensor | None:
+        total = getattr(self, f"{name}_sum")
+        return None if total is None else total / self.n_sequences
+
+    @property
+    def unit_effective_rank(self) -> Float[torch.Tensor, " layer"] | None:
+        """``[layer]`` mean over sequences of the effective rank of the *unit* rows (every
+        token weighs the same; 1 .. min(T, d_model)), or ``None``."""
+        return self._rank("unit_effective_rank")
+
+    @property
+    def matrix_entropy(self) -> Float[torch.Tensor, " layer"] | None:
+        """``[layer]`` mean over sequences of the entropy (nats) of the eigenvalues of
+        U U^T / T for unit rows U (matrix-based entropy, Skean et al. 2025, arXiv 2502.02013;
+        0 .. log min(T, d_model); lower = more homogenized), or ``None``."""
+        return self._rank("matrix_entropy")
+
+    @property
+    def unit_effective_rank_no_first(self) -> Float[torch.Tensor, " layer"] | None:
+        """``[layer]`` :attr:`unit_effective_rank` without position 0 (the BOS), or ``None``."""
+        return self._rank("unit_effective_rank_no_first")
+
+    @property
+    def matrix_entropy_no_first(self) -> Float[torch.Tensor, " layer"] | None:
+        """``[layer]`` :attr:`matrix_entropy` without position 0 (the BOS), or ``None``."""
+        return self._rank("matrix_entropy_no_first")
+
+    @property
+    def n_pos(self) -> int:
+        """Length of the position axis."""
+        return int(self.count.shape[0])
+
+    @property
+    def d_model(self) -> int:
+        """Residual width."""
+        return int(self.unit_sum.shape[1])
+
+    # ----------------------------------------------------------------- combining
+    @staticmethod
+    def merge(*profiles: HomogenizationProfile) -> HomogenizationProfile:
+        """Add the statistics of profiles of disjoint data into one profile.
+
+        Any split of a corpus merges to the one-pass result (up to float64 rounding).
+
+        Args:
+            *profiles: Profiles over the same layers, model, weights and ``exclude_first``.
+
+        Returns:
+            The merged profile; its position axis is the longest of the inputs.
+
+        Raises:
+            IncompatibleResultsError: no profiles, or they differ in layers, width, model,
+                backend, weights or ``exclude_first``.
+        """
+        if not profiles:
+            raise IncompatibleResultsError("merge() needs at least one profile")
+        wrong = [type(p).__name__ for p in profiles if not isinstance(p, HomogenizationProfile)]
+        if wrong:
+            raise IncompatibleResultsError(
+                f"merge() takes HomogenizationProfile objects, got {wrong}"
+            )
+        first = profiles[0]
+        for other in profiles[1:]:
+            for attr in ("layers", "d_model"):
+                if getattr(other, attr) != getattr(first, attr):
+                    raise IncompatibleResultsError(
+                        f"cannot merge profiles with different {attr}: "
+                        f"{getattr(first, attr)} vs {getattr(other, attr)}"
+                    )
+            for attr in ("model", "backend", "weights", "exclude_first", "hook_points"):
+                a, b = getattr(first.provenance, attr), getattr(other.provenance, attr)
+                if a != b:
+                    raise IncompatibleResultsError(
+                        f"cannot merge profiles with different provenance.{attr}: {a!r} vs {b!r}"
+                    )
+        n_pos = max(p.n_pos for p in profiles)
+
+        def padded(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, n_pos - t.shape[-1]))
+
+        def total(name: str, pad: bool = False) -> torch.Tensor:
+            parts = [padded(getattr(p, name)) if pad else getattr(p, name) for p in profiles]
+            return torch.stack(parts).sum(0)
+
+        has_rank = all(p.effective_rank_sum is not None for p in profiles)
+        has_unit = all(p.unit_effective_rank_sum is not None for p in profiles)
+        datas = list(dict.fromkeys(p.provenance.data for p in profiles))
+        bos_values = {p.provenance.bos for p in profiles}
+        return HomogenizationProfile(
+            layers=first.layers,
+            to_others_sum=total("to_others_sum", True),
+            to_prefix_sum=total("to_prefix_sum", True),
+            to_mean_sum=total("to_mean_sum", True),
+            norm_sum=total("norm_sum", True),
+            count=total("count", True),
+            prefix_count=total("prefix_count", True),
+            mean_pairwise_sum=total("mean_pairwise_sum"),
+            relative_residual_sum=total("relative_residual_sum"),
+            unit_sum=total("unit_sum"),
+            unit_sum_sq=total("unit_sum_sq"),
+            n_sequences=sum(p.n_sequences for p in profiles),
+            n_tokens=sum(p.n_tokens for p in profiles),
+            n_tokens_sq=sum(p.n_tokens_sq for p in profiles),
+            effective_rank_sum=total("effective_rank_sum") if has_rank else None,
+            **{name: total(name) if has_unit else None for name in _UNIT_RANK},
+            provenance=replace(
+                first.provenance,
+                data=" + ".join(datas) if len(datas) <= 3 else f"{len(profiles)} merged parts",
+                bos=bos_values.pop() if len(bos_values) == 1 else None,
+            ),
+        )
+
+    def sel(self, layers: list[int] | tuple[int, ...]) -> HomogenizationProfile:
+        """Return a new profile with only the given entries of the layer axis.
+
+        Args:
+            layers: Values from ``self.layers`` (not indices into it).
+
+        Raises:
+            IncompatibleResultsError: a requested layer is not in this profile.
+        """
+        if isinstance(layers, int):
+            layers = [layers]
+        layers = list(layers)
+        if not layers:
+            raise InvalidInputError("sel() needs at least one layer")
+        missing = [layer for layer in layers if layer not in self.layers]
+        if missing:
+            raise IncompatibleResultsError(
+                f"layers {missing} are not in this profile (it has {list(self.layers)})"
+            )
+        idx = torch.tensor([self.layers.index(layer) for layer in layers])
+        per_layer = {
+            f.name: getattr(self, f.name).index_select(0, idx)
+            for f in fields(self)
+            if f.name in _PER_LAYER and getattr(self, f.name) is not None
+        }
+        hooks = self.provenance.hook_points
+        prov = replace(
+            self.provenance, hook_points=tuple(hooks[i] for i in idx.tolist()) if hooks else ()
+        )
+        return replace(self, layers=tuple(layers), provenance=prov, **per_layer)
+
+    # ----------------------------------------------------------------- reports
+    def edge_summary(self, k: int = 8, *, metric: str = "to_others") -> pd.DataFrame:
+        """Compare the first and last ``k`` positions with the middle, per layer.
+
+        Each value is the count-weighted mean of a per-position metric over the positions in
+        that group (first k counted positions; last k positions of the position axis; the rest).
+        With unequal sequence lengths "last" means the last positions of the longest sequences.
+
+        Args:
+            k: Positions per edge; ``2k`` must be smaller than the number of counted positions.
+            metric: ``"to_others"``, ``"to_prefix"``, ``"to_mean"`` or ``"norm"``.
+
+        Returns:
+            DataFrame with columns ``layer, first, middle, last, first_minus_middle,
+            last_minus_middle`` (cosines, or model units for ``norm``).
+
+        Raises:
+            ValueError: bad ``k`` or ``metric``.
+        """
+        import pandas as pd
+
+        sums = {
+            "to_others": (self.to_others_sum, self.count),
+            "to_prefix": (self.to_prefix_sum, self.prefix_count),
+            "to_mean": (self.to_mean_sum, self.count),
+            "norm": (self.norm_sum, self.count),
+        }
+        if metric not in sums:
+            raise InvalidInputError(f"metric={metric!r} must be one of {sorted(sums)}")
+        total, count = sums[metric]
+        counted = torch.nonzero(count > 0).flatten()
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or 2 * k >= len(counted):
+            raise InvalidInputError(
+                f"k={k!r} must be a positive int with 2k < {len(counted)} "
+                "(the number of counted positions)"
+            )
+        groups = {"first": counted[:k], "middle": counted[k:-k], "last": counted[-k:]}
+        out: dict[str, Any] = {"layer": list(self.layers)}
+        for name, pos in groups.items():
+            out[name] = (total[:, pos].sum(1) / count[pos].sum()).tolist()
+        frame = pd.DataFrame(out)
+        frame["first_minus_middle"] = frame["first"] - frame["middle"]
+        frame["last_minus_middle"] = frame["last"] - frame["middle"]
+        return frame
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Return a tidy DataFrame: one row per (metric, layer, pos) cell.
+
+        Columns: ``metric`` (name of a derived value), ``layer`` (entry of the layer axis),
+        ``pos`` (position; ``<NA>`` for per-layer metrics), ``value``, ``count`` (sequences
+        behind the cell).
+        """
+        import pandas as pd
+
+        frames = []
+        layer_col = torch.tensor(self.layers)
+        pos = torch.arange(self.n_pos)
+        for name in ("to_others", "to_prefix", "to_mean", "norm"):
+            values = getattr(self, name)
+            count = self.prefix_count if name == "to_prefix" else self.count
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "metric": name,
+                        "layer": layer_col.repeat_interleave(self.n_pos).numpy(),
+                        "pos": pd.array(pos.repeat(len(self.layers)).numpy(), dtype="Int64"),
+                        "value": values.flatten().numpy(),
+                        "count": count.repeat(len(self.layers)).numpy().astype("int64"),
+                    }
+                )
+            )
+        for name in (
+            "mean_pairwise",
+            "baseline",
+            "adjusted",
+            "relative_residual",
+            "effective_rank",
+            "unit_effective_rank",
+            "matrix_entropy",
+            "unit_effective_rank_no_first",
+            "matrix_entropy_no_first",
+        ):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "metric": name,
+                        "layer": layer_col.numpy(),
+                        "pos": pd.array([None] * len(self.layers), dtype="Int64"),
+                        "value": values.numpy(),
+                        "count": self.n_sequences,
+                    }
+                )
+            )
+        return pd.concat(frames, ignore_index=True)
+
+    def plot(self, *, title: str | None = None) -> Figure:
+        """Plot per-layer curves (raw, baseline, adjusted) and a layer x position heatmap.
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter).
+        """
+        from homoglens.results.figures import profile_figure
+
+        return profile_figure(self, title=title)
+
+    # ----------------------------------------------------------------- I/O
+    def save(self, path: str | Path) -> Path:
+        """Save as ``profile.safetensors`` (tensors) + ``profile.json`` (everything else).
+
+        Args:
+            path: A folder; created if missing. Existing profile files in it are replaced.
+
+        Returns:
+            The folder.
+        """
+        from safetensors.torch import save_file
+
+        folder = prepare_folder(path)
+        tensors = {
+            f.name: getattr(self, f.name).contiguous()
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        save_file(tensors, str(folder / "profile.safetensors"))
+        meta = {
+            "format": _FORMAT,
+            "layers": list(self.layers),
+            "n_sequences": self.n_sequences,
+            "n_tokens": self.n_tokens,
+            "n_tokens_sq": self.n_tokens_sq,
+            "has_effective_rank": self.effective_rank_sum is not None,
+            "provenance": asdict(self.provenance),
+        }
+        (folder / "profile.json").write_text(json.dumps(meta, indent=2))
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> HomogenizationProfile:
+        """Load a profile written by :meth:`save` (safetensors + JSON; no pickle).
+
+        Raises:
+            ResultsNotFoundError: the folder lacks ``profile.safetensors`` or ``profile.json``.
+            IncompatibleResultsError: unknown format, unreadable files, missing/extra keys or
+                tensors, or shapes that do not fit together.
+        """
+        folder = Path(path).expanduser()
+        meta, tensors = read_saved(folder, "profile")
+        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+            got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+            raise IncompatibleResultsError(f"{folder} holds format {got!r}, expected {_FORMAT!r}")
+        keys = {
+            "layers",
+            "n_sequences",
+            "n_tokens",
+            "n_tokens_sq",
+            "has_effective_rank",
+            "provenance",
+        }
+        if set(meta) - {"format"} != keys:
+            raise IncompatibleResultsError(
+                f"{folder}/profile.json has keys {sorted(set(meta) - {'format'})}, expected "
+                f"{sorted(keys)} (missing: {sorted(keys - set(meta))}, extra: "
+                f"{sorted(set(meta) - keys - {'format'})})"
+            )
+        expected = set(_TENSOR_FIELDS) | (
+            {"effective_rank_sum"} if meta["has_effective_rank"] else set()
+        )
+        if meta["has_effective_rank"] and set(_UNIT_RANK) <= set(tensors):
+            expected |= set(_UNIT_RANK)  # profiles saved before the unit-row metrics lack them
+        if set(tensors) != expected:
+            raise IncompatibleResultsError(
+                f"{folder}/profile.safetensors has tensors {sorted(tensors)}, expected "
+                f"{sorted(expected)} (missing: {sorted(expected - set(tensors))}, extra: "
+                f"{sorted(set(tensors) - expected)})"
+            )
+        prov = meta["provenance"]
+        known = {f.name for f in fields(Provenance)}
+        if not isinstance(prov, dict) or not set(prov) <= known:
+            extra = sorted(set(prov) - known) if isinstance(prov, dict) else prov
+            raise IncompatibleResultsError(f"{folder}/profile.json has unknown provenance {extra}")
+        try:
+            prov = {**prov, "hook_points": tuple(prov.get("hook_points", ()))}
+            check_scalars(
+                cls, {k: meta[k] for k in ("layers", "n_sequences", "n_tokens", "n_tokens_sq")}
+            )
+            profile = cls(
+                layers=tuple(meta["layers"]),
+                n_sequences=meta["n_sequences"],
+                n_tokens=meta["n_tokens"],
+                n_tokens_sq=meta["n_tokens_sq"],
+                provenance=Provenance(**prov),
+                **tensors,
+            )
+            validate_result(profile)
+            return profile
+        except (ValueError, TypeError, IndexError, KeyError) as err:
+            raise IncompatibleResultsError(
+                f"{folder} does not hold a consistent profile: {err}"
+            ) from None
+
+    def __repr__(self) -> str:
+        p = self.provenance
+        return (
+            f"HomogenizationProfile(model={p.model!r}, backend={p.backend}, "
+            f"weights={p.weights}, layers={len(self.layers)}, pos={self.n_pos}, "
+            f"n_sequences={self.n_sequences}, n_tokens={self.n_tokens}, bos={p.bos}, "
+            f"exclude_first={p.exclude_first})"
+        )
+
+
+_TENSOR_FIELDS = (
+    "to_others_sum",
+    "to_prefix_sum",
+    "to_mean_sum",
+    "norm_sum",
+    "count",
+    "prefix_count",
+    "mean_pairwise_sum",
+    "relative_residual_sum",
+    "unit_sum",
+    "unit_sum_sq",
+)
+
+
+_PER_LAYER = (
+    "to_others_sum",
+    "to_prefix_sum",
+    "to_mean_sum",
+    "norm_sum",
+    "mean_pairwise_sum",
+    "relative_residual_sum",
+    "unit_sum",
+    "unit_sum_sq",
+    "effective_rank_sum",
+    "unit_effective_rank_sum",
+    "matrix_entropy_sum",
+    "unit_effective_rank_no_first_sum",
+    "matrix_entropy_no_first_sum",
+)
+
+
+_UNIT_RANK = (
+    "unit_effective_rank_sum",
+    "matrix_entropy_sum",
+    "unit_effective_rank_no_first_sum",
+    "matrix_entropy_no_first_sum",
+)

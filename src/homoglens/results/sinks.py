@@ -1,0 +1,415 @@
+"""Result objects of the sink measurements: ``SinkScores``, ``MassiveActivations``,
+``SinkAttribution``, ``SinkAnalysis``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from jaxtyping import Float
+
+from homoglens.errors import InvalidInputError
+from homoglens.results import Provenance, SavedResult, prepare_folder
+from homoglens.types import ATTRIBUTION_METRICS
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True, eq=False)
+class SinkScores(SavedResult):
+    """Attention-sink statistics of every head on one key position.
+
+    Attributes:
+        key: 0-indexed key position (0 = first real token; a BOS if ``provenance.bos``).
+        eps: Importance threshold of the sink rate.
+        mass: ``[layer head_index]`` mean over real queries q > key of A[q, key], averaged over
+            sequences; in [0, 1].
+        mass_by_query: ``[layer head_index query_pos]`` mean over sequences of A[q, key]; NaN for
+            q <= key.
+        importance: ``[layer head_index]`` Gu et al. alpha (0-indexed ``key``), mean over
+            sequences; in [0, 1].
+        sink_rate_by_head: ``[layer head_index]`` fraction of sequences with alpha > eps.
+        n_sequences: Number of sequences.
+        provenance: Model, backend, weights, BOS, data.
+
+    References:
+        Gu et al. 2024, arXiv 2410.10781; Xiao et al. 2023, arXiv 2309.17453.
+    """
+
+    _stem: ClassVar[str] = "sink_scores"
+    _ranges: ClassVar[dict[str, tuple[float, float]]] = {"eps": (0.0, 1.0)}
+
+    key: int
+    eps: float
+    mass: Float[torch.Tensor, "layer head_index"]
+    mass_by_query: Float[torch.Tensor, "layer head_index query_pos"]
+    importance: Float[torch.Tensor, "layer head_index"]
+    sink_rate_by_head: Float[torch.Tensor, "layer head_index"]
+    n_sequences: int
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.mass.shape)
+        for name in ("importance", "sink_rate_by_head"):
+            if tuple(getattr(self, name).shape) != shape:
+                raise ValueError(
+                    f"{name} has shape {tuple(getattr(self, name).shape)}, expected {shape}"
+                )
+        if tuple(self.mass_by_query.shape[:2]) != shape:
+            raise ValueError(
+                f"mass_by_query has shape {tuple(self.mass_by_query.shape)}, "
+                f"expected {shape} + (query_pos,)"
+            )
+
+    @property
+    def key_holds_bos(self) -> bool | None:
+        """Whether position ``key`` held a BOS token (``None``: in some sequences only)."""
+        return self.provenance.bos if self.key == 0 else False
+
+    @property
+    def sink_rate(self) -> float:
+        """Sink_k^eps in percent: share of (sequence, layer, head) with alpha_k > eps."""
+        return float(self.sink_rate_by_head.mean() * 100)
+
+    def top_heads(self, k: int = 10, *, by: str = "mass") -> pd.DataFrame:
+        """The ``k`` heads with the largest ``mass`` (or ``importance``), strongest first.
+
+        Returns:
+            DataFrame with columns ``layer, head, mass, importance, sink_rate``.
+        """
+        import pandas as pd
+
+        from homoglens.validate import as_int
+
+        if by not in ("mass", "importance"):
+            raise InvalidInputError(f"by={by!r} must be 'mass' or 'importance'")
+        k = as_int("k", k, low=1)
+        values = getattr(self, by).flatten()
+        undefined = int(torch.isnan(values).sum())
+        if undefined:
+            warnings.warn(
+                f"{undefined} head(s) have no {by} (NaN: no query comes after key {self.key}, "
+                "or no sequence was long enough); they are ranked last",
+                stacklevel=2,
+            )
+        values = values.nan_to_num(float("-inf"))
+        order = torch.argsort(values, descending=True)[:k]
+        n_heads = self.mass.shape[1]
+        return pd.DataFrame(
+            {
+                "layer": (order // n_heads).tolist(),
+                "head": (order % n_heads).tolist(),
+                "mass": self.mass.flatten()[order].tolist(),
+                "importance": self.importance.flatten()[order].tolist(),
+                "sink_rate": self.sink_rate_by_head.flatten()[order].tolist(),
+            }
+        )
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: one row per (layer, head) with ``mass, importance, sink_rate``."""
+        import pandas as pd
+
+        n_layers, n_heads = self.mass.shape
+        return pd.DataFrame(
+            {
+                "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
+                "head": torch.arange(n_heads).repeat(n_layers).numpy(),
+                "mass": self.mass.flatten().numpy(),
+                "importance": self.importance.flatten().numpy(),
+                "sink_rate": self.sink_rate_by_head.flatten().numpy(),
+            }
+        )
+
+    def plot(self) -> Figure:
+        """Heatmaps of sink mass and importance per (layer, head)."""
+        from homoglens.results.figures import sink_scores_figure
+
+        return sink_scores_figure(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"SinkScores(model={self.provenance.model!r}, key={self.key}, "
+            f"key_holds_bos={self.key_holds_bos}, "
+            f"layers={self.mass.shape[0]}, heads={self.mass.shape[1]}, "
+            f"sink_rate={self.sink_rate:.1f}%, n_sequences={self.n_sequences})"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class MassiveActivations(SavedResult):
+    """Massive-activation statistics of the residual stream (Sun et al. 2024).
+
+    Attributes:
+        layers: Entries of the ``n_layers + 1`` residual axis (0 = embeddings).
+        ratio_mean: ``[layer pos]`` mean over sequences of max_d |x| / median_d |x|.
+        ratio_max: ``[layer pos]`` max over sequences of the same ratio.
+        top_value: ``[layer pos]`` mean over sequences of max_d |x| (model units).
+        dim_counts: ``[layer d_model]`` how often each dimension held a token's largest |x|
+            among tokens whose ratio exceeds ``threshold``.
+        threshold: Ratio above which a token counts as carrying a massive activation.
+        n_sequences: Number of sequences.
+        provenance: Model, backend, weights, BOS, data.
+
+    References:
+        Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
+    """
+
+    _stem: ClassVar[str] = "massive"
+    _ranges: ClassVar[dict[str, tuple[float, float]]] = {"threshold": (1.0, math.inf)}
+
+    layers: tuple[int, ...]
+    ratio_mean: Float[torch.Tensor, "layer pos"]
+    ratio_max: Float[torch.Tensor, "layer pos"]
+    top_value: Float[torch.Tensor, "layer pos"]
+    dim_counts: Float[torch.Tensor, "layer d_model"]
+    threshold: float
+    n_sequences: int
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def top_dims(self, k: int = 3) -> pd.DataFrame:
+        """Per layer, the ``k`` dimensions that most often hold a massive activation."""
+        import pandas as pd
+
+        from homoglens.validate import as_int
+
+        k = as_int("k", k, low=1)
+        rows = []
+        for i, layer in enumerate(self.layers):
+            counts = self.dim_counts[i]
+            order = torch.argsort(counts, descending=True)[:k]
+            rows.append(
+                {
+                    "layer": layer,
+                    "dims": [int(d) for d in order if counts[d] > 0],
+                    "tokens": int(counts.sum()),
+                    "max_ratio": float(self.ratio_max[i].nan_to_num().max()),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: one row per (layer, pos) with ``ratio_mean, ratio_max, top_value``."""
+        import pandas as pd
+
+        n_layer, n_pos = self.ratio_mean.shape
+        return pd.DataFrame(
+            {
+                "layer": torch.tensor(self.layers).repeat_interleave(n_pos).numpy(),
+                "pos": torch.arange(n_pos).repeat(n_layer).numpy(),
+                "ratio_mean": self.ratio_mean.flatten().numpy(),
+                "ratio_max": self.ratio_max.flatten().numpy(),
+                "top_value": self.top_value.flatten().numpy(),
+            }
+        )
+
+    def plot(self) -> Figure:
+        """Heatmap of log10 of the mean max/median ratio per (layer, position)."""
+        from homoglens.results.figures import massive_figure
+
+        return massive_figure(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"MassiveActivations(model={self.provenance.model!r}, layers={len(self.layers)}, "
+            f"max_ratio={float(self.ratio_max.nan_to_num().max()):.1f}, "
+            f"n_sequences={self.n_sequences})"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class SinkAttribution(SavedResult):
+    """How homogenization at one residual entry changes when attention heads lose their sink.
+
+    Attributes:
+        heads: ``(layer, head)`` pairs, one row of ``delta`` each.
+        layer: Entry of the residual axis measured (l = output of block l - 1).
+        key: Sink key position (0-indexed).
+        edge_k: Tokens per edge in ``first_excess`` / ``last_excess``.
+        method: ``"exact"`` (one ablated rerun per head) or ``"fast"`` (attribution patching:
+            first-order, one forward and backward pass for all heads).
+        ablation: ``"sink"`` (attention to ``key`` removed, rows renormalised) or ``"mean"``
+            (the head's output ``z`` replaced by its corpus mean).
+        rerun: How ablated runs were computed (exact) or the gradient pass (fast).
+        base: ``[metric]`` unablated values of :data:`ATTRIBUTION_METRICS` (cosines).
+        delta: ``[head metric]`` ablated - base, per head.
+        joint_delta: ``[metric]`` ablated - base with all ``heads`` ablated together (exact
+            mode with more than one head; else ``None``).
+        base_to_others: ``[pos]`` unablated per-position ``to_others`` at ``layer``.
+        delta_to_others: ``[head pos]`` its change per head (exact mode; else ``None``).
+        joint_delta_to_others: ``[pos]`` its change in the joint ablation (or ``None``).
+        n_sequences: Number of sequences.
+        provenance: Model, backend, weights, BOS, data.
+
+    References:
+        Gu et al. 2024, arXiv 2410.10781; Barbero et al. 2025, arXiv 2504.02732 (sinks prevent
+        over-mixing: removing them is predicted to raise homogenization downstream);
+        Syed, Rager, Conmy 2023, arXiv 2310.10348 (attribution patching).
+    """
+
+    _stem: ClassVar[str] = "attribution"
+    _choices: ClassVar[dict[str, tuple[str, ...]]] = {
+        "method": ("exact", "fast"),
+        "ablation": ("sink", "mean"),
+    }
+
+    heads: tuple[tuple[int, int], ...]
+    layer: int
+    key: int
+    edge_k: int
+    method: str
+    ablation: str
+    rerun: str
+    base: Float[torch.Tensor, " metric"]
+    delta: Float[torch.Tensor, "head metric"]
+    joint_delta: Float[torch.Tensor, " metric"] | None
+    base_to_others: Float[torch.Tensor, " pos"]
+    delta_to_others: Float[torch.Tensor, "head pos"] | None
+    joint_delta_to_others: Float[torch.Tensor, " pos"] | None
+    n_sequences: int
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        n, m = len(self.heads), len(ATTRIBUTION_METRICS)
+        if tuple(self.base.shape) != (m,) or tuple(self.delta.shape) != (n, m):
+            raise ValueError(
+                f"base {tuple(self.base.shape)} and delta {tuple(self.delta.shape)} must be "
+                f"[{m}] and [{n} {m}]"
+            )
+        if self.delta_to_others is not None and self.delta_to_others.shape[0] != n:
+            raise ValueError(f"delta_to_others needs one row per head ({n})")
+
+    def _metric(self, metric: str) -> int:
+        if metric not in ATTRIBUTION_METRICS:
+            raise InvalidInputError(f"metric={metric!r} must be one of {ATTRIBUTION_METRICS}")
+        return ATTRIBUTION_METRICS.index(metric)
+
+    def grid(self, metric: str = "mean_pairwise") -> Float[torch.Tensor, "layer head_index"]:
+        """``delta`` of one metric as a ``[layer head_index]`` grid (NaN for heads not run).
+
+        The grid has ``max layer + 1`` rows and ``max head + 1`` columns of ``heads``."""
+        j = self._metric(metric)
+        n_layer = max(lay for lay, _ in self.heads) + 1
+        n_head = max(h for _, h in self.heads) + 1
+        out = torch.full((n_layer, n_head), float("nan"), dtype=torch.float64)
+        for (lay, head), value in zip(self.heads, self.delta[:, j].tolist(), strict=True):
+            out[lay, head] = value
+        return out
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: one row per head with ``delta_{metric}`` for every metric."""
+        import pandas as pd
+
+        frame = pd.DataFrame(
+            {
+                "layer": [lay for lay, _ in self.heads],
+                "head": [h for _, h in self.heads],
+            }
+        )
+        for j, name in enumerate(ATTRIBUTION_METRICS):
+            frame[f"delta_{name}"] = self.delta[:, j].numpy()
+        return frame
+
+    def summary(self) -> pd.DataFrame:
+        """Per head, then ``sum`` of the single heads and ``joint`` (exact, several heads):
+        the change of each metric and the share of the base first/last edge excess removed
+        (``share_first_removed = -delta_first_excess / base_first_excess``)."""
+        import pandas as pd
+
+        rows = [(str(lay), str(h), d) for (lay, h), d in zip(self.heads, self.delta, strict=True)]
+        if len(self.heads) > 1:
+            rows.append(("sum", "", self.delta.sum(0)))
+        if self.joint_delta is not None:
+            rows.append(("joint", "", self.joint_delta))
+        table = []
+        for lay, head, d in rows:
+            row: dict[str, Any] = {"layer": lay, "head": head}
+            for j, name in enumerate(ATTRIBUTION_METRICS):
+                row[f"delta_{name}"] = float(d[j])
+            for j, edge in ((1, "first"), (2, "last")):
+                base = float(self.base[j])
+                row[f"share_{edge}_removed"] = -float(d[j]) / base if base else float("nan")
+            table.append(row)
+        return pd.DataFrame(table)
+
+    def correlation(
+        self, other: SinkAttribution, metric: str = "mean_pairwise", *, rank: bool = False
+    ) -> float:
+        """Pearson correlation of ``delta`` over the heads both results share (e.g. fast versus
+        exact), or Spearman's with ``rank=True``; NaN with fewer than 3 shared heads."""
+        if not isinstance(other, SinkAttribution):
+            raise InvalidInputError(f"other must be a SinkAttribution, got {type(other).__name__}")
+        j = self._metric(metric)
+        mine = dict(zip(self.heads, self.delta[:, j].tolist(), strict=True))
+        theirs = dict(zip(other.heads, other.delta[:, j].tolist(), strict=True))
+        shared = [h for h in self.heads if h in theirs]
+        if len(shared) < 3:
+            return float("nan")
+        pair = torch.tensor([[mine[h], theirs[h]] for h in shared], dtype=torch.float64).T
+        if rank:
+            pair = pair.argsort(dim=1).argsort(dim=1).double()
+        return float(torch.corrcoef(pair)[0, 1])
+
+    def plot(self, metric: str = "mean_pairwise") -> Figure:
+        """Per-head change of ``metric`` (a ``[layer head]`` heatmap, or bars for a few heads)
+        and, in exact mode, the change of ``to_others`` per position."""
+        from homoglens.results.figures import attribution_figure
+
+        return attribution_figure(self, metric, self._metric(metric))
+
+    def __repr__(self) -> str:
+        shown = [m for j, m in enumerate(ATTRIBUTION_METRICS) if not self.delta[:, j].isnan().all()]
+        j = ATTRIBUTION_METRICS.index(shown[0]) if shown else 0
+        return (
+            f"SinkAttribution(model={self.provenance.model!r}, method={self.method}, "
+            f"ablation={self.ablation}, heads={len(self.heads)}, layer={self.layer}, "
+            f"largest |delta {ATTRIBUTION_METRICS[j]}|="
+            f"{float(self.delta[:, j].abs().nan_to_num().max()):.4f})"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class SinkAnalysis:
+    """Everything homoglens measures about attention sinks on one corpus, for reports.
+
+    Attributes:
+        scores: Sink mass, importance and sink rate of every head.
+        massive: Massive-activation statistics.
+        fast: First-order attribution of every head (sink removal).
+        exact: Exact attribution of the top sink heads, one by one and jointly.
+    """
+
+    scores: SinkScores
+    massive: MassiveActivations
+    fast: SinkAttribution
+    exact: SinkAttribution
+
+    def save(self, path: str | Path) -> Path:
+        """Save each part in a subfolder (``scores``, ``massive``, ``fast``, ``exact``)."""
+        folder = prepare_folder(path)
+        for name in ("scores", "massive", "fast", "exact"):
+            getattr(self, name).save(folder / name)
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> SinkAnalysis:
+        """Load what :meth:`save` wrote.
+
+        Raises:
+            ResultsNotFoundError: a part is missing. IncompatibleResultsError: a bad file."""
+        folder = Path(path).expanduser()
+        return cls(
+            scores=SinkScores.load(folder / "scores"),
+            massive=MassiveActivations.load(folder / "massive"),
+            fast=SinkAttribution.load(folder / "fast"),
+            exact=SinkAttribution.load(folder / "exact"),
+        )
+
+    def __repr__(self) -> str:
+        return f"SinkAnalysis({self.scores!r}, exact top heads={list(self.exact.heads)})"

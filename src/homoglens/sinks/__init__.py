@@ -1,0 +1,38 @@
+"""Attention sinks and massive activations, streamed and padding-aware.
+
+* Sink mass of head (layer, head) on key k: the mean over query positions q > k of A[q, k]
+  (k = 0, the first token or BOS, by default), averaged over sequences.
+* Gu et al. 2024 importance: alpha_k = (1 / (T - k + 1)) sum_{i >= k} A[i, k] with 1-indexed k;
+  here ``key`` is 0-indexed, so ``key=0`` is their alpha_1. Sink_k^eps is the percentage of
+  (sequence, layer, head) with alpha_k > eps (eps = 0.3 in the paper).
+* Massive activations (Sun et al. 2024): per token, max_d |x_d| / median_d |x_d| over its
+  ``d_model`` entries.
+
+References:
+    Gu et al. 2024, "When Attention Sink Emerges in Language Models: An Empirical View",
+    arXiv 2410.10781 (official script eval_sink_open_source.py).
+    Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks", arXiv 2309.17453.
+    Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
+"""
+
+from homoglens.results.sinks import MassiveActivations, SinkAnalysis, SinkAttribution, SinkScores
+from homoglens.sinks.analysis import attention_view, sink_analysis
+from homoglens.sinks.attribution import sink_attribution
+from homoglens.sinks.massive import massive_activations
+from homoglens.sinks.scores import sink_pass, sink_scores, sink_sums
+from homoglens.types import ATTRIBUTION_METRICS
+
+__all__ = [
+    "ATTRIBUTION_METRICS",
+    "MassiveActivations",
+    "SinkAnalysis",
+    "SinkAttribution",
+    "SinkScores",
+    "attention_view",
+    "massive_activations",
+    "sink_analysis",
+    "sink_attribution",
+    "sink_pass",
+    "sink_scores",
+    "sink_sums",
+]

@@ -1,0 +1,227 @@
+"""Small argument checks shared by the public functions (typed errors with clear messages)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, cast
+
+import torch
+
+from homoglens.errors import InvalidInputError, NonFiniteActivationError
+
+__all__ = ["as_int", "as_bool", "as_float", "require_finite"]
+
+
+def as_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:
+    """Return ``value`` as a Python int (numpy/torch integers accepted), within [low, high]."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidInputError(f"{name}={value!r} must be an integer")
+    try:  # a float or multi-element tensor/array has __index__ but refuses it
+        number = operator.index(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise InvalidInputError(f"{name}={value!r} must be a single integer") from None
+    if (low is not None and number < low) or (high is not None and number > high):
+        bounds = f"[{low if low is not None else '-inf'}, {high if high is not None else 'inf'}]"
+        raise InvalidInputError(f"{name}={number} must lie in {bounds}")
+    return number
+
+
+def as_bool(name: str, value: Any) -> bool:
+    """Return ``value`` if it is a bool (numpy bools accepted); refuse strings and numbers."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if (
+        hasattr(value, "dtype")
+        and getattr(value, "shape", None) == ()
+        and "bool" in str(value.dtype)
+    ):
+        return bool(value)  # a 0-d bool tensor or array
+    raise InvalidInputError(f"{name}={value!r} must be True or False")
+
+
+def as_float(name: str, value: Any, *, low: float, high: float) -> float:
+    """Return ``value`` as a float strictly inside (low, high)."""
+    if isinstance(value, (bool, str, bytes)):
+        raise InvalidInputError(f"{name}={value!r} must be a number")
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as err:
+        raise InvalidInputError(f"{name}={value!r} must be a number") from err
+    if not low < number < high:  # also refuses NaN
+        raise InvalidInputError(f"{name}={number} must lie in ({low}, {high})")
+    return number
+
+
+def require_finite(values: Any, where: str, what: str = "activations") -> None:
+    """The one non-finite check of every measurement: raise before anything is averaged in.
+
+    Args:
+        values: The tensor a result is computed from (already restricted to real tokens).
+        where: The hook or quantity, for the message.
+        what: What the values are.
+
+    Raises:
+        NonFiniteActivationError: ``values`` holds NaN or inf.
+    """
+    import torch
+
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise NonFiniteActivationError(
+            f"{where}: {bad} of {finite.numel()} {what} are NaN or inf; nothing was averaged in. "
+            "Check the model's weights and dtype (float16 overflows; try float32 or bfloat16)"
+        )
+
+
+def check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
+    if layers is None:
+        return tuple(range(n_layers + 1))
+    if type(layers).__module__ == "numpy" and getattr(layers, "ndim", 0) >= 1:
+        layers = torch.as_tensor(layers)
+    if isinstance(layers, torch.Tensor):
+        if layers.is_floating_point() or layers.is_complex() or layers.ndim > 1:
+            raise InvalidInputError(
+                f"layers must be ints, got a {layers.dtype} tensor of shape {tuple(layers.shape)}"
+            )
+        layers = layers.reshape(-1).tolist()
+    elif hasattr(layers, "__index__") and not isinstance(layers, bool):
+        layers = [layers]
+    try:
+        chosen = list(cast(Any, layers))
+    except TypeError as err:
+        raise InvalidInputError(f"layers={layers!r} must be a list of ints") from err
+    if not chosen:
+        raise InvalidInputError("layers is empty; give entries in 0..n_layers or None for all")
+    not_int = [
+        layer for layer in chosen if isinstance(layer, bool) or not hasattr(layer, "__index__")
+    ]
+    if not_int:
+        raise InvalidInputError(f"layers must hold ints, got {not_int[:5]}")
+    chosen = [operator.index(layer) for layer in chosen]  # numpy and torch integers too
+    bad = [layer for layer in chosen if not 0 <= layer <= n_layers]
+    if bad:
+        raise InvalidInputError(
+            f"layers {bad} are out of range: entries of the residual axis are 0..{n_layers} "
+            f"(0 = embeddings, l = output of block l-1; this model has {n_layers} blocks)"
+        )
+    if len(set(chosen)) != len(chosen):
+        raise InvalidInputError(f"layers={chosen} has repeats")
+    return tuple(sorted(chosen))
+
+
+def positive_int(name: str, value: Any) -> int:
+    return as_int(name, value, low=1)
+
+
+def check_attention_mask(tokens: torch.Tensor, attention_mask: Any) -> torch.Tensor:
+    if attention_mask is None:
+        return torch.ones_like(tokens)
+    if not isinstance(attention_mask, torch.Tensor):
+        raise InvalidInputError(
+            f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}"
+        )
+    if attention_mask.ndim == 1 and tokens.shape[0] == 1:
+        attention_mask = attention_mask.unsqueeze(0)
+    if tuple(attention_mask.shape) != tuple(tokens.shape):
+        raise InvalidInputError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but tokens have shape "
+            f"{tuple(tokens.shape)}; give one 0/1 entry per token ([batch pos])"
+        )
+    if attention_mask.is_complex():
+        raise InvalidInputError("attention_mask must hold real 0/1 values, not complex numbers")
+    if attention_mask.is_floating_point():
+        if not torch.isin(
+            attention_mask,
+            torch.tensor([0.0, 1.0], dtype=attention_mask.dtype, device=attention_mask.device),
+        ).all():
+            raise InvalidInputError("attention_mask must hold only 0 and 1")
+    mask = attention_mask.to(torch.long).cpu()
+    if not ((mask == 0) | (mask == 1)).all():
+        raise InvalidInputError("attention_mask must hold only 0 and 1 (1 = real token, 0 = pad)")
+    lengths = mask.sum(1)
+    if (lengths == 0).any():
+        rows = torch.nonzero(lengths == 0).flatten().tolist()
+        raise InvalidInputError(f"sequences {rows} are all padding; drop them")
+    starts = mask.argmax(dim=1)
+    pos = torch.arange(mask.shape[1])
+    contiguous = ((pos >= starts[:, None]) & (pos < (starts + lengths)[:, None])).long()
+    if not torch.equal(contiguous, mask):
+        rows = torch.nonzero((contiguous != mask).any(1)).flatten().tolist()
+        raise InvalidInputError(
+            f"attention_mask rows {rows} have pads between real tokens; homoglens needs each "
+            "sequence's real tokens in one block (left or right padding)"
+        )
+    return mask
+
+
+def check_device(device: str | torch.device | None) -> str:
+    """Resolve and validate a torch device; default CUDA when available, else CPU."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InvalidInputError(f"device={device!r} is not a torch device ({err})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInputError(
+            f"device={device!r} but this torch build or machine has no CUDA; use device='cpu'"
+        )
+    if dev.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise InvalidInputError(f"device={device!r} is not supported; use 'cpu' or 'cuda'")
+    return str(dev)
+
+
+def check_key_eps(key: Any, eps: Any, n_ctx: int) -> tuple[int, float]:
+    from homoglens.validate import as_float, as_int
+
+    key = as_int("key", key, low=0, high=n_ctx - 1)
+    try:
+        eps = as_float("eps", eps, low=0.0, high=1.0)
+    except InvalidInputError as err:
+        raise InvalidInputError(f"{err}; Gu et al. use eps=0.3") from None
+    return key, eps
+
+
+def check_heads(heads: Any, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """Validate ``(layer, head)`` pairs with ``layer < n_layers``."""
+    from homoglens.validate import as_int
+
+    if hasattr(heads, "columns") and {"layer", "head"} <= set(heads.columns):  # a DataFrame
+        heads = list(zip(heads["layer"], heads["head"], strict=True))
+    elif hasattr(heads, "tolist") and not isinstance(heads, (str, bytes)):  # numpy / torch [k 2]
+        heads = heads.tolist()
+    if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
+        raise InvalidInputError(f"heads={heads!r} must be a list of (layer, head) pairs")
+    chosen = []
+    for pair in heads:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise InvalidInputError(f"heads must be (layer, head) pairs, got {pair!r}")
+        lay = as_int("head layer", pair[0], low=0)
+        if lay >= n_layers:
+            raise InvalidInputError(
+                f"head ({pair[0]}, {pair[1]}): layer {lay} must be below {n_layers} (heads must "
+                "exist and, for sink_attribution, come before the measured residual entry)"
+            )
+        chosen.append((lay, as_int("head index", pair[1], low=0, high=n_heads - 1)))
+    if not chosen or len(set(chosen)) != len(chosen):
+        raise InvalidInputError(f"heads={heads!r} must be non-empty and without repeats")
+    return chosen
+
+
+def check_model(model: Any) -> None:
+    """Refuse anything that is not a loaded TransformerLens model (a name, None, a module).
+
+    Raises:
+        InvalidInputError: ``model`` has no ``cfg``/``hook_dict`` or cannot run hooks.
+    """
+    if isinstance(model, (str, bytes)) or not (
+        hasattr(model, "cfg") and hasattr(model, "hook_dict") and hasattr(model, "run_with_hooks")
+    ):
+        raise InvalidInputError(
+            f"expected a HookedTransformer or TransformerBridge, got {type(model).__name__}"
+            + (f" {model!r}" if isinstance(model, str) else "")
+            + "; load one first with homoglens.load_model(name)"
+        )

@@ -1,0 +1,118 @@
+"""Hook hygiene: a fault raised inside the forward pass of every function that attaches hooks
+leaves no hook behind, and passes that need no logits end before the final norm."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from helpers import hook_count, state_hash
+from homoglens import (
+    ablated_positions,
+    attention_view,
+    compare_models,
+    homogenization_profile,
+    massive_activations,
+    position_ablation_study,
+    positional_patching,
+    positional_similarity,
+    sink_analysis,
+    sink_attribution,
+    sink_scores,
+)
+
+THREE_OPENINGS = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
+    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home",
+    "The family of Dashwood had long been settled in Sussex.",
+]
+
+HOOKING: dict[str, Callable[[Any], Any]] = {
+    "homogenization_profile": lambda m: homogenization_profile(m, THREE_OPENINGS, progress=False),
+    "position_ablation_study": lambda m: position_ablation_study(m, THREE_OPENINGS, progress=False),
+    "sink_scores": lambda m: sink_scores(m, THREE_OPENINGS, progress=False),
+    "massive_activations": lambda m: massive_activations(m, THREE_OPENINGS, progress=False),
+    "sink_attribution exact": lambda m: sink_attribution(m, THREE_OPENINGS, top_k=1, edge_k=2),
+    "sink_attribution fast": lambda m: sink_attribution(m, THREE_OPENINGS, method="fast", edge_k=2),
+    "sink_attribution mean": lambda m: sink_attribution(
+        m, THREE_OPENINGS, ablation="mean", top_k=1, edge_k=2
+    ),
+    "sink_analysis": lambda m: sink_analysis(m, THREE_OPENINGS, top_k=1, edge_k=2, progress=False),
+    "positional_patching": lambda m: positional_patching(m, THREE_OPENINGS, bins=2, progress=False),
+    "positional_patching head": lambda m: positional_patching(
+        m, THREE_OPENINGS, component="head", progress=False
+    ),
+    "ablated_positions": lambda m: _ablated_forward(m),
+    "attention_view": lambda m: attention_view(m, "Hello there, world", [(1, 0)]),
+    "compare_models": lambda m: compare_models({"m": m}, n_seq=2, seq_len=24, edge_k=2),
+    "positional_similarity": lambda m: positional_similarity(
+        m, torch.randint(0, 1000, (3, 12)), edge_k=2, progress=False
+    ),
+    "positional_similarity centred, pseudo": lambda m: positional_similarity(
+        m,
+        torch.randint(0, 1000, (3, 12)),
+        edge_k=2,
+        centre="global",
+        pseudo_values=True,
+        progress=False,
+    ),
+}
+
+
+def _ablated_forward(model: Any) -> None:
+    with ablated_positions(model, "permute", seed=0):
+        model(torch.tensor([[464, 3290, 3332, 319, 262, 2603]]))
+
+
+@pytest.mark.parametrize("name", list(HOOKING))
+def test_fault_inside_the_forward_pass_leaves_no_hook(name: str, backend: str, get_model) -> None:
+    model = get_model("gpt2", backend)
+    before = state_hash(model)
+    grad = torch.is_grad_enabled()
+
+    def bomb(module: Any, inputs: Any, output: Any) -> None:
+        raise RuntimeError("fault injected into blocks.1 (its input)")
+
+    handle = model.hook_dict["blocks.1.hook_resid_pre"].register_forward_hook(bomb)
+    try:
+        with pytest.raises(RuntimeError, match="fault injected"):
+            HOOKING[name](model)
+    finally:
+        handle.remove()
+    assert hook_count(model) == 0, name
+    assert state_hash(model) == before
+    assert torch.is_grad_enabled() == grad and not torch.is_inference_mode_enabled()
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "homogenization_profile",
+        "sink_scores",
+        "massive_activations",
+        "sink_attribution exact",
+        "sink_attribution fast",
+        "sink_attribution mean",
+        "positional_similarity",
+        "positional_similarity centred, pseudo",
+    ],
+)
+def test_measurements_that_need_no_logits_run_no_final_norm(
+    name: str, backend: str, get_model
+) -> None:
+    """Each forward pass ends at the last hook point it reads (no final norm, no unembedding)."""
+    model = get_model("gpt2", backend)
+    calls = []
+    model.add_hook("ln_final.hook_normalized", lambda x, hook: calls.append(1))
+    try:
+        HOOKING[name](model)
+        assert calls == [], name
+        with torch.inference_mode():
+            model(torch.tensor([[1, 2, 3]]))
+        assert calls == [1]  # the counting hook itself works
+    finally:
+        model.reset_hooks()

@@ -1,0 +1,93 @@
+"""Helpers shared by the tests (imported as ``from helpers import ...``; fixtures stay in
+conftest.py): the backends under test, and the two checks every hook-attaching test makes."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from homoglens import ablated_positions
+from homoglens.models import has_hooked_transformer
+from homoglens.testing import tiny_model_folder
+
+BACKENDS = ["hooked", "bridge"] if has_hooked_transformer() else ["bridge"]
+"""TransformerLens backends of the installed line: 3.9 has both, 4.x the bridge only."""
+
+ARCHS = ["gpt2", "neox", "llama"]
+"""Tiny offline architectures of :func:`homoglens.testing.tiny_model_folder`."""
+
+AUSTEN_TEXTS = [
+    "It is a truth universally acknowledged, that a single man in possession",
+    "Emma Woodhouse, handsome, clever, and rich",
+    "The family of Dashwood had long been settled in Sussex. Their estate was large, and "
+    "their residence was at Norland Park",
+    "No one who had ever seen Catherine Morland",
+]
+"""Openings of Austen novels, of unequal lengths (padding is exercised)."""
+
+
+def hook_count(model: Any) -> int:
+    """Number of forward/backward hook functions attached to any hook point of the model."""
+    total = 0
+    for hp in model.hook_dict.values():
+        total += len(hp._forward_hooks) + len(hp._forward_pre_hooks) + len(hp._backward_hooks)
+    return total
+
+
+def state_hash(model: Any) -> str:
+    """SHA-256 of the model's state dict: equal before and after means the weights are intact."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().float().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# Oracle fixtures: one GPT-2-tokenised sentence, a fixed permutation of its positions, and
+# the plain Hugging Face forward pass they are checked against.
+TOKENS = torch.tensor([[50256, 15496, 995, 383, 2068, 7586, 21831, 11, 318, 257, 1332, 13]])
+T = TOKENS.shape[1]
+PERM = torch.randperm(T, generator=torch.Generator().manual_seed(7))
+
+
+def hf_logits(arch: str, **kwargs) -> torch.Tensor:
+    """Logits of the plain Hugging Face model of a tiny architecture on :data:`TOKENS` (eager
+    attention); ``zero_wpe=True`` zeroes GPT-2's position table, other kwargs go to forward."""
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_folder(arch)), attn_implementation="eager"
+    ).eval()
+    zero_wpe = kwargs.pop("zero_wpe", False)
+    if zero_wpe:
+        hf.transformer.wpe.weight.data.zero_()
+    with torch.no_grad():
+        return hf(TOKENS, **kwargs).logits
+
+
+def run_ablated(model, how=None, **kwargs) -> torch.Tensor:
+    """``model(TOKENS)``, inside ``ablated_positions(model, how, **kwargs)`` unless ``how`` is
+    None."""
+    with torch.no_grad():
+        if how is None:
+            return model(TOKENS)
+        with ablated_positions(model, how, **kwargs):
+            return model(TOKENS)
+
+
+def cosine_oracle(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """to_others [pos] and mean_pairwise from plain float64 cosines, no homoglens code."""
+    rows, pairwise = [], []
+    n_pos = int(mask.sum(1).max())
+    sums, counts = torch.zeros(n_pos, dtype=torch.float64), torch.zeros(n_pos)
+    for b in range(hidden.shape[0]):
+        x = hidden[b][mask[b].bool()].double()
+        t = x.shape[0]
+        cos = torch.nn.functional.cosine_similarity(x[:, None], x[None], dim=-1)
+        off = cos.sum(1) - cos.diagonal()
+        sums[:t] += off / (t - 1)
+        counts[:t] += 1
+        pairwise.append(off.sum() / (t * (t - 1)))
+        rows.append(x)
+    return sums / counts, torch.stack(pairwise).mean()

@@ -1,0 +1,126 @@
+"""Unit tests of homoglens.engine: the one streaming driver, its model-state checks, reducers
+and the pass that ends after the last hook point read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import hook_count
+from homoglens import (
+    ModelStateError,
+    homogenization_profile,
+    load_model,
+    sink_scores,
+)
+from homoglens.testing import tiny_model_folder
+
+SHORT_TEXTS = [
+    "Hello world, this is a short text about nothing at all.",
+    "Another one, a bit longer.",
+]
+
+
+def test_submodule_in_training_mode_is_refused(arch, backend, get_model) -> None:
+    model = get_model(arch, backend)
+    block = model.blocks[0]
+    block.train()
+    try:
+        assert not model.training
+        with pytest.raises(ModelStateError, match="training mode"):
+            homogenization_profile(model, SHORT_TEXTS, progress=False)
+        with pytest.raises(ModelStateError, match="blocks.0"):
+            sink_scores(model, SHORT_TEXTS, progress=False)
+        assert hook_count(model) == 0
+    finally:
+        model.eval()
+    homogenization_profile(model, SHORT_TEXTS, progress=False)
+
+
+def test_inference_mode_weights_are_refused_where_gradients_are_needed() -> None:
+    from homoglens import sink_attribution
+
+    model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+    with torch.inference_mode():  # new weights are inference tensors
+        model.to(torch.float64)
+    with pytest.raises(ModelStateError, match="inference_mode"):
+        sink_attribution(model, SHORT_TEXTS, method="fast", edge_k=2, progress=False)
+    assert hook_count(model) == 0
+
+
+def _counter(calls: dict[str, int], name: str):
+    def count(activation: torch.Tensor, hook) -> None:
+        calls[name] = calls.get(name, 0) + 1
+
+    return count
+
+
+def test_run_through_ends_after_every_read_point_has_fired(backend, get_model) -> None:
+    """Two read points in two blocks: both fire once, nothing after the later one runs (no
+    next block, no final norm), and no hook is left; on the bridge the names given are
+    aliases of canonical hook names, which must not stop the pass from ending."""
+    from homoglens.engine import run_through
+
+    model = get_model("gpt2", backend)
+    tokens = model.to_tokens(SHORT_TEXTS[0])
+    calls: dict[str, int] = {}
+    read = ["blocks.0.hook_resid_post", "blocks.0.attn.hook_pattern"]
+    later = ["blocks.1.hook_resid_pre", "ln_final.hook_normalized"]
+    hooks = [(name, _counter(calls, name)) for name in [*read, *later]]
+    run_through(model, tokens, read, hooks)
+    assert calls == {name: 1 for name in read}
+    assert hook_count(model) == 0
+
+
+def test_stream_sums_do_not_depend_on_the_batching(get_model) -> None:
+    """A Sums reducer fed through the engine: the same totals for any batch size, pads never
+    counted, every sequence seen once."""
+    from homoglens import to_token_batch
+    from homoglens.engine import Sums, stream
+
+    model = get_model("llama", "bridge")
+    batch = to_token_batch(model, [*SHORT_TEXTS, "A third and last text, of its own length."])
+    totals = []
+    for batch_size in (1, 2, 3):
+        red = Sums(sums={"norm": torch.zeros((), dtype=torch.float64)})
+
+        def hook(resid: torch.Tensor, hook, red=red) -> None:
+            mask = red.batch["mask"].to(torch.float64)
+            red.sums["norm"] += (resid.double().norm(dim=-1) * mask).sum()
+
+        red.add_hooks([("blocks.0.hook_resid_post", hook)])
+        stream(model, batch, [red], batch_size=batch_size, desc="test", progress=False)
+        totals.append(float(red.sums["norm"]))
+    assert totals[0] == pytest.approx(totals[1], rel=1e-9)
+    assert totals[0] == pytest.approx(totals[2], rel=1e-9)
+    assert hook_count(model) == 0
+
+
+def test_stream_without_anything_to_read_is_refused(get_model) -> None:
+    from homoglens import to_token_batch
+    from homoglens.engine import Sums, stream
+
+    model = get_model("gpt2", "bridge")
+    with pytest.raises(ValueError, match="no reducer reads"):
+        stream(
+            model, to_token_batch(model, SHORT_TEXTS), [Sums()], batch_size=2, desc="x",
+            progress=False,
+        )  # fmt: skip
+
+
+def test_an_error_inside_a_reducer_leaves_no_hook(get_model) -> None:
+    from homoglens import to_token_batch
+    from homoglens.engine import Sums, stream
+
+    model = get_model("gpt2", "bridge")
+
+    def boom(resid: torch.Tensor, hook) -> None:
+        raise RuntimeError("boom")
+
+    red = Sums([("blocks.1.hook_resid_post", boom)])
+    with pytest.raises(RuntimeError, match="boom"):
+        stream(
+            model, to_token_batch(model, SHORT_TEXTS), [red], batch_size=1, desc="x",
+            progress=False, extra_hooks=[("blocks.0.hook_resid_post", lambda x, hook: x)],
+        )  # fmt: skip
+    assert hook_count(model) == 0
