@@ -66,15 +66,22 @@ def model_device(model: HookedModel, *, needs_grad: bool = False) -> torch.devic
     return next(model.parameters()).device
 
 
-def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (nats) per sequence over real target tokens (computed a few
-    sequences at a time, so no float32 copy of the whole [batch pos d_vocab] logits is made)."""
+def next_token_loss(
+    logits: Float[torch.Tensor, "batch pos d_vocab"],
+    tokens: Int[torch.Tensor, "batch pos"],
+    mask: Int[torch.Tensor, "batch pos"],
+) -> Float[torch.Tensor, " batch"]:
+    """Mean next-token cross-entropy (nats) per sequence over real target tokens.
+
+    ``logsumexp(z) - z[target]`` along the vocabulary (the last, contiguous axis), a few
+    sequences at a time in float32: no copy of the ``[batch pos d_vocab]`` logits is made (the
+    transposed layout ``cross_entropy`` wants cost 17 % of an ablation study's time).
+    """
     target = tokens[:, 1:]
     nll = torch.cat(
         [
-            torch.nn.functional.cross_entropy(
-                chunk[:, :-1].float().transpose(1, 2), tgt, reduction="none"
-            )
+            torch.logsumexp(z := chunk[:, :-1].float(), dim=-1)
+            - z.gather(-1, tgt[..., None]).squeeze(-1)
             for chunk, tgt in zip(logits.split(4), target.split(4), strict=True)
         ]
     )

@@ -31,9 +31,8 @@ def patching_job(
 
     n_layers = int(model.cfg.n_layers)
     layers = sorted(set(range(0, n_layers, opts["patch_layer_step"])) | {n_layers - 1})
-    if component == "positions":  # one pass per block: cheap, so every block
-        learned = architecture_of(model).positional == "learned_absolute"
-        layers = [0] if learned else list(range(n_layers))
+    if component == "positions" and architecture_of(model).positional == "learned_absolute":
+        layers = [0]  # the embedding is the one place position enters
     subset = windows[: opts["patch_n_seq"]]
     shortest = int(subset.lengths.min())
     bins = min(opts["patch_bins"], shortest)

@@ -140,9 +140,9 @@ def patch_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--patch-layer-step",
             type=click.IntRange(min=1),
-            default=3,
+            default=5,
             show_default=True,
-            help="Patch every k-th block (and the last).",
+            help="Patch every k-th block (and the last); the positions sweep too.",
         ),
     ]
     return functools.reduce(lambda f, option: option(f), reversed(options), func)
