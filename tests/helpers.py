@@ -28,6 +28,34 @@ AUSTEN_TEXTS = [
 ]
 """Openings of Austen novels, of unequal lengths (padding is exercised)."""
 
+# Small text sets of the bad-input, saved-result and trap tests (unequal lengths on purpose).
+TWO_OPENINGS = [
+    "It is a truth universally acknowledged, that a single man",
+    "Emma Woodhouse, handsome",
+]
+
+MIXED_LENGTHS = [
+    "Hi there friend",
+    "A dog ran far away from the house today and then it came back again.",
+    "The cat sat.",
+]
+
+THREE_OPENINGS = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
+    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home",
+    "The family of Dashwood had long been settled in Sussex.",
+]
+
+SHORT_TEXTS = [
+    "Hello world, this is a short text about nothing at all.",
+    "Another one, a bit longer.",
+]
+
+AUSTEN_OPENINGS = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
+    "Emma Woodhouse, handsome",
+]
+
 
 def hook_count(model: Any) -> int:
     """Number of forward/backward hook functions attached to any hook point of the model."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import BACKENDS, hook_count, state_hash
+from helpers import BACKENDS, MIXED_LENGTHS, THREE_OPENINGS, TWO_OPENINGS, hook_count, state_hash
 from homoglens import (
     InvalidInputError,
     ModelFolderNotFoundError,
@@ -36,23 +36,6 @@ from homoglens import (
     sink_scores,
     to_token_batch,
 )
-
-TWO_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man",
-    "Emma Woodhouse, handsome",
-]
-
-MIXED_LENGTHS = [
-    "Hi there friend",
-    "A dog ran far away from the house today and then it came back again.",
-    "The cat sat.",
-]
-
-THREE_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
-    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home",
-    "The family of Dashwood had long been settled in Sussex.",
-]
 
 Case = tuple[str, str, Callable[[Any], Any], type[Exception], str]
 

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from helpers import BACKENDS
+from helpers import BACKENDS, THREE_OPENINGS
 from homoglens import (
     position_ablation_hooks,
     position_ablation_study,
 )
-
-THREE_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
-    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home",
-    "The family of Dashwood had long been settled in Sussex.",
-]
 
 
 def test_same_seed_same_results_on_every_backend(get_model) -> None:

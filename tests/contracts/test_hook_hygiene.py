@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import hook_count, state_hash
+from helpers import THREE_OPENINGS, hook_count, state_hash
 from homoglens import (
     ablated_positions,
     attention_view,
@@ -23,12 +23,6 @@ from homoglens import (
     sink_attribution,
     sink_scores,
 )
-
-THREE_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
-    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home",
-    "The family of Dashwood had long been settled in Sussex.",
-]
 
 HOOKING: dict[str, Callable[[Any], Any]] = {
     "homogenization_profile": lambda m: homogenization_profile(m, THREE_OPENINGS, progress=False),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import BACKENDS, hook_count
+from helpers import BACKENDS, THREE_OPENINGS, TWO_OPENINGS, hook_count
 from homoglens import (
     NonFiniteActivationError,
     corpus_windows,
@@ -17,17 +17,6 @@ from homoglens import (
     sink_scores,
 )
 from homoglens.testing import tiny_model_folder
-
-TWO_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man",
-    "Emma Woodhouse, handsome",
-]
-
-THREE_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
-    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home",
-    "The family of Dashwood had long been settled in Sussex.",
-]
 
 
 def _nan_model(backend, where: str = "attn"):

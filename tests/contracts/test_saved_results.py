@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import BACKENDS
+from helpers import BACKENDS, MIXED_LENGTHS, THREE_OPENINGS, TWO_OPENINGS
 from homoglens import (
     HomogenizationProfile,
     IncompatibleResultsError,
@@ -26,23 +26,6 @@ from homoglens import (
     sink_scores,
 )
 from homoglens.testing import tiny_model_folder
-
-TWO_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man",
-    "Emma Woodhouse, handsome",
-]
-
-MIXED_LENGTHS = [
-    "Hi there friend",
-    "A dog ran far away from the house today and then it came back again.",
-    "The cat sat.",
-]
-
-THREE_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
-    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home",
-    "The family of Dashwood had long been settled in Sussex.",
-]
 
 
 def _edit_json(folder: Path, stem: str, **changes) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from helpers import BACKENDS
+from helpers import AUSTEN_OPENINGS, BACKENDS
 from homoglens import (
     InvalidInputError,
     cosine_homogenization,
@@ -19,11 +19,6 @@ from homoglens import (
     to_token_batch,
 )
 from homoglens.testing import tiny_model_folder
-
-AUSTEN_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
-    "Emma Woodhouse, handsome",
-]
 
 NAMES = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import hook_count
+from helpers import SHORT_TEXTS, hook_count
 from homoglens import (
     ModelStateError,
     homogenization_profile,
@@ -14,11 +14,6 @@ from homoglens import (
     sink_scores,
 )
 from homoglens.testing import tiny_model_folder
-
-SHORT_TEXTS = [
-    "Hello world, this is a short text about nothing at all.",
-    "Another one, a bit longer.",
-]
 
 
 def test_submodule_in_training_mode_is_refused(arch, backend, get_model) -> None:

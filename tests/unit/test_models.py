@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import BACKENDS
+from helpers import BACKENDS, SHORT_TEXTS
 from homoglens import (
     IncompleteModelFolderError,
     InvalidInputError,
@@ -164,12 +164,6 @@ def test_gpt2_config_without_n_ctx_loads(tmp_path: Path, backend: str) -> None:
     model = load_model(tmp_path, backend=backend)
     assert model.cfg.n_ctx == 64
     assert homogenization_profile(model, "hello there world", progress=False).n_tokens == 4
-
-
-SHORT_TEXTS = [
-    "Hello world, this is a short text about nothing at all.",
-    "Another one, a bit longer.",
-]
 
 
 def _without(folder: Path, tmp_path: Path, drop) -> Path:

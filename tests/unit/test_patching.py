@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import BACKENDS, hook_count
+from helpers import BACKENDS, TWO_OPENINGS, hook_count
 from homoglens import (
     InvalidInputError,
     PositionalPatchingResult,
@@ -245,12 +245,6 @@ def test_positions_component_restores_one_block_of_rotation(backend, get_model) 
     with pytest.raises(InvalidInputError, match="only block 0"):
         positional_patching(gpt2, tokens, component="positions", layers=[1], progress=False)
     assert hook_count(model) == 0 and hook_count(gpt2) == 0
-
-
-TWO_OPENINGS = [
-    "It is a truth universally acknowledged, that a single man",
-    "Emma Woodhouse, handsome",
-]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

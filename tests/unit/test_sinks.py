@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from helpers import BACKENDS, hook_count
+from helpers import BACKENDS, SHORT_TEXTS, hook_count
 from homoglens import (
     InvalidInputError,
     corpus_windows,
@@ -390,12 +390,6 @@ def test_joint_removal_of_two_heads_in_one_layer_equals_a_hand_hook(backend, get
     result = sink_attribution(model, batch, heads=[(0, 1), (0, 2)], edge_k=3, progress=False)
     assert torch.allclose(result.joint_delta, _hand_metrics(moved, 3) - base, atol=1e-5)
     assert hook_count(model) == 0
-
-
-SHORT_TEXTS = [
-    "Hello world, this is a short text about nothing at all.",
-    "Another one, a bit longer.",
-]
 
 
 def test_top_heads_says_when_it_ranks_undefined_heads_last(get_model) -> None:

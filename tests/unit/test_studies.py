@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from helpers import BACKENDS, hook_count
+from helpers import BACKENDS, MIXED_LENGTHS, hook_count
 from homoglens import (
     InvalidInputError,
     PositionAblationStudy,
@@ -136,13 +136,6 @@ def test_bad_study_options(get_model) -> None:
     with pytest.raises(InvalidInputError, match="shift=200"):
         position_ablation_study(gpt2, texts, modes=["shift"], shift=200, progress=False)
     assert hook_count(model) == 0 and hook_count(gpt2) == 0
-
-
-MIXED_LENGTHS = [
-    "Hi there friend",
-    "A dog ran far away from the house today and then it came back again.",
-    "The cat sat.",
-]
 
 
 @pytest.mark.parametrize("mode", ["permute", "mean"])

@@ -13,10 +13,7 @@ from click.testing import CliRunner
 from helpers import BACKENDS
 from homoglens import (
     InvalidInputError,
-    homogenization_profile,
     load_model,
-    positional_patching,
-    sink_scores,
 )
 from homoglens.cli import main
 from homoglens.testing import tiny_model_folder
@@ -152,22 +149,6 @@ def _interrupt_at_step_1(monkeypatch) -> None:
         return clip(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip_then_interrupt)
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    from homoglens import PositionalSimilarity
-
-    model = load_model(tiny_model_folder("gpt2"), backend="bridge")
-    texts = [f"Sentence number {i} is here, and it goes on for a little while." for i in range(4)]
-    root = tmp_path_factory.mktemp("saved")
-    homogenization_profile(model, texts, progress=False).save(root / "profile")
-    sink_scores(model, texts, progress=False).save(root / "sinks")
-    positional_patching(model, texts, metric="loss", layers=[0, 1], progress=False).save(
-        root / "patching"
-    )
-    PositionalSimilarity.from_activations(torch.randn(6, 20, 8), edge_k=4).save(root / "sim")
-    return root
 
 
 @pytest.mark.parametrize("existing", [False, True])
