@@ -349,13 +349,7 @@ def _text_batch(
             f"text {worst} has {longest} tokens (BOS included), more than the model's context "
             f"window n_ctx={_n_ctx(model)}; shorten it or cut it with corpus_windows()"
         )
-    tokens = torch.zeros(len(rows), longest, dtype=torch.long)
-    mask = torch.zeros_like(tokens)
-    for i, row in enumerate(rows):
-        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-    recorded = _recorded_bos(model, rows)
-    return TokenBatch(tokens, mask, recorded, f"{label}, bos={_bos_label(recorded)}")
+    return _packed(model, rows, label)
 
 
 def _read_text(path: Path) -> str:
@@ -393,7 +387,11 @@ def _file_batch(model: HookedModel, path: Path, bos: BosPolicy | bool) -> TokenB
 def _text_batch_from_ids(
     model: HookedModel, chunks: list[list[int]], prefix: list[int], label: str
 ) -> TokenBatch:
-    rows = [prefix + chunk for chunk in chunks]
+    return _packed(model, [prefix + chunk for chunk in chunks], label)
+
+
+def _packed(model: HookedModel, rows: list[list[int]], label: str) -> TokenBatch:
+    """Right-padded ``[batch pos]`` tokens and mask of ``rows``, with their BOS record."""
     longest = max(len(row) for row in rows)
     tokens = torch.zeros(len(rows), longest, dtype=torch.long)
     mask = torch.zeros_like(tokens)

@@ -70,10 +70,7 @@ def all_reduce_sum(tensors: Iterable[torch.Tensor]) -> None:
 
     Raises:
         DistributedError: the collective failed (another rank stopped)."""
-    if world()[1] == 1:
-        return
-    for tensor in tensors:
-        _collective("all_reduce", tensor, torch.distributed.ReduceOp.SUM)
+    _all_reduce(tensors, "SUM")
 
 
 def all_reduce_max(tensors: Iterable[torch.Tensor]) -> None:
@@ -82,10 +79,14 @@ def all_reduce_max(tensors: Iterable[torch.Tensor]) -> None:
 
     Raises:
         DistributedError: the collective failed (another rank stopped)."""
+    _all_reduce(tensors, "MAX")
+
+
+def _all_reduce(tensors: Iterable[torch.Tensor], op: str) -> None:
     if world()[1] == 1:
         return
     for tensor in tensors:
-        _collective("all_reduce", tensor, torch.distributed.ReduceOp.MAX)
+        _collective("all_reduce", tensor, getattr(torch.distributed.ReduceOp, op))
 
 
 def check_same_data(tokens: torch.Tensor, mask: torch.Tensor, device: torch.device) -> None:

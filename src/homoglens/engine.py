@@ -32,6 +32,7 @@ from homoglens.distributed import (
 from homoglens.errors import ModelStateError
 from homoglens.results import Provenance
 from homoglens.types import HookedModel, HookFn, HookSpec
+from homoglens.validate import first_few
 
 
 def model_device(model: HookedModel, *, needs_grad: bool = False) -> torch.device:
@@ -48,9 +49,7 @@ def model_device(model: HookedModel, *, needs_grad: bool = False) -> torch.devic
     """
     training = [name or "<model>" for name, module in model.named_modules() if module.training]
     if training:
-        shown = ", ".join(training[:5]) + (
-            f" and {len(training) - 5} more" if len(training) > 5 else ""
-        )
+        shown = first_few(training, 5)
         raise ModelStateError(
             f"{len(training)} submodule(s) of the model are in training mode ({shown}): dropout "
             "would make every result random; call model.eval() first"

@@ -40,6 +40,7 @@ from homoglens.types import (
     HookedModel,
     HookFn,
     PositionAblation,
+    signature_of,
 )
 from homoglens.validate import as_int
 
@@ -269,15 +270,9 @@ def position_ablation_hooks(
 
 
 @contextlib.contextmanager
+@signature_of(position_ablation_hooks)
 def ablated_positions(
-    model: HookedModel,
-    how: PositionAblation,
-    *,
-    positions: Sequence[int] | torch.Tensor | None = None,
-    layers: Sequence[int] | int | None = None,
-    perm: Sequence[int] | torch.Tensor | None = None,
-    shift: int | None = None,
-    seed: int | None = None,
+    model: HookedModel, how: PositionAblation, **options: Any
 ) -> Iterator[HookedModel]:
     """Context manager: run ``model`` with positional information ablated, then restore it.
 
@@ -289,11 +284,9 @@ def ablated_positions(
         model: A ``HookedTransformer`` or ``TransformerBridge``.
         how: ``"zero"``, ``"permute"``, ``"shift"`` or ``"mean"`` (see
             :func:`position_ablation_hooks` for what each means per architecture).
-        positions: Restrict the ablation to these positions (default all).
-        layers: Rotary models: the blocks whose rotation is changed (default all).
-        perm: ``"permute"``: the permutation of positions (default: seeded random).
-        shift: ``"shift"``: the offset added to every position.
-        seed: ``"permute"``: seed of the random permutation.
+        **options: ``positions``, ``layers``, ``perm``, ``shift``, ``seed``, as for
+            :func:`position_ablation_hooks` (restrict to positions or, on rotary models, to
+            blocks; the permutation, offset or seed of ``"permute"`` / ``"shift"``).
 
     Yields:
         The same model, with the hooks attached.
@@ -313,9 +306,7 @@ def ablated_positions(
         >>> tuple(logits.shape)
         (1, 5, 50257)
     """
-    fwd_hooks = position_ablation_hooks(
-        model, how, positions=positions, layers=layers, perm=perm, shift=shift, seed=seed
-    )
+    fwd_hooks = position_ablation_hooks(model, how, **options)
     with model.hooks(fwd_hooks=fwd_hooks):
         yield model
 

@@ -49,7 +49,7 @@ from homoglens.errors import (
     UnknownModelError,
 )
 from homoglens.types import Backend, HookedModel, WeightsKind
-from homoglens.validate import as_bool, check_device
+from homoglens.validate import as_bool, check_device, first_few
 
 # cache_dir, gpt2_tokenizer, the model tables and folders live in homoglens.assets; they stay
 # importable from here, where they were first published.
@@ -368,9 +368,7 @@ def _check_folder_complete(folder: Path) -> None:
         log.setLevel(level)
     missing = sorted(info.get("missing_keys") or ())
     if missing:
-        shown = ", ".join(missing[:8]) + (
-            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-        )
+        shown = first_few(missing, 8)
         raise IncompleteModelFolderError(
             f"{str(folder)!r} lacks {len(missing)} tensor(s) its architecture needs: {shown}. "
             "Hugging Face would initialise them at random and every result would be wrong; "

@@ -34,6 +34,7 @@ from homoglens.results import Provenance
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity_math import (
     SimilaritySums,
+    activation_fields,
     centre_moments,
     check_similarity_options,
     cross_pass,
@@ -41,7 +42,15 @@ from homoglens.similarity_math import (
     finish_fields,
     main_pass,
 )
-from homoglens.types import CENTRES, SPACES, BosPolicy, Centring, HookedModel, SimilaritySpace
+from homoglens.types import (
+    CENTRES,
+    SPACES,
+    BosPolicy,
+    Centring,
+    HookedModel,
+    SimilaritySpace,
+    signature_of,
+)
 from homoglens.validate import as_bool, as_int, check_layers
 
 # SPACES and CENTRES (the option vocabularies) live in homoglens.types; importable from here.
@@ -264,18 +273,12 @@ def _exclude_first(exclude_first: Any, bos: bool | None) -> int:
     return int(as_bool("exclude_first", exclude_first))
 
 
+@signature_of(activation_fields)
 def similarity_from_activations(
     resid: Float[torch.Tensor, "batch pos d_model"]
     | Float[torch.Tensor, "layer batch pos d_model"],
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
-    *,
-    centre: Centring | None = None,
-    standardize: bool = False,
-    exclude_first: bool = False,
-    edge_k: int = 8,
-    massive_threshold: float = 100.0,
-    pseudo_values: bool = False,
-    batch_size: int = 64,
+    **options: Any,
 ) -> PositionalSimilarity:
     """:func:`positional_similarity` of activations you already have, no model needed.
 
@@ -287,13 +290,10 @@ def similarity_from_activations(
             ``ActivationCache``. Float64 input is reduced in float64 throughout.
         attention_mask: ``[batch pos]`` 0/1 (left or right padding); every row must hold the
             same number of real tokens. Default: all real.
-        centre: As for :func:`positional_similarity`.
-        standardize: As for :func:`positional_similarity`.
-        exclude_first: Leave position 0 out (a bool here; there is no BOS record).
-        edge_k: As for :func:`positional_similarity`.
-        massive_threshold: As for :func:`positional_similarity`.
-        pseudo_values: As for :func:`positional_similarity`.
-        batch_size: Windows reduced at a time (memory).
+        **options: Keywords of :func:`positional_similarity` that apply without a model:
+            ``centre``, ``standardize``, ``edge_k``, ``massive_threshold``, ``pseudo_values``
+            (defaults as there), ``exclude_first`` (a bool here: there is no BOS record;
+            default ``False``) and ``batch_size`` (windows reduced at a time, default 64).
 
     Returns:
         A :class:`~homoglens.results.similarity.PositionalSimilarity`.
@@ -311,14 +311,4 @@ def similarity_from_activations(
         >>> tuple(sim.M.shape), list(edge.columns)
         ((1, 20, 20), ['layer', 'edge', 'naive', 'matched', 'ci_low', 'ci_high', 'n_sequences'])
     """
-    return PositionalSimilarity.from_activations(
-        resid,
-        attention_mask,
-        centre=centre,
-        standardize=standardize,
-        exclude_first=exclude_first,
-        edge_k=edge_k,
-        massive_threshold=massive_threshold,
-        pseudo_values=pseudo_values,
-        batch_size=batch_size,
-    )
+    return PositionalSimilarity.from_activations(resid, attention_mask, **options)

@@ -6,14 +6,25 @@ query_pos key_pos d_head d_vocab``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Protocol, TypeAlias, get_args, runtime_checkable
+from typing import (
+    Any,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    get_args,
+    runtime_checkable,
+)
 
 import torch
 from jaxtyping import Bool, Float, Int
 
 __all__ = [
+    "signature_of",
     "Backend",
     "BosPolicy",
     "WeightsKind",
@@ -183,3 +194,32 @@ class HookedModel(Protocol):
     def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]:
         """The model's parameters (``torch.nn.Module.parameters``)."""
         ...
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def signature_of(
+    source: Callable[_P, Any],
+) -> Callable[[Callable[..., _R]], Callable[_P, _R]]:
+    """Give a forwarding function ``source``'s keyword parameters (for type checkers,
+    ``help()`` and notebooks' ``?``): one typed list of options and defaults, not two copies.
+
+    The function keeps the parameters it names itself (and their annotations) and its return
+    type; its ``*args`` / ``**kwargs`` are replaced by ``source``'s remaining parameters.
+    """
+
+    def apply(func: Callable[..., _R]) -> Callable[_P, _R]:
+        own = inspect.signature(func)
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        named = [p for p in own.parameters.values() if p.kind not in variadic]
+        rest = [
+            p
+            for name, p in inspect.signature(source).parameters.items()
+            if name not in own.parameters
+        ]
+        func.__dict__["__signature__"] = own.replace(parameters=named + rest)
+        return func
+
+    return apply

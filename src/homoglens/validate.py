@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
@@ -225,3 +226,10 @@ def check_model(model: Any) -> None:
             + (f" {model!r}" if isinstance(model, str) else "")
             + "; load one first with homoglens.load_model(name)"
         )
+
+
+def first_few(names: Sequence[str], limit: int) -> str:
+    """``names`` joined by commas, cut after ``limit`` with how many more there are (for
+    error messages)."""
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")

@@ -17,9 +17,20 @@ from typing import Any, cast
 
 import click
 
-from homoglens.cli.jobs import load_job, os_error_message, patching_job, run_profile, sinks_job
-from homoglens.cli.options import data_options, patch_options, profile_options, sink_options
-from homoglens.errors import HomoglensError
+from homoglens.cli.jobs import cli_errors, patching_job, report_job, run_profile, sinks_job
+from homoglens.cli.options import (
+    BACKEND,
+    choice,
+    count,
+    data_options,
+    group,
+    output_options,
+    patch_options,
+    profile_options,
+    seed_option,
+    sink_options,
+    switch,
+)
 from homoglens.types import (
     Centring,
     GroupBy,
@@ -41,31 +52,22 @@ def main() -> None:
 @main.command()
 @data_options
 @profile_options
-@click.option(
-    "--ablation/--no-ablation",
-    default=True,
-    show_default=True,
-    help="Add the positional-ablation section (the model's default modes).",
+@switch(
+    "--ablation/--no-ablation", "Add the positional-ablation section (the model's default modes)."
 )
-@click.option(
+@switch(
     "--sinks/--no-sinks",
-    default=True,
-    show_default=True,
-    help="Add the attention-sink section (scores, massive activations, attribution).",
+    "Add the attention-sink section (scores, massive activations, attribution).",
 )
 @sink_options
-@click.option(
+@switch(
     "--patching/--no-patching",
-    default=True,
-    show_default=True,
-    help="Add the patching section (restore the normal run into the position-ablated one).",
+    "Add the patching section (restore the normal run into the position-ablated one).",
 )
 @patch_options
-@click.option(
+@switch(
     "--similarity/--no-similarity",
-    default=True,
-    show_default=True,
-    help="Add the position-resolved section (M / W matrices, matched edge excess, SP).",
+    "Add the position-resolved section (M / W matrices, matched edge excess, SP).",
 )
 def profile(ablation: bool, sinks: bool, patching: bool, similarity: bool, **opts: Any) -> None:
     """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV).
@@ -99,40 +101,24 @@ def profile(ablation: bool, sinks: bool, patching: bool, similarity: bool, **opt
 def sinks(**opts: Any) -> None:
     """Find attention sinks and massive activations, attribute homogenization to the sink
     heads (fast for all heads, exact for the top ones), and write a report."""
-    from homoglens.assets import staged_output
-    from homoglens.report import check_output_dir, write_sinks_report
+    from homoglens.report import write_sinks_report
 
-    try:
-        folder = check_output_dir(
-            opts["out"] or Path("homoglens-sinks"), overwrite=opts["overwrite"]
-        )
-        start = time.perf_counter()
-        model, windows = load_job(opts)
-        analysis = sinks_job(model, windows, opts, required=True)
-        with staged_output(folder) as tmp:
-            write_sinks_report(analysis, tmp)
-    except HomoglensError as err:
-        raise click.ClickException(str(err)) from err
-    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
-        raise click.ClickException(os_error_message(err)) from err
-    click.echo(repr(analysis), err=True)
-    click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
+    report_job(
+        opts,
+        "homoglens-sinks",
+        lambda model, windows: sinks_job(model, windows, opts, required=True),
+        write_sinks_report,
+    )
 
 
 @main.command()
 @data_options
-@click.option(
-    "--how",
-    type=click.Choice(["zero", "permute", "shift", "mean"]),
-    default="zero",
-    show_default=True,
-    help="Positional ablation of the ablated run.",
-)
-@click.option(
+@choice("--how", ["zero", "permute", "shift", "mean"], "Positional ablation of the ablated run.")
+@choice(
     "--component",
-    type=click.Choice(["resid_pre", "resid_mid", "attn_out", "mlp_out", "head", "positions"]),
-    default="resid_pre",
-    show_default=True,
+    ["resid_pre", "resid_mid", "attn_out", "mlp_out", "head", "positions"],
+    "What is patched: a residual-stream point or block output per position bin, the heads, "
+    "or the positional information itself.",
 )
 @click.option(
     "--metrics",
@@ -140,8 +126,10 @@ def sinks(**opts: Any) -> None:
     show_default=True,
     help="Comma-separated from mean_pairwise,first_excess,last_excess,loss.",
 )
-@click.option(
-    "--direction", type=click.Choice(["restore", "break"]), default="restore", show_default=True
+@choice(
+    "--direction",
+    ["restore", "break"],
+    "restore: normal activations into the ablated run; break: ablated into the normal run.",
 )
 @patch_options
 def patch(
@@ -153,29 +141,19 @@ def patch(
 ) -> None:
     """Activation patching between the normal and the position-ablated run (layer x position
     bin, or layer x head), and a report with one heatmap per metric."""
-    from homoglens.assets import staged_output
-    from homoglens.report import check_output_dir, write_patching_report
+    from homoglens.report import write_patching_report
 
     names = cast(
         "tuple[PatchMetric, ...]", tuple(m.strip() for m in metrics.split(",") if m.strip())
     )
-    try:
-        folder = check_output_dir(
-            opts["out"] or Path("homoglens-patching"), overwrite=opts["overwrite"]
-        )
-        start = time.perf_counter()
-        model, windows = load_job(opts)
-        result = patching_job(
+    report_job(
+        opts,
+        "homoglens-patching",
+        lambda model, windows: patching_job(
             model, windows, opts, how=how, component=component, metrics=names, direction=direction
-        )
-        with staged_output(folder) as tmp:
-            write_patching_report(result, tmp)
-    except HomoglensError as err:
-        raise click.ClickException(str(err)) from err
-    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
-        raise click.ClickException(os_error_message(err)) from err
-    click.echo(repr(result), err=True)
-    click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
+        ),
+        write_patching_report,
+    )
 
 
 @main.command()
@@ -190,13 +168,7 @@ def patch(
 @click.option(
     "--positions", default=None, help="Comma-separated positions to ablate (default: all)."
 )
-@click.option(
-    "--seed",
-    type=click.IntRange(0, 2**63 - 1),
-    default=0,
-    show_default=True,
-    help="Permutation seed.",
-)
+@seed_option("Permutation seed.")
 @click.option("--shift", type=int, default=1, show_default=True, help="Offset for 'shift'.")
 def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **opts: Any) -> None:
     """Run a positional-ablation study and write its report."""
@@ -216,32 +188,25 @@ def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **op
 
 
 @main.command()
-@click.option(
+@choice(
     "--variant",
-    type=click.Choice(["learned", "rotary", "none", "all"]),
-    default="all",
-    show_default=True,
-    help="Positional scheme (all: the three, one after the other).",
+    ["all", "learned", "rotary", "none"],
+    "Positional scheme (all: the three, one after the other).",
 )
-@click.option("--steps", type=click.IntRange(min=1), default=3000, show_default=True)
-@click.option("--n-layers", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--d-model", type=click.IntRange(min=8), default=128, show_default=True)
-@click.option("--n-heads", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--n-ctx", type=click.IntRange(min=8), default=128, show_default=True)
-@click.option("--vocab-size", type=click.IntRange(min=260), default=4096, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option(
-    "--seed",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Seed of initialisation and data order (one training seed = one replicate).",
+@count("--steps", 3000, "Optimizer steps.")
+@count("--n-layers", 4)
+@count("--d-model", 128, min=8)
+@count("--n-heads", 4)
+@count("--n-ctx", 128, "Context length (tokens per training window).", min=8)
+@count("--vocab-size", 4096, "BPE vocabulary trained on the training novels.", min=260)
+@count("--batch-size", 16)
+@count(
+    "--seed", 0, "Seed of initialisation and data order (one training seed = one replicate).", min=0
 )
-@click.option(
+@switch(
     "--bos/--no-bos",
+    "Start every training window with <|endoftext|> (a fixed first token, where sinks form).",
     default=False,
-    show_default=True,
-    help="Start every training window with <|endoftext|> (a fixed first token, where sinks form).",
 )
 @click.option(
     "--out",
@@ -250,7 +215,7 @@ def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **op
     show_default=True,
     help="Parent folder; each run goes into tiny-<variant>[-bos][-s<seed>]/.",
 )
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@switch("--progress/--no-progress", "Show progress bars on stderr.")
 def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
     """Train small causal LMs on Austen (Sense and Sensibility held out) that differ only in
     their positional scheme: learned (GPT-2), rotary (GPT-NeoX, sequential), none (GPT-2, no
@@ -260,21 +225,18 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
 
     existed = True
     try:
-        variants = POSITIONAL_VARIANTS if variant == "all" else (variant,)
-        configs = [TrainingConfig(variant=v, **sizes) for v in variants]  # bad sizes: no folder
-        existed = out.exists()
-        prepare_folder(out)  # a file in the way is an error before any training
-        for config in configs:
-            record = train_model(config, out / config.name, progress=progress)
-            click.echo(
-                f"{config.name}: held-out loss {record['heldout_loss']:.3f} nats/token "
-                f"(unigram entropy {record['heldout_unigram_entropy']:.3f}) in "
-                f"{record['wall_seconds']:.0f} s -> {out / config.name}"
-            )
-    except HomoglensError as err:
-        raise click.ClickException(str(err)) from err
-    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
-        raise click.ClickException(os_error_message(err)) from err
+        with cli_errors():
+            variants = POSITIONAL_VARIANTS if variant == "all" else (variant,)
+            configs = [TrainingConfig(variant=v, **sizes) for v in variants]  # bad sizes
+            existed = out.exists()
+            prepare_folder(out)  # a file in the way is an error before any training
+            for config in configs:
+                record = train_model(config, out / config.name, progress=progress)
+                click.echo(
+                    f"{config.name}: held-out loss {record['heldout_loss']:.3f} nats/token "
+                    f"(unigram entropy {record['heldout_unigram_entropy']:.3f}) in "
+                    f"{record['wall_seconds']:.0f} s -> {out / config.name}"
+                )
     finally:  # a run that failed or was interrupted leaves no empty folder it made
         if not existed and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
@@ -293,21 +255,13 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
     help="Compare the shipped BOS-trained models (one seed each) on windows that start with "
     "<|endoftext|>.",
 )
-@click.option(
+@choice(
     "--group-by",
-    type=click.Choice(["auto", "variant", "none"]),
-    default="auto",
-    show_default=True,
-    help="variant: labels of one positional scheme are seeds of one model (auto: when some "
+    ["auto", "variant", "none"],
+    "variant: labels of one positional scheme are seeds of one model (auto: when some "
     "scheme has several).",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["auto", "hooked", "bridge"]),
-    default="auto",
-    show_default=True,
-    help="HookedTransformer (TL < 4) or TransformerBridge.",
-)
+@BACKEND
 @click.option(
     "--corpus",
     default=None,
@@ -323,23 +277,15 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
 @click.option(
     "--modes", default="none,zero,permute", show_default=True, help="Positional ablations."
 )
-@click.option("--edge-k", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option(
+@count("--edge-k", 8, "Positions per edge in the edge-versus-middle tables.")
+@choice(
     "--centre",
-    type=click.Choice(["position", "global", "none"]),
-    default="position",
-    show_default=True,
-    help="Corpus centring of the positional-similarity statistics.",
+    ["position", "global", "none"],
+    "Corpus centring of the positional-similarity statistics.",
 )
 @click.option("--eps", type=float, default=0.3, show_default=True, help="Sink threshold.")
-@click.option("--n-boot", type=click.IntRange(min=1), default=1000, show_default=True)
-@click.option(
-    "--block",
-    type=click.IntRange(min=1),
-    default=16,
-    show_default=True,
-    help="Consecutive windows per bootstrap block.",
-)
+@count("--n-boot", 1000, "Bootstrap resamples.")
+@count("--block", 16, "Consecutive windows per bootstrap block.")
 @click.option(
     "--sesoi",
     type=click.FloatRange(min=0, min_open=True),
@@ -347,17 +293,10 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
     show_default=True,
     help="Smallest effect size of interest (cosine).",
 )
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=Path("homoglens-comparison"),
-    show_default=True,
-    help="Output folder (must be empty or absent).",
-)
-@click.option("--overwrite", is_flag=True, help="Replace the contents of a non-empty --out.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@seed_option("Bootstrap seed.")
+@count("--batch-size", 16)
+@group(*output_options(Path("homoglens-comparison")))
+@switch("--progress/--no-progress", "Show progress bars on stderr.")
 def compare(
     models: str | None,
     bos: bool,
@@ -384,7 +323,7 @@ def compare(
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     if not names or not chosen:
         raise click.BadParameter("--models and --modes must name at least one entry each")
-    try:
+    with cli_errors():
         folder = check_output_dir(out, overwrite=overwrite)
         start = time.perf_counter()
         result = compare_models(
@@ -397,10 +336,6 @@ def compare(
         )
         with staged_output(folder) as tmp:
             write_comparison_report(result, tmp)
-    except HomoglensError as err:
-        raise click.ClickException(str(err)) from err
-    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
-        raise click.ClickException(os_error_message(err)) from err
     with warnings.catch_warnings():  # the report already warned about the same table
         warnings.simplefilter("ignore")
         claims = result.claims()

@@ -3,8 +3,9 @@ the options ask for, and write the report (typed errors become one-line CLI erro
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,17 @@ def os_error_message(err: OSError) -> str:
         f"could not write the output{where}: {err.strerror or err}; free some space or choose "
         "another --out (nothing was left half-written)"
     )
+
+
+@contextlib.contextmanager
+def cli_errors() -> Iterator[None]:
+    """Turn typed homoglens errors and failed writes into one-line CLI errors (no traceback)."""
+    try:
+        yield
+    except HomoglensError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:  # a full disk, a read-only folder
+        raise click.ClickException(os_error_message(err)) from err
 
 
 def init_distributed(opts: dict[str, Any]) -> None:
@@ -187,6 +199,28 @@ def similarity_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
     )
 
 
+def report_job(
+    opts: dict[str, Any],
+    default_out: str,
+    measure: Callable[[Any, Any], Any],
+    write: Callable[[Any, Path], object],
+) -> None:
+    """One measurement command: check ``--out``, load the model and windows, ``measure`` them,
+    ``write`` the report into a staged folder, and print the result and the time."""
+    from homoglens.assets import staged_output
+    from homoglens.report import check_output_dir
+
+    with cli_errors():
+        folder = check_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
+        start = time.perf_counter()
+        model, windows = load_job(opts)
+        result = measure(model, windows)
+        with staged_output(folder) as tmp:
+            write(result, tmp)
+    click.echo(repr(result), err=True)
+    click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
+
+
 def run_profile(
     opts: dict[str, Any],
     *,
@@ -204,7 +238,7 @@ def run_profile(
     from homoglens.report import check_output_dir, write_profile_report
     from homoglens.studies import default_ablation_modes, position_ablation_study
 
-    try:
+    with cli_errors():
         folder = check_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
         start = time.perf_counter()
         model, windows = load_job(opts)
@@ -266,10 +300,6 @@ def run_profile(
             )
         report = folder / "report.html"
         timings["report"] = time.perf_counter() - start - sum(timings.values())
-    except HomoglensError as err:
-        raise click.ClickException(str(err)) from err
-    except OSError as err:  # a full disk, a read-only folder: say so, no traceback
-        raise click.ClickException(os_error_message(err)) from err
     click.echo(repr(study if study is not None else profile), err=True)
     click.echo(
         "time by section: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()), err=True

@@ -9,140 +9,120 @@ from typing import Any
 
 import click
 
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
-def data_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Options shared by every command that profiles a model on a corpus."""
-    options = [
-        click.option(
-            "--model",
-            default="smollm2-135m-instruct",
-            show_default=True,
-            help="Embedded model name, local Hugging Face folder, or TL model name.",
-        ),
-        click.option(
-            "--backend",
-            type=click.Choice(["auto", "hooked", "bridge"]),
-            default="auto",
-            show_default=True,
-            help="HookedTransformer (TL < 4) or TransformerBridge.",
-        ),
-        click.option("--corpus", default="austen", show_default=True, help="Vendored corpus name."),
-        click.option(
-            "--text",
-            "text_file",
-            type=click.Path(exists=True, dir_okay=False, path_type=Path),
-            default=None,
-            help="Use this UTF-8 text file instead of --corpus.",
-        ),
-        click.option(
-            "--n-seq",
-            type=click.IntRange(min=1),
-            default=64,
-            show_default=True,
-            help="Number of token windows.",
-        ),
-        click.option(
-            "--seq-len",
-            type=click.IntRange(min=2),
-            default=256,
-            show_default=True,
-            help="Tokens per window (a BOS counts inside it).",
-        ),
-        click.option(
-            "--bos",
-            type=click.Choice(["auto", "always", "never"]),
-            default="auto",
-            show_default=True,
-            help="BOS at position 0 ('auto': the model's default).",
-        ),
-        click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True),
-        click.option(
-            "--process-weights",
-            is_flag=True,
-            help="Apply TransformerLens weight processing (changes every cosine).",
-        ),
-        click.option("--device", default=None, help="Torch device (default: cuda if available)."),
-        click.option(
-            "--edge-k",
-            type=click.IntRange(min=1),
-            default=8,
-            show_default=True,
-            help="Positions per edge in the edge-versus-middle tables.",
-        ),
+
+def count(name: str, default: int, help: str | None = None, *, min: int = 1) -> Decorator:
+    """An integer option with a lower bound and its default shown in ``--help``."""
+    return click.option(
+        name, type=click.IntRange(min=min), default=default, show_default=True, help=help
+    )
+
+
+def choice(name: str, choices: list[str], help: str) -> Decorator:
+    """A choice option whose first choice is the default."""
+    return click.option(
+        name, type=click.Choice(choices), default=choices[0], show_default=True, help=help
+    )
+
+
+def seed_option(help: str) -> Decorator:
+    """``--seed``: a non-negative 64-bit integer, default 0."""
+    return click.option(
+        "--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True, help=help
+    )
+
+
+def switch(name: str, help: str, *, default: bool = True) -> Decorator:
+    """A ``--x/--no-x`` flag with its default shown in ``--help``."""
+    return click.option(name, default=default, show_default=True, help=help)
+
+
+def group(*options: Decorator) -> Decorator:
+    """One decorator applying ``options`` in the order they are listed in ``--help``."""
+
+    def apply(func: Callable[..., Any]) -> Callable[..., Any]:
+        return functools.reduce(lambda f, option: option(f), reversed(options), func)
+
+    return apply
+
+
+def output_options(default: Path | None) -> tuple[Decorator, ...]:
+    """``--out`` (default ``default``) and ``--overwrite``."""
+    return (
         click.option(
             "--out",
             type=click.Path(path_type=Path),
-            default=None,
+            default=default,
+            show_default=default is not None,
             help="Output folder (must be empty or absent).",
         ),
         click.option(
             "--overwrite", is_flag=True, help="Replace the contents of a non-empty --out."
         ),
-        click.option("--progress/--no-progress", default=True, show_default=True),
-    ]
-    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+    )
 
 
-def profile_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Options of the homogenization profile."""
-    options = [
-        click.option(
-            "--exclude-first", is_flag=True, help="Leave position 0 out of every statistic."
-        ),
-        click.option(
-            "--effective-rank/--no-effective-rank",
-            default=True,
-            show_default=True,
-            help="Also compute the effective rank per layer.",
-        ),
-    ]
-    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+BACKEND = choice(
+    "--backend", ["auto", "hooked", "bridge"], "HookedTransformer (TL < 4) or TransformerBridge."
+)
+"""``--backend``."""
 
+data_options = group(
+    click.option(
+        "--model",
+        default="smollm2-135m-instruct",
+        show_default=True,
+        help="Embedded model name, local Hugging Face folder, or TL model name.",
+    ),
+    BACKEND,
+    click.option("--corpus", default="austen", show_default=True, help="Vendored corpus name."),
+    click.option(
+        "--text",
+        "text_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help="Use this UTF-8 text file instead of --corpus.",
+    ),
+    count("--n-seq", 64, "Number of token windows."),
+    count("--seq-len", 256, "Tokens per window (a BOS counts inside it).", min=2),
+    choice(
+        "--bos", ["auto", "always", "never"], "BOS at position 0 ('auto': the model's default)."
+    ),
+    count("--batch-size", 8),
+    click.option(
+        "--process-weights",
+        is_flag=True,
+        help="Apply TransformerLens weight processing (changes every cosine).",
+    ),
+    click.option("--device", default=None, help="Torch device (default: cuda if available)."),
+    count("--edge-k", 8, "Positions per edge in the edge-versus-middle tables."),
+    *output_options(None),
+    switch("--progress/--no-progress", "Show progress bars on stderr."),
+)
+"""Options shared by every command that profiles a model on a corpus."""
 
-def sink_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Options of the attention-sink analysis."""
-    options = [
-        click.option(
-            "--sink-top-k",
-            type=click.IntRange(min=1),
-            default=3,
-            show_default=True,
-            help="Sink heads (by mass) for the exact attribution.",
-        ),
-        click.option(
-            "--sink-n-seq",
-            type=click.IntRange(min=1),
-            default=16,
-            show_default=True,
-            help="Windows used by the sink attributions (each costs several passes).",
-        ),
-    ]
-    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+profile_options = group(
+    click.option("--exclude-first", is_flag=True, help="Leave position 0 out of every statistic."),
+    switch("--effective-rank/--no-effective-rank", "Also compute the effective rank per layer."),
+)
+"""Options of the homogenization profile."""
 
+sink_options = group(
+    count("--sink-top-k", 3, "Sink heads (by mass) for the exact attribution."),
+    count("--sink-n-seq", 16, "Windows used by the sink attributions (each costs several passes)."),
+)
+"""Options of the attention-sink analysis."""
 
-def patch_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Options of the positional patching sweep."""
-    options = [
-        click.option(
-            "--patch-n-seq",
-            type=click.IntRange(min=1),
-            default=4,
-            show_default=True,
-            help="Windows used by the patching sweep (each cell is a forward pass over them).",
-        ),
-        click.option(
-            "--patch-bins",
-            type=click.IntRange(min=1),
-            default=8,
-            show_default=True,
-            help="Position bins of the patching sweep.",
-        ),
-        click.option(
-            "--patch-layer-step",
-            type=click.IntRange(min=1),
-            default=5,
-            show_default=True,
-            help="Patch every k-th block (and the last); the positions sweep too.",
-        ),
-    ]
-    return functools.reduce(lambda f, option: option(f), reversed(options), func)
+patch_options = group(
+    count(
+        "--patch-n-seq",
+        4,
+        "Windows used by the patching sweep (each cell is a forward pass over them).",
+    ),
+    count("--patch-bins", 8, "Position bins of the patching sweep."),
+    count(
+        "--patch-layer-step", 5, "Patch every k-th block (and the last); the positions sweep too."
+    ),
+)
+"""Options of the positional patching sweep."""

@@ -3,10 +3,12 @@ self-contained HTML report (figures embedded, no network needed to view it)."""
 
 from __future__ import annotations
 
+import functools
 import html
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from homoglens.report.html import page_html, png_tag, provenance_table, section_page
 from homoglens.report.sections import (
@@ -40,12 +42,9 @@ def write_sinks_report(analysis: SinkAnalysis, out: Path, *, title: str | None =
     Returns:
         The path of ``report.html``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    out = Path(out)
     heading = title or f"Attention sinks: {analysis.scores.provenance.model}"
-    return section_page(out, heading, sinks_section(analysis, out), analysis.scores.provenance)
+    section = functools.partial(sinks_section, analysis)
+    return _one_section_page(Path(out), heading, section, analysis.scores.provenance)
 
 
 def write_patching_report(
@@ -57,12 +56,24 @@ def write_patching_report(
     Returns:
         The path of ``report.html``.
     """
+    heading = title or f"Positional activation patching: {result.provenance.model}"
+    section = functools.partial(patching_section, result)
+    return _one_section_page(Path(out), heading, section, result.provenance)
+
+
+def _one_section_page(
+    out: Path, heading: str, section: Callable[[Path], str], provenance: Any
+) -> Path:
+    """Draw one section's figures into ``out`` (off-screen) and write its ``report.html``."""
+    _off_screen()
+    return section_page(out, heading, section(out), provenance)
+
+
+def _off_screen() -> None:
+    """Draw with matplotlib's Agg backend unless the user chose another one."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
-    out = Path(out)
-    heading = title or f"Positional activation patching: {result.provenance.model}"
-    return section_page(out, heading, patching_section(result, out), result.provenance)
 
 
 def write_comparison_report(
@@ -74,9 +85,7 @@ def write_comparison_report(
     Returns:
         The path of ``report.html``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
+    _off_screen()
     out = Path(out)
     heading = title or "Controlled comparison: " + ", ".join(comparison.labels)
     body = (
@@ -120,9 +129,7 @@ def write_profile_report(
     Returns:
         The path of ``report.html``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
+    _off_screen()
 
     from homoglens.plotting import curves as draw_curves
     from homoglens.plotting import new_figure

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -258,21 +259,39 @@ def load_result(cls: Any, path: str | Path, stem: str) -> Any:
     if not given <= set(names):
         raise IncompatibleResultsError(f"{folder}: unknown fields {sorted(given - set(names))}")
     kwargs: dict[str, Any] = dict(tensors)
+    for name, value in meta.items():
+        tupled = name != "provenance" and str(names[name].type).startswith("tuple")
+        kwargs[name] = _deep_tuple(value) if tupled else value
+    return checked_result(cls, folder, kwargs)
+
+
+def checked_result(cls: Any, folder: Path, kwargs: dict[str, Any]) -> Any:
+    """``cls(**kwargs)`` read from ``folder``, with its scalars, invariants and cross-field
+    constraints checked; any failure is an :class:`IncompatibleResultsError` naming it."""
     try:
-        for name, value in meta.items():
-            if name == "provenance":
-                value = Provenance(**{**value, "hook_points": tuple(value.get("hook_points", ()))})
-            elif str(names[name].type).startswith("tuple"):
-                value = _deep_tuple(value)
-            kwargs[name] = value
+        prov = kwargs.get("provenance")
+        if isinstance(prov, dict):  # as saved in JSON
+            hooks = tuple(prov.get("hook_points", ()))
+            kwargs = {**kwargs, "provenance": Provenance(**{**prov, "hook_points": hooks})}
         check_scalars(cls, kwargs)
         result = cls(**kwargs)
         validate_result(result)
         return result
     except (ValueError, TypeError, IndexError, KeyError) as err:
         raise IncompatibleResultsError(
-            f"{folder} does not hold a consistent result: {err}"
+            f"{folder} does not hold a consistent {cls.__name__}: {err}"
         ) from None
+
+
+def merge_parts(parts: Sequence[Any], cls: type) -> Any:
+    """Check the argument of a ``merge()``: a non-empty sequence of ``cls`` results; return
+    the first."""
+    if not parts:
+        raise IncompatibleResultsError("merge() needs at least one result")
+    wrong = [type(p).__name__ for p in parts if not isinstance(p, cls)]
+    if wrong:
+        raise IncompatibleResultsError(f"merge() takes {cls.__name__} objects, got {wrong}")
+    return parts[0]
 
 
 class SavedResult:

@@ -18,10 +18,10 @@ from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.homogenization import nan_div
 from homoglens.results.base import (
     Provenance,
-    check_scalars,
+    checked_result,
+    merge_parts,
     prepare_folder,
     read_saved,
-    validate_result,
 )
 
 if TYPE_CHECKING:  # plotting stays a lazy import
@@ -240,14 +240,7 @@ class HomogenizationProfile:
             IncompatibleResultsError: no profiles, or they differ in layers, width, model,
                 backend, weights or ``exclude_first``.
         """
-        if not profiles:
-            raise IncompatibleResultsError("merge() needs at least one profile")
-        wrong = [type(p).__name__ for p in profiles if not isinstance(p, HomogenizationProfile)]
-        if wrong:
-            raise IncompatibleResultsError(
-                f"merge() takes HomogenizationProfile objects, got {wrong}"
-            )
-        first = profiles[0]
+        first = merge_parts(profiles, HomogenizationProfile)
         for other in profiles[1:]:
             for attr in ("layers", "d_model"):
                 if getattr(other, attr) != getattr(first, attr):
@@ -512,25 +505,10 @@ class HomogenizationProfile:
         if not isinstance(prov, dict) or not set(prov) <= known:
             extra = sorted(set(prov) - known) if isinstance(prov, dict) else prov
             raise IncompatibleResultsError(f"{folder}/profile.json has unknown provenance {extra}")
-        try:
-            prov = {**prov, "hook_points": tuple(prov.get("hook_points", ()))}
-            check_scalars(
-                cls, {k: meta[k] for k in ("layers", "n_sequences", "n_tokens", "n_tokens_sq")}
-            )
-            profile = cls(
-                layers=tuple(meta["layers"]),
-                n_sequences=meta["n_sequences"],
-                n_tokens=meta["n_tokens"],
-                n_tokens_sq=meta["n_tokens_sq"],
-                provenance=Provenance(**prov),
-                **tensors,
-            )
-            validate_result(profile)
-            return profile
-        except (ValueError, TypeError, IndexError, KeyError) as err:
-            raise IncompatibleResultsError(
-                f"{folder} does not hold a consistent profile: {err}"
-            ) from None
+        kwargs = {k: meta[k] for k in ("layers", "n_sequences", "n_tokens", "n_tokens_sq")}
+        if isinstance(kwargs["layers"], list):
+            kwargs["layers"] = tuple(kwargs["layers"])
+        return checked_result(cls, folder, {**kwargs, "provenance": prov, **tensors})
 
     def __repr__(self) -> str:
         p = self.provenance

@@ -21,6 +21,7 @@ from jaxtyping import Float
 from homoglens.assets import package_version
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import Provenance, SavedResult
+from homoglens.results.base import merge_parts
 from homoglens.similarity_math import (
     SIMILARITY_STATISTICS,
     activation_fields,
@@ -28,7 +29,7 @@ from homoglens.similarity_math import (
     similarity_coefficients,
 )
 from homoglens.stats import estimate, window_resamples
-from homoglens.types import CENTRES, SPACES, Centring
+from homoglens.types import CENTRES, SPACES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -147,29 +148,12 @@ class PositionalSimilarity(SavedResult):
         resid: Float[torch.Tensor, "batch pos d_model"]
         | Float[torch.Tensor, "layer batch pos d_model"],
         attention_mask: Any = None,
-        *,
-        centre: Centring | None = None,
-        standardize: bool = False,
-        exclude_first: bool = False,
-        edge_k: int = 8,
-        massive_threshold: float = 100.0,
-        pseudo_values: bool = False,
-        batch_size: int = 64,
+        **options: Any,
     ) -> PositionalSimilarity:
         """Build the result from activations you already have (no model), e.g. the tensors
         of an ``ActivationCache``: see :func:`homoglens.similarity.similarity_from_activations`
-        for the arguments, errors and an example."""
-        fields = activation_fields(
-            resid,
-            attention_mask,
-            centre=centre,
-            standardize=standardize,
-            exclude_first=exclude_first,
-            edge_k=edge_k,
-            massive_threshold=massive_threshold,
-            pseudo_values=pseudo_values,
-            batch_size=batch_size,
-        )
+        for the keyword ``options``, errors and an example."""
+        fields = activation_fields(resid, attention_mask, **options)
         provenance = Provenance(
             exclude_first=bool(fields["first_position"]),
             data=f"given activations {tuple(resid.shape)}",
@@ -502,14 +486,7 @@ class PositionalSimilarity(SavedResult):
             IncompatibleResultsError: no parts, or they differ in layers, positions, width,
                 edge_k, space, centring, model, backend or weights; centred parts.
         """
-        if not parts:
-            raise IncompatibleResultsError("merge() needs at least one result")
-        wrong = [type(p).__name__ for p in parts if not isinstance(p, PositionalSimilarity)]
-        if wrong:
-            raise IncompatibleResultsError(
-                f"merge() takes PositionalSimilarity objects, got {wrong}"
-            )
-        first = parts[0]
+        first = merge_parts(parts, PositionalSimilarity)
         if len(parts) > 1 and any(p.centre is not None for p in parts):
             raise IncompatibleResultsError(
                 "centred results subtract each part's own corpus mean, so their sums do not "

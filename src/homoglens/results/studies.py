@@ -119,18 +119,22 @@ class PositionAblationStudy:
             raise InvalidInputError(f"mode {mode!r} not in this study; it has {list(self.modes)}")
         return self.modes.index(mode)
 
+    def _with_change(self, values: torch.Tensor, m: int) -> tuple[torch.Tensor, ...]:
+        """Mode ``m`` of ``values`` (``[mode seq ...]``): mean, CI low, CI high, then the same
+        for its paired difference to ``"none"`` (bootstrap over sequences)."""
+        opts = {"n_boot": self.n_boot, "ci": self.ci, "seed": self.seed}
+        return (
+            *paired_bootstrap(values[m], **opts),
+            *paired_bootstrap(values[m] - values[0], **opts),
+        )
+
     def loss_table(self) -> pd.DataFrame:
         """Per mode: mean loss (nats/token) with CI, and the paired difference to ``"none"``."""
         import pandas as pd
 
         rows = []
         for m, mode in enumerate(self.modes):
-            mean, lo, hi = paired_bootstrap(
-                self.loss[m], n_boot=self.n_boot, ci=self.ci, seed=self.seed
-            )
-            d, dlo, dhi = paired_bootstrap(
-                self.loss[m] - self.loss[0], n_boot=self.n_boot, ci=self.ci, seed=self.seed
-            )
+            mean, lo, hi, d, dlo, dhi = self._with_change(self.loss, m)
             rows.append(
                 {
                     "mode": mode,
@@ -151,15 +155,7 @@ class PositionAblationStudy:
 
         frames = []
         for m, mode in enumerate(self.modes):
-            mean, lo, hi = paired_bootstrap(
-                self.mean_pairwise[m], n_boot=self.n_boot, ci=self.ci, seed=self.seed
-            )
-            d, dlo, dhi = paired_bootstrap(
-                self.mean_pairwise[m] - self.mean_pairwise[0],
-                n_boot=self.n_boot,
-                ci=self.ci,
-                seed=self.seed,
-            )
+            mean, lo, hi, d, dlo, dhi = self._with_change(self.mean_pairwise, m)
             frames.append(
                 pd.DataFrame(
                     {
@@ -191,15 +187,7 @@ class PositionAblationStudy:
         li = self.layers.index(layer)
         frames = []
         for m, mode in enumerate(self.modes):
-            mean, lo, hi = paired_bootstrap(
-                self.to_others[m, :, li], n_boot=self.n_boot, ci=self.ci, seed=self.seed
-            )
-            d, dlo, dhi = paired_bootstrap(
-                self.to_others[m, :, li] - self.to_others[0, :, li],
-                n_boot=self.n_boot,
-                ci=self.ci,
-                seed=self.seed,
-            )
+            mean, lo, hi, d, dlo, dhi = self._with_change(self.to_others[:, :, li], m)
             frames.append(
                 pd.DataFrame(
                     {

@@ -4,6 +4,7 @@ patching (first order, every head at once).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -218,21 +219,11 @@ def sink_attribution(
     layers = sorted({lay for lay, _ in chosen})
     mean_z = _mean_z(model, batch, layers, batch_size) if ablation == "mean" else {}
     run = _fast_attribution if method == "fast" else _exact_attribution
-    fields_ = run(
-        model,
-        batch,
-        chosen,
-        target,
-        key,
-        edge_k,
-        ablation,
-        mean_z,
-        totals,
-        batch_size,
-        progress,
-        joint,
+    job = _Job(
+        batch, chosen, target, key, edge_k, ablation, mean_z, totals, batch_size, progress, joint,
         metrics,
-    )
+    )  # fmt: skip
+    fields_ = run(model, job)
     return SinkAttribution(
         heads=tuple(chosen),
         layer=target,
@@ -246,21 +237,28 @@ def sink_attribution(
     )
 
 
-def _exact_attribution(
-    model: HookedModel,
-    batch: TokenBatch,
-    chosen: list[tuple[int, int]],
-    target: int,
-    key: int,
-    edge_k: int,
-    ablation: str,
-    mean_z: dict[int, torch.Tensor],
-    totals: torch.Tensor,
-    batch_size: int,
-    progress: bool,
-    joint: bool,
-    metrics: tuple[str, ...],  # the exact mode always measures all of them
-) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What both attribution methods read: the windows, the heads, the ablation and the
+    metric weights (already checked by :func:`sink_attribution`)."""
+
+    batch: TokenBatch
+    chosen: list[tuple[int, int]]  # (layer, head) pairs
+    target: int  # the resid_pre layer measured
+    key: int
+    edge_k: int
+    ablation: str
+    mean_z: dict[int, torch.Tensor]  # layer -> [pos head d_head] mean of hook_z ("mean")
+    totals: torch.Tensor  # edge_totals(lengths, key, edge_k)
+    batch_size: int
+    progress: bool
+    joint: bool
+    metrics: tuple[str, ...]  # the exact method always measures all of them
+
+
+def _exact_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
+    batch, chosen, target, key, edge_k = job.batch, job.chosen, job.target, job.key, job.edge_k
+    ablation, mean_z, totals, joint = job.ablation, job.mean_z, job.totals, job.joint
     from homoglens.architectures import resid_hook_name
     from homoglens.homogenization import homogenization_sums, positions_from_mask
 
@@ -326,15 +324,8 @@ def _exact_attribution(
                 run_through(model, tokens, measure_hook[0], fwd_hooks, attention_mask=mask)
 
     try:
-        stream(
-            model,
-            batch,
-            [red],
-            batch_size=batch_size,
-            desc="sink attribution",
-            progress=progress,
-            step=step,
-        )
+        stream(model, batch, [red], batch_size=job.batch_size, desc="sink attribution",
+               progress=job.progress, step=step)  # fmt: skip
     finally:
         state.clear()
     to_others = nan_div(curve, count)
@@ -358,21 +349,9 @@ def _exact_attribution(
     }
 
 
-def _fast_attribution(
-    model: HookedModel,
-    batch: TokenBatch,
-    chosen: list[tuple[int, int]],
-    target: int,
-    key: int,
-    edge_k: int,
-    ablation: str,
-    mean_z: dict[int, torch.Tensor],
-    totals: torch.Tensor,
-    batch_size: int,
-    progress: bool,
-    joint: bool,
-    metrics: tuple[str, ...],
-) -> dict[str, Any]:
+def _fast_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
+    batch, target, key, edge_k, metrics = job.batch, job.target, job.key, job.edge_k, job.metrics
+    ablation, mean_z, totals = job.ablation, job.mean_z, job.totals
     from homoglens.architectures import resid_hook_name
     from homoglens.hooks import sink_removal_delta
 
@@ -441,16 +420,8 @@ def _fast_attribution(
         store.clear()
 
     try:
-        stream(
-            model,
-            batch,
-            [red],
-            batch_size=batch_size,
-            desc="fast sink attribution",
-            progress=progress,
-            step=step,
-            needs_grad=True,
-        )
+        stream(model, batch, [red], batch_size=job.batch_size, desc="fast sink attribution",
+               progress=job.progress, step=step, needs_grad=True)  # fmt: skip
     finally:
         store.clear()
     if not bool(torch.isfinite(total[..., list(wanted)]).all()):
