@@ -5,6 +5,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-bash scripts/env.sh .venv "${HOMOGLENS_TL_VERSION:-4.3.0}"
+bash scripts/env.sh .venv "${HOMOGLENS_TL_VERSION:-4.3.0}" smollm2  # no test/docs tools
 exec .venv/bin/homoglens profile --model smollm2-135m-instruct --corpus austen \
   --n-seq 64 --seq-len 256 --out homoglens-report --overwrite "$@"

@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 
 from homoglens.architectures import resid_hook_name
 from homoglens.data import DataInput, to_token_batch
+from homoglens.distributed import world
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError
 from homoglens.models import model_info
@@ -54,7 +55,18 @@ from homoglens.types import (
 from homoglens.validate import as_bool, as_int, check_layers
 
 # SPACES and CENTRES (the option vocabularies) live in homoglens.types; importable from here.
-__all__ = ["positional_similarity", "similarity_from_activations", "SPACES", "CENTRES"]
+__all__ = [
+    "positional_similarity",
+    "similarity_from_activations",
+    "SPACES",
+    "CENTRES",
+    "ACTIVATION_CACHE_BYTES",
+]
+
+ACTIVATION_CACHE_BYTES = 2 * 2**30
+"""Memory (bytes) :func:`positional_similarity` may use to keep the measured vectors of its
+first pass (per rank), so that its second and third passes (centring, pseudo-values) read them
+instead of running the model again; above it, every pass runs the model."""
 
 
 def _space_fn(model: HookedModel, space: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -206,21 +218,41 @@ def positional_similarity(
     to_space = _space_fn(model, space)
     names = [resid_hook_name(layer) for layer in chosen]
 
+    # The passes after the first replay this rank's vectors when they fit in the budget,
+    # instead of running the model again.
+    shard = -(-n_all // world()[1])
+    width = 8 if next(iter(model.parameters())).dtype == torch.float64 else 4
+    cache: list[tuple[int, torch.Tensor]] | None = (
+        [] if shard * int(lengths[0]) * int(model.cfg.d_model) * len(chosen) * width
+        <= ACTIVATION_CACHE_BYTES else None
+    )  # fmt: skip
+    replay = False
+
     def feed(fn: Callable[[int, torch.Tensor, int], None], desc: str) -> None:
-        """Run this rank's shard once; ``fn(i, x, first)`` gets layer ``i``'s ``[batch T d]``
-        vectors in ``space`` (work dtype: float32, or float64 for a float64 model). The passes
-        sum into ``sums``, which the caller all-reduces between passes."""
+        """Run this rank's shard once (or replay it); ``fn(i, x, first)`` gets layer ``i``'s
+        ``[batch T d]`` vectors in ``space`` (work dtype: float32, or float64 for a float64
+        model). The passes sum into ``sums``, which the caller all-reduces between passes."""
+        nonlocal replay
+        if replay and cache is not None:
+            with torch.inference_mode():
+                for i, x in cache:
+                    fn(i, x, first)
+            return
 
         def make_hook(i: int) -> Any:
             def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
                 x = to_space(resid)
                 work = torch.float64 if x.dtype == torch.float64 else torch.float32
-                fn(i, x.detach().to(work), first)
+                x = x.detach().to(work)
+                if cache is not None:
+                    cache.append((i, x))
+                fn(i, x, first)
 
             return hook
 
         reader = Sums([(name, make_hook(i)) for i, name in enumerate(names)])
         stream(model, batch, [reader], batch_size=batch_size, desc=desc, progress=progress)
+        replay = True
 
     if centre is not None:
         centre_moments(
@@ -235,6 +267,8 @@ def positional_similarity(
     main_pass(sums, lambda fn: feed(fn, "similarity"), len(chosen), reduce=True)
     if pseudo_values:
         cross_pass(sums, lambda fn: feed(fn, "similarity (pseudo-values)"), len(chosen))
+    if cache is not None:
+        cache.clear()
     provenance = provenance_of(info, batch, chosen, bool(first))
     if space == "final_norm":
         provenance = _with_hooks(provenance, ("ln_final (output, with its weights)",))

@@ -296,6 +296,34 @@ def test_padding_side_and_batch_size_change_nothing(get_model) -> None:
     assert torch.allclose(plain.window_within, padded.window_within, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_replayed_passes_equal_passes_that_run_the_model(backend: str, get_model, monkeypatch):
+    """With the vectors kept (they fit the budget) the model runs once, not three times, and
+    every number is the same as with three model passes (budget 0)."""
+    import homoglens.similarity as similarity
+
+    model = get_model("llama", backend)
+    batch = _windows(model, n=7)
+    calls: list[str] = []
+    real_stream = similarity.stream
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["desc"])
+        return real_stream(*args, **kwargs)
+
+    monkeypatch.setattr(similarity, "stream", counted)
+    options = {"edge_k": 4, "centre": "position", "pseudo_values": True, "batch_size": 3}
+    kept = positional_similarity(model, batch, progress=False, **options)
+    assert calls == ["similarity (centring)"]
+    monkeypatch.setattr(similarity, "ACTIVATION_CACHE_BYTES", 0)
+    rerun = positional_similarity(model, batch, progress=False, **options)
+    assert len(calls) == 4
+    for name in ("M", "C", "W", "SP", "lag", "window_within", "window_cross"):
+        a, b = getattr(kept, name), getattr(rerun, name)
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), name
+    assert hook_count(model) == 0
+
+
 @pytest.mark.skipif(len(BACKENDS) < 2, reason="needs HookedTransformer (TransformerLens 3.x)")
 @pytest.mark.parametrize("arch", ["gpt2", "neox", "llama"])
 def test_backends_agree(arch: str, get_model) -> None:

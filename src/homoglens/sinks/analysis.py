@@ -12,14 +12,14 @@ from jaxtyping import Int
 
 from homoglens.architectures import pattern_hook_name
 from homoglens.data import DataInput, to_token_batch
-from homoglens.engine import model_device
+from homoglens.engine import model_device, stream
 from homoglens.errors import InvalidInputError
 from homoglens.results.sinks import SinkAnalysis
 from homoglens.sinks.attribution import sink_attribution
-from homoglens.sinks.massive import massive_activations
-from homoglens.sinks.scores import check_edge, sink_scores
+from homoglens.sinks.massive import massive_reducer
+from homoglens.sinks.scores import check_edge, check_key_in, sink_reducer
 from homoglens.types import BosPolicy, HookedModel
-from homoglens.validate import check_heads, check_key_eps
+from homoglens.validate import check_heads, check_key_eps, positive_int
 
 if TYPE_CHECKING:
     pass
@@ -123,9 +123,14 @@ def sink_analysis(
     if attribution_n_seq is not None:
         n_attr = as_int("attribution_n_seq", attribution_n_seq, low=1)
     check_edge(batch[: min(n_attr, len(batch))], key, edge_k)  # fail before any pass
-    common = {"batch_size": batch_size, "progress": progress}
-    scores = sink_scores(model, batch, key=key, eps=eps, **common)
-    massive = massive_activations(model, batch, **common)
+    check_key_in(batch, key)
+    common = {"batch_size": positive_int("batch_size", batch_size), "progress": progress}
+    # The scores read the attention patterns and massive activations the residual stream of
+    # every block: one pass over the windows feeds both.
+    score_red, finish_scores = sink_reducer(model, batch, key, eps)
+    massive_red, finish_massive = massive_reducer(model, batch, 100.0)
+    stream(model, batch, [score_red, massive_red], desc="sinks", **common)
+    scores, massive = finish_scores()[0], finish_massive()
     subset = batch[: min(n_attr, len(batch))]
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     top = scores.top_heads(min(top_k, n_layers * n_heads))

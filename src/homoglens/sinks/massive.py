@@ -4,21 +4,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from jaxtyping import Int
 
-from homoglens.data import DataInput, to_token_batch
+from homoglens.architectures import resid_hook_name
+from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.homogenization import nan_div
 from homoglens.models import model_info
 from homoglens.results.sinks import MassiveActivations
 from homoglens.types import BosPolicy, HookedModel, HookFn
-from homoglens.validate import positive_int, require_finite
-
-if TYPE_CHECKING:
-    pass
+from homoglens.validate import as_float, positive_int, require_finite
 
 
 def massive_activations(
@@ -54,14 +54,22 @@ def massive_activations(
     References:
         Sun et al. 2024, arXiv 2402.17762.
     """
-    from homoglens.architectures import resid_hook_name
-
-    info = model_info(model)
-    from homoglens.validate import as_float
-
     threshold = as_float("threshold", threshold, low=1.0, high=float("inf"))
     batch_size = positive_int("batch_size", batch_size)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    red, finish = massive_reducer(model, batch, threshold)
+    stream(
+        model, batch, [red], batch_size=batch_size, desc="massive activations", progress=progress
+    )
+    return finish()
+
+
+def massive_reducer(
+    model: HookedModel, batch: TokenBatch, threshold: float
+) -> tuple[Sums, Callable[[], MassiveActivations]]:
+    """The reducer of :func:`massive_activations` (checked arguments) and the function that
+    finishes it once the batches are streamed; to share a pass with other reducers."""
+    info = model_info(model)
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
     layers = tuple(range(n_layers + 1))
     device = model_device(model)
@@ -99,9 +107,13 @@ def massive_activations(
         return hook
 
     red.add_hooks([(resid_hook_name(layer), make_hook(i)) for i, layer in enumerate(layers)])
-    stream(
-        model, batch, [red], batch_size=batch_size, desc="massive activations", progress=progress
-    )
+    return red, functools.partial(_finish_massive, red, info, batch, layers, threshold)
+
+
+def _finish_massive(
+    red: Sums, info: Any, batch: TokenBatch, layers: tuple[int, ...], threshold: float
+) -> MassiveActivations:
+    acc, ratio_max = red.sums, red.maxima["ratio_max"]
     count = acc["count"]
     ratio_max = torch.where(count > 0, ratio_max, torch.full_like(ratio_max, float("nan")))
     return MassiveActivations(

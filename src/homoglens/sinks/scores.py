@@ -4,6 +4,8 @@ streamed over a corpus at every block's ``attn.hook_pattern``.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -160,11 +162,22 @@ def sink_pass(
 ) -> tuple[SinkScores, Float[torch.Tensor, "seq layer head_index"]]:
     """One streamed pass: the :class:`SinkScores` and every sequence's importance alpha
     ``[seq layer head_index]`` (in input order; gathered across ranks when distributed)."""
-    info = model_info(model)
     key, eps = check_key_eps(key, eps, int(model.cfg.n_ctx))
     batch_size = positive_int("batch_size", batch_size)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     check_key_in(batch, key)
+    red, finish = sink_reducer(model, batch, key, eps)
+    stream(model, batch, [red], batch_size=batch_size, desc="sinks", progress=progress)
+    return finish()
+
+
+def sink_reducer(
+    model: HookedModel, batch: TokenBatch, key: int, eps: float
+) -> tuple[Sums, Callable[[], tuple[SinkScores, torch.Tensor]]]:
+    """The reducer of :func:`sink_pass` (checked arguments) and the function that finishes it
+    into the scores and ``[seq layer head_index]`` importances once the batches are streamed;
+    to share a pass with other reducers (:func:`homoglens.sinks.sink_analysis`)."""
+    info = model_info(model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     device = model_device(model)
     n_q = int(batch.lengths.max())
@@ -213,7 +226,13 @@ def sink_pass(
         return hook
 
     red.add_hooks([(pattern_hook_name(layer), make_hook(layer)) for layer in range(n_layers)])
-    stream(model, batch, [red], batch_size=batch_size, desc="sinks", progress=progress)
+    return red, functools.partial(_finish_scores, red, info, batch, key, eps)
+
+
+def _finish_scores(
+    red: Sums, info: Any, batch: TokenBatch, key: int, eps: float
+) -> tuple[SinkScores, torch.Tensor]:
+    acc, n_layers = red.sums, int(red.sums["mass_sum"].shape[0])
     alpha = torch.stack([red.row_values(f"importance.{layer}") for layer in range(n_layers)], 1)
     n_seq, mass_count = float(acc["n_sequences"]), float(acc["mass_count"])
     by_query = nan_div(acc["by_query_sum"].cpu(), acc["by_query_count"].cpu())
