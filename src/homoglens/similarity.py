@@ -218,14 +218,15 @@ def positional_similarity(
     to_space = _space_fn(model, space)
     names = [resid_hook_name(layer) for layer in chosen]
 
-    # The passes after the first replay this rank's vectors when they fit in the budget,
-    # instead of running the model again.
+    # With more than one pass (centring, pseudo-values), the passes after the first replay this
+    # rank's vectors when they fit in the budget, instead of running the model again.
     shard = -(-n_all // world()[1])
     width = 8 if next(iter(model.parameters())).dtype == torch.float64 else 4
+    size = shard * int(lengths[0]) * int(model.cfg.d_model) * len(chosen) * width
+    several = centre is not None or pseudo_values
     cache: list[tuple[int, torch.Tensor]] | None = (
-        [] if shard * int(lengths[0]) * int(model.cfg.d_model) * len(chosen) * width
-        <= ACTIVATION_CACHE_BYTES else None
-    )  # fmt: skip
+        [] if several and size <= ACTIVATION_CACHE_BYTES else None
+    )
     replay = False
 
     def feed(fn: Callable[[int, torch.Tensor, int], None], desc: str) -> None:

@@ -268,3 +268,24 @@ def test_extreme_magnitudes_give_the_right_cosines() -> None:
     assert bool(torch.isfinite(sim.M).all())
     tiny = PositionalSimilarity.from_activations(torch.full((4, 20, 8), 1e-30), edge_k=4)
     torch.testing.assert_close(tiny.M, torch.ones_like(tiny.M))
+
+
+@pytest.mark.parametrize("shape", [(3, 12, 20), (3, 20, 12)])  # pos <= d_model and pos > d_model
+def test_rank_singular_values_equal_float64_svd(shape: tuple[int, int, int]) -> None:
+    """The Gram-eigenvalue route of the rank metrics equals float64 SVD of each scaled matrix
+    (both branches), with a massive first row and a pad row."""
+    from homoglens.homogenization import _singular_values
+
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    x[:, 0] *= 1000.0
+    weight = torch.ones(shape[:2])
+    weight[1, -2:] = 0.0
+    scale = weight / x.norm(dim=-1)
+    rest = weight.clone()
+    rest[:, 0] = 0.0
+    rows = (weight, scale, scale * rest)
+    for got, r in zip(_singular_values(x, rows), rows, strict=True):
+        want = torch.linalg.svdvals(x.double() * r.double()[..., None])
+        top = want.max(-1, keepdim=True).values
+        assert torch.allclose(got.sort(-1).values / top, want.sort(-1).values / top, atol=1e-12)
