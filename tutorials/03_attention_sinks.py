@@ -23,7 +23,10 @@
 # %%
 # Pick the model. Offline default: the embedded SmolLM2-135M-Instruct (real sinks: its head
 # L18H8 puts nearly all of its attention on the first token). With the Hugging Face Hub: "gpt2"
-# or "EleutherAI/pythia-70m" (Gu et al. measure them without a BOS: pass bos="never").
+# or "EleutherAI/pythia-70m" (Gu et al. measure them without a BOS: pass bos="never"); the
+# sink and massive-activation papers also measure "facebook/opt-125m", "meta-llama/Llama-3.2-1B",
+# "mistralai/Mistral-7B-v0.1" and "microsoft/phi-2". Any decoder-only model TransformerLens
+# loads works here, in the table or not.
 MODEL = "smollm2-135m-instruct"
 
 # %%

@@ -22,7 +22,9 @@
 # %%
 # Pick the models. Offline defaults: the shipped homoglens/tiny-learned (GPT-2 architecture,
 # learned positions) and the embedded SmolLM2-135M (rotary). With the Hugging Face Hub: "gpt2"
-# and "EleutherAI/pythia-70m".
+# and "EleutherAI/pythia-70m"; residual patching works on any decoder-only model, and
+# component="positions" on the 20 families of the table (e.g. "Qwen/Qwen2.5-0.5B",
+# "google/gemma-2-2b", "bigscience/bloom-560m").
 LEARNED_MODEL = "homoglens/tiny-learned"
 ROTARY_MODEL = "smollm2-135m-instruct"
 

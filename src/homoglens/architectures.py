@@ -23,6 +23,7 @@ __all__ = [
     "hf_architecture_of",
     "is_decoder_only",
     "spec_for_hf_architecture",
+    "supported_families",
     "resid_hook_name",
     "block_hook_name",
     "pattern_hook_name",
@@ -221,7 +222,9 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
             parallel=True,
         ),
         _rotary("phi", ("PhiForCausalLM",), "microsoft/phi-2", rotary="partial", parallel=True),
-        _rotary("stablelm", ("StableLmForCausalLM",), "stabilityai/stablelm-2-1_6b", rotary="partial"),
+        _rotary(
+            "stablelm", ("StableLmForCausalLM",), "stabilityai/stablelm-2-1_6b", rotary="partial"
+        ),
         # ALiBi: a linear bias on the attention scores, no positional embedding
         ArchitectureSpec(
             family="bloom",
@@ -269,7 +272,9 @@ names carry it on each backend. Read it with :func:`architecture_of`; see the su
 page of the docs."""
 
 
-def _supported() -> str:
+def supported_families() -> str:
+    """The table's families with their Hugging Face classes, for error messages:
+    ``"gpt2 (GPT2LMHeadModel), gptneo (GPTNeoForCausalLM), ..."``."""
     return ", ".join(
         f"{spec.family} ({'/'.join(spec.hf_architectures)})" for spec in ARCHITECTURES.values()
     )
@@ -301,8 +306,8 @@ def spec_for_hf_architecture(hf_architecture: str | None) -> ArchitectureSpec:
         raise UnsupportedArchitectureError(
             f"architecture {hf_architecture!r} is not in homoglens' architecture table, so "
             "homoglens does not know where position enters it (profiles, sinks, massive "
-            "activations and residual patching work on it all the same); supported for "
-            f"positional interventions: {_supported()}. Open an issue to add a row."
+            "activations work on it all the same); supported for "
+            f"positional interventions: {supported_families()}. Open an issue to add a row."
         )
     return spec
 

@@ -54,7 +54,9 @@ class ModelStateError(InvalidInputError):
 
 
 class UnsupportedArchitectureError(HomoglensError, ValueError):
-    """The model's architecture is not in homoglens' architecture table."""
+    """Not a decoder-only causal LM; or a feature that must know where position enters (a
+    positional ablation) asked of a family outside homoglens' architecture table; or a backend
+    that cannot load the family."""
 
 
 class MissingDependencyError(HomoglensError, ImportError):

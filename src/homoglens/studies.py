@@ -8,7 +8,7 @@ from typing import Any, cast
 import torch
 from jaxtyping import Int
 
-from homoglens.architectures import find_architecture, hf_architecture_of
+from homoglens.architectures import architecture_of
 from homoglens.data import DataInput, require_min_tokens, to_token_batch
 from homoglens.engine import provenance_of
 from homoglens.errors import InvalidInputError
@@ -24,12 +24,13 @@ __all__ = ["position_ablation_study", "default_ablation_modes"]
 
 def default_ablation_modes(model: HookedModel) -> tuple[str, ...]:
     """``none, zero, permute, shift`` for learned absolute models; ``none, zero, permute`` for
-    rotary ones (a shift of every position changes nothing under rotary attention); ``none``
-    alone for a family outside the architecture table (no positional intervention is known)."""
-    spec = find_architecture(hf_architecture_of(model))
-    if spec is None:
-        return ("none",)
-    if spec.positional == "learned_absolute":
+    rotary and ALiBi ones (a shift of every position changes nothing when attention depends
+    only on i - j).
+
+    Raises:
+        UnsupportedArchitectureError: a family outside the architecture table.
+    """
+    if architecture_of(model).positional == "learned_absolute":
         return ("none", "zero", "permute", "shift")
     return ("none", "zero", "permute")
 

@@ -278,6 +278,31 @@ def test_profile_without_ablation(tmp_path) -> None:
     assert "Positional ablations" not in (out / "report.html").read_text()
 
 
+def test_a_family_outside_the_table_gets_a_report_without_ablations(tmp_path) -> None:
+    from helpers import outside_the_table
+
+    out = tmp_path / "granite-report"
+    result = CliRunner().invoke(
+        main,
+        [
+            "profile",
+            "--model",
+            outside_the_table(tmp_path / "granite"),
+            "--n-seq",
+            "3",
+            "--seq-len",
+            "16",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "GraniteForCausalLM is not in the architecture table" in result.output
+    page = (out / "report.html").read_text()
+    assert "GraniteForCausalLM" in page and "Positional ablations" not in page
+
+
 def _cli(*args):
     from click.testing import CliRunner
 

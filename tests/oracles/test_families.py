@@ -10,7 +10,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from helpers import AUSTEN_TEXTS, BACKENDS, PERM, TOKENS, T, cosine_oracle, hook_count
+from helpers import (
+    AUSTEN_TEXTS,
+    BACKENDS,
+    PERM,
+    TOKENS,
+    T,
+    cosine_oracle,
+    hook_count,
+    outside_the_table,
+)
 from homoglens import (
     HomogenizationProfile,
     UnsupportedArchitectureError,
@@ -252,31 +261,6 @@ def test_zero_scores_are_unrotated_q_dot_k(arch: str, backend: str) -> None:
     assert moved.abs().max() > 1e-4, "the rotation must matter"
 
 
-def _outside_the_table(tmp_path_factory) -> str:
-    """A decoder-only family TransformerLens loads but the table lacks: IBM Granite."""
-    from transformers import AutoTokenizer, GraniteConfig
-
-    from homoglens.assets import gpt2_tokenizer_folder
-
-    folder = tmp_path_factory.mktemp("granite")
-    config = GraniteConfig(
-        vocab_size=50257,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        bos_token_id=50256,
-        eos_token_id=50256,
-        pad_token_id=50256,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(str(gpt2_tokenizer_folder())).save_pretrained(folder)
-    return str(folder)
-
-
 def test_a_family_outside_the_table_is_measured_but_not_ablated(tmp_path_factory) -> None:
     from homoglens import (
         massive_activations,
@@ -284,7 +268,8 @@ def test_a_family_outside_the_table_is_measured_but_not_ablated(tmp_path_factory
         sink_scores,
     )
 
-    model = load_model(_outside_the_table(tmp_path_factory), backend="bridge", device="cpu")
+    folder = outside_the_table(tmp_path_factory.mktemp("granite"))
+    model = load_model(folder, backend="bridge", device="cpu")
     assert model_info(model).family == "GraniteForCausalLM"
     prof = homogenization_profile(model, AUSTEN_TEXTS, progress=False)
     assert prof.provenance.family == "GraniteForCausalLM"

@@ -262,8 +262,8 @@ def run_profile(
         if not knows_positions and (modes == [] or patching):
             click.echo(
                 f"note: {hf_architecture_of(model)} is not in the architecture table, so the "
-                "positional ablations and positions patching are left out (the profile, "
-                "similarity, sinks and residual patching need no table row)",
+                "positional ablations and the patching between normal and position-ablated runs "
+                "are left out (the profile, similarity and sinks need no table row)",
                 err=True,
             )
             modes = None if modes == [] else modes
@@ -290,14 +290,12 @@ def run_profile(
         patched = (
             timed(
                 "patching",
-                lambda: [patching_job(model, windows, opts)]
-                + (
-                    [patching_job(model, windows, opts, component="positions")]
-                    if knows_positions
-                    else []
-                ),
+                lambda: [
+                    patching_job(model, windows, opts),
+                    patching_job(model, windows, opts, component="positions"),
+                ],
             )
-            if patching
+            if patching and knows_positions
             else None
         )
         with staged_output(folder) as tmp:
