@@ -32,7 +32,12 @@ from homoglens.errors import (
     UnsupportedArchitectureError,
 )
 from homoglens.hooks import PositionPlan
-from homoglens.interventions import ablated_positions, position_ablation_hooks
+from homoglens.interventions import (
+    ablated_positions,
+    attention_bias_hooks,
+    biased_attention,
+    position_ablation_hooks,
+)
 from homoglens.models import ModelInfo, load_model, model_info
 from homoglens.patching import positional_patching
 from homoglens.profile import cosine_homogenization, homogenization_profile
@@ -99,6 +104,8 @@ __all__ = [
     "UnknownModelError",
     "UnsupportedArchitectureError",
     "ablated_positions",
+    "attention_bias_hooks",
+    "biased_attention",
     "architecture_of",
     "corpus_windows",
     "cosine_homogenization",

@@ -131,6 +131,22 @@ def _rotary(
     )
 
 
+def _alibi(family: str, archs: tuple[str, ...], builder: str, *examples: str, **kw: Any) -> Any:
+    scores = ("blocks.{i}.attn.hook_attn_scores",)
+    return ArchitectureSpec(
+        family=family,
+        hf_architectures=archs,
+        positional="alibi",
+        rotary="none",
+        has_resid_mid=True,
+        examples=examples,
+        hooked_position_hooks=scores,
+        bridge_position_hooks=scores,
+        hf_position_module=builder,
+        **kw,
+    )
+
+
 _POST_NORM = (
     "post-norm blocks: attn_out / mlp_out are normalised before they join the stream, so on "
     "the bridge they are not additive residual components (TransformerLens #1648)"
@@ -226,28 +242,19 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
             "stablelm", ("StableLmForCausalLM",), "stabilityai/stablelm-2-1_6b", rotary="partial"
         ),
         # ALiBi: a linear bias on the attention scores, no positional embedding
-        ArchitectureSpec(
-            family="bloom",
-            hf_architectures=("BloomForCausalLM",),
-            positional="alibi",
-            rotary="none",
-            has_resid_mid=True,
-            examples=("bigscience/bloom-560m", "bigscience/bloomz-560m"),
-            hooked_position_hooks=("blocks.{i}.attn.hook_attn_scores",),
-            bridge_position_hooks=("blocks.{i}.attn.hook_attn_scores",),
-            hf_position_module="transformer.build_alibi_tensor",
+        _alibi(
+            "bloom",
+            ("BloomForCausalLM",),
+            "transformer.build_alibi_tensor",
+            "bigscience/bloom-560m",
+            "bigscience/bloomz-560m",
             caveats="LayerNorm on the embeddings (entry 0 is the normalised embedding)",
         ),
-        ArchitectureSpec(
-            family="mpt",
-            hf_architectures=("MptForCausalLM",),
-            positional="alibi",
-            rotary="none",
-            has_resid_mid=True,
-            examples=("mosaicml/mpt-7b",),
-            hooked_position_hooks=("blocks.{i}.attn.hook_attn_scores",),
-            bridge_position_hooks=("blocks.{i}.attn.hook_attn_scores",),
-            hf_position_module="transformer.build_mpt_alibi_tensor",
+        _alibi(
+            "mpt",
+            ("MptForCausalLM",),
+            "transformer.build_mpt_alibi_tensor",
+            "mosaicml/mpt-7b",
             caveats="HookedTransformer (TransformerLens 3.9) does not load MPT",
         ),
         # rotary on interleaved channel pairs; TransformerLens 4.3's bridge never fires

@@ -30,6 +30,8 @@ __all__ = [
     "rotary_table_hook",
     "rerotate_hook",
     "alibi_score_hook",
+    "attention_bias_phi",
+    "attention_bias_hook",
     "remove_sink_hook",
     "sink_removal_delta",
     "mean_head_hook",
@@ -286,6 +288,71 @@ def alibi_score_hook(slopes: Float[torch.Tensor, " head_index"], plan: PositionP
         moved = (source - torch.arange(len(source))).to(scores.device, torch.float64)
         delta = slopes.to(scores.device, torch.float64)[:, None] * moved[None, :]
         return scores + delta.to(scores.dtype)[None, :, None, :]
+
+    return hook
+
+
+def attention_bias_phi(
+    kind: str, n_query: int, n_key: int, *, first_k: int = 1, window: int = 8
+) -> Float[torch.Tensor, "query_pos key_pos"]:
+    """The bias direction phi[q, k] of an attention-bias kind (SCIENCE.md, "Positional attention
+    bias"), float64, for keys k <= q (entries k > q are 0; the causal mask removes them).
+
+    ``"first"``: 1[k < first_k]; ``"self"``: 1[k = q]; ``"recent"``: 1[q - window < k <= q];
+    ``"alibi"``: -(q - k) (Press et al. 2022, arXiv 2108.12409); ``"middle"``:
+    1[q/4 <= k <= 3q/4]; ``"temperature"``: zeros (it scales the scores instead).
+    """
+    q = torch.arange(n_query, dtype=torch.float64)[:, None]
+    k = torch.arange(n_key, dtype=torch.float64)[None, :]
+    allowed = k <= q
+    phi = {
+        "first": (k < first_k) & allowed,
+        "self": k == q,
+        "recent": (q - window < k) & allowed,
+        "middle": (4 * k >= q) & (4 * k <= 3 * q),
+    }.get(kind)
+    if phi is not None:
+        return phi.to(torch.float64)
+    if kind == "alibi":
+        return torch.where(allowed, -(q - k), torch.zeros(()))
+    if kind == "temperature":
+        return torch.zeros(n_query, n_key, dtype=torch.float64)
+    raise InvalidInputError(f"unknown attention-bias kind {kind!r}")
+
+
+def attention_bias_hook(
+    heads: list[int] | None,
+    bias: float,
+    beta: float,
+    phi: Callable[[int, int], torch.Tensor],
+) -> HookFn:
+    """Hook for ``blocks.{l}.attn.hook_pattern`` ``[batch head_index query_pos key_pos]``: bias
+    the chosen heads' attention, A'[q, k] = A[q, k]^beta exp(b phi[q, k]) / sum over k' of the
+    same, computed in log space, which equals softmax(beta * scores + b * phi) exactly.
+
+    Keys a row never attends (the causal mask, a sliding window, padding: A = 0) stay at 0.
+
+    Args:
+        heads: Head indices to bias (``None``: every head).
+        bias: b, the strength of the push along phi (negative: away).
+        beta: The temperature factor on the scores (1: none).
+        phi: ``(n_query, n_key) -> phi [query_pos key_pos]`` float64 (:func:`attention_bias_phi`).
+
+    Returns:
+        A TransformerLens hook function returning the biased pattern.
+    """
+
+    def hook(pattern: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> Any:
+        chosen = pattern if heads is None else pattern[:, heads]
+        log = torch.log(chosen.double())  # -inf where A = 0: stays 0 after the softmax
+        log = beta * log + bias * phi(pattern.shape[-2], pattern.shape[-1]).to(pattern.device)
+        biased = torch.softmax(log, dim=-1)
+        biased = torch.nan_to_num(biased, nan=0.0).to(pattern.dtype)  # rows with no key at all
+        if heads is None:
+            return biased
+        out = pattern.clone()
+        out[:, heads] = biased
+        return out
 
     return hook
 

@@ -10,10 +10,15 @@ One meaning on every architecture and backend (checked against Hugging Face ``po
 
 * ``"zero"``: no positional signal. Learned absolute: the positional embedding is zero.
   Rotary: every token is rotated as position 0 (no rotation), so attention scores are the
-  unrotated q.k / sqrt(d_head).
-* ``"permute"``: token i receives the positional signal of ``perm[i]`` (== ``position_ids=perm``).
+  unrotated q.k / sqrt(d_head). ALiBi (BLOOM, MPT): the bias is removed.
+* ``"permute"``: token i receives the positional signal of ``perm[i]`` (== ``position_ids=perm``;
+  ALiBi: the bias recomputed from the permuted positions).
 * ``"shift"``: token i receives the signal of i + shift (== ``position_ids=arange + shift``). A
-  shift of every position changes nothing in a rotary model (scores depend only on i - j).
+  shift of every position changes nothing in a rotary or ALiBi model (scores depend only on
+  i - j).
+
+The families, their hook points and traps: the architecture table
+(:mod:`homoglens.architectures`) and the supported-families page of the docs.
 * ``"mean"`` (learned absolute only): every token receives the mean of the positional
   embeddings of the sequence's T positions.
 
@@ -24,6 +29,7 @@ arXiv 2305.19466), so these ablations remove the *explicit* positional signal on
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -40,23 +46,30 @@ from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
 from homoglens.hooks import (
     PositionPlan,
     alibi_score_hook,
+    attention_bias_hook,
+    attention_bias_phi,
     learned_position_hook,
     rerotate_hook,
     rotary_table_hook,
 )
-from homoglens.models import is_hooked_transformer
+from homoglens.models import check_writable, is_hooked_transformer
 from homoglens.types import (
+    ATTENTION_BIAS_KINDS,
     POSITION_ABLATIONS,
     RESIDUAL_SITES,
+    AttentionBiasKind,
     FwdHooks,
     HookedModel,
     HookFn,
     PositionAblation,
     signature_of,
 )
-from homoglens.validate import as_int
+from homoglens.validate import as_float, as_int
 
 __all__ = [
+    "ATTENTION_BIAS_KINDS",
+    "attention_bias_hooks",
+    "biased_attention",
     "POSITION_ABLATIONS",
     "RESIDUAL_SITES",
     "ablated_positions",
@@ -251,13 +264,16 @@ def position_ablation_hooks(
 ) -> FwdHooks:
     """Build forward hooks that zero, permute, shift or mean-ablate positional information.
 
-    Learned absolute models (GPT-2) are changed at ``hook_pos_embed``. Rotary models (GPT-NeoX /
-    Pythia, partial rotary; Llama, full rotary) are changed per block: on ``TransformerBridge``
-    the rotary tables ``blocks.{i}.attn.hook_cos/hook_sin`` are recomputed by the model's own
-    rotary module at the new positions; on ``HookedTransformer`` the rotated queries/keys at
-    ``hook_rot_q/hook_rot_k`` are rotated once more by (source - position) with the layer's own
-    ``rotary_cos/sin`` tables (rotations compose). Both equal Hugging Face with the
-    corresponding ``position_ids``.
+    Learned absolute models (GPT-2, GPT-Neo, OPT, GPT-BigCode) are changed at
+    ``hook_pos_embed``. Rotary models (Llama, Mistral, Qwen, Gemma, OLMo 2, Phi, SmolLM3, ...;
+    partial in GPT-NeoX / Pythia, Phi, StableLM; interleaved in GPT-J) are changed per block:
+    on ``TransformerBridge`` the rotary tables ``blocks.{i}.attn.hook_cos/hook_sin`` are
+    recomputed by the model's own rotary module at the new positions (Gemma 3: for the block's
+    layer type); on ``HookedTransformer`` the rotated queries/keys at ``hook_rot_q/hook_rot_k``
+    are rotated once more by (source - position) with the layer's own ``rotary_cos/sin`` tables
+    (rotations compose). ALiBi models (BLOOM, MPT) get ``slope_h * (s_j - j)`` added at
+    ``blocks.{i}.attn.hook_attn_scores``. All equal Hugging Face with the corresponding
+    ``position_ids`` (ALiBi: the recomputed bias).
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge`` of a supported architecture.
@@ -265,8 +281,8 @@ def position_ablation_hooks(
         positions: Only these positions (counted from the first token, each in
             ``[0, n_ctx)``) change; others keep their own signal. Positions beyond a sequence's
             length are ignored for that sequence.
-        layers: Rotary models only: block indices (0..n_layers-1) whose rotation changes; other
-            blocks keep theirs.
+        layers: Rotary and ALiBi models only: block indices (0..n_layers-1) whose rotation or
+            bias changes; other blocks keep theirs.
         perm: For ``"permute"``: a permutation of 0..T-1, T being the length you will run.
         shift: For ``"shift"``: offset k, token i gets the signal of i + k (must stay in
             ``[0, n_ctx)``).
@@ -280,12 +296,15 @@ def position_ablation_hooks(
 
     Raises:
         InvalidInputError: bad mode, a ``perm`` with repeats or of the wrong length, positions or
-            a shift outside ``n_ctx``, ``"mean"`` on a rotary model, ``layers`` on a learned one.
-        UnsupportedArchitectureError: the architecture is not in the table (lists supported).
+            a shift outside ``n_ctx``, ``"mean"`` on a rotary or ALiBi model, ``layers`` on a
+            learned one (each message names the family).
+        UnsupportedArchitectureError: the architecture is not in the table (lists supported),
+            or GPT-J on the bridge (which exposes no hook where its rotation happens).
 
     References:
         Yusupov et al. 2025, arXiv 2508.17126 (positional bias and homogenization); Su et al.
-        2021, RoFormer, arXiv 2104.09864 (rotary); Kazemnejad et al. 2023, arXiv 2305.19466.
+        2021, RoFormer, arXiv 2104.09864 (rotary); Press et al. 2022, ALiBi, arXiv 2108.12409;
+        Kazemnejad et al. 2023, arXiv 2305.19466.
 
     Examples:
         >>> import torch
@@ -424,3 +443,139 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
         return activation + change.pop("delta")
 
     return [(alias, into_mlp), (block_hook_name(layer, "hook_resid_post"), out_of_block)]
+
+
+def attention_bias_hooks(
+    model: HookedModel,
+    kind: AttentionBiasKind,
+    strength: float,
+    *,
+    first_k: int = 1,
+    window: int = 8,
+    layers: Sequence[int] | int | None = None,
+    heads: Sequence[int] | int | None = None,
+) -> FwdHooks:
+    """Build forward hooks that push attention toward (or away from) chosen keys, with a dose.
+
+    At ``blocks.{l}.attn.hook_pattern`` of the chosen blocks and heads, each row's pattern
+    becomes A'[q, k] = A[q, k]^beta exp(b phi[q, k]) / sum_k' (same), computed in log space,
+    which equals softmax(beta * scores + b * phi) (SCIENCE.md, "Positional attention bias"):
+    Hugging Face eager attention given the 4D additive mask ``causal + b * phi`` computes the
+    same logits. For every kind but ``"temperature"`` b = ``strength`` and beta = 1; for
+    ``"temperature"`` b = 0 and beta = ``strength`` (beta < 1 flattens attention). It works on
+    every family and backend with attention patterns (the table is not needed).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        kind: One of :data:`~homoglens.types.ATTENTION_BIAS_KINDS`: ``"first"`` (the first
+            ``first_k`` keys: the sink / primacy), ``"self"``, ``"recent"`` (the last
+            ``window`` keys up to the query: recency), ``"alibi"`` (-(q - k), ALiBi's shape),
+            ``"middle"`` (keys q/4 .. 3q/4: the specificity control) or ``"temperature"``.
+        strength: b in nats per unit of phi (any finite value; 0 changes nothing), or beta > 0
+            for ``"temperature"`` (1 changes nothing).
+        first_k: Keys counted as "first" (>= 1).
+        window: Keys counted as "recent" (>= 1; the query itself included).
+        layers: Blocks to bias (default: every block).
+        heads: Heads to bias in each chosen block (default: every head).
+
+    Returns:
+        ``[(hook_name, hook_fn), ...]``; empty at strength 0 (temperature: 1), so the run is the
+        unhooked one bit for bit.
+
+    Raises:
+        InvalidInputError: unknown ``kind``, a strength that is not finite, ``beta <= 0``,
+            ``first_k`` / ``window`` < 1, blocks or heads out of range or repeated.
+        UnsupportedArchitectureError: the model only reads ``hook_pattern`` (the bridge of
+            GPT-Neo, OPT, GPT-J; see :func:`check_writable`).
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126 (C2: homogenization under positional bias);
+        Press et al. 2022, arXiv 2108.12409 (ALiBi); Xiao et al. 2024, arXiv 2309.17453 and Gu
+        et al. 2024, arXiv 2410.10781 (attention sinks); Hsieh et al. 2024, arXiv 2406.16008.
+
+    Examples:
+        >>> from homoglens import attention_bias_hooks, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+        >>> [name for name, _ in attention_bias_hooks(model, "first", 2.0, layers=[1])]
+        ['blocks.1.attn.hook_pattern']
+        >>> attention_bias_hooks(model, "first", 0.0)
+        []
+    """
+    if not isinstance(kind, str) or kind not in ATTENTION_BIAS_KINDS:
+        raise InvalidInputError(f"kind={kind!r} must be one of {list(ATTENTION_BIAS_KINDS)}")
+    strength = as_float("strength", strength, low=-math.inf, high=math.inf)  # finite, not NaN
+    first_k = as_int("first_k", first_k, low=1)
+    window = as_int("window", window, low=1)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    blocks = _chosen("layers", layers, n_layers, "the block indices")
+    chosen_heads = None if heads is None else list(_chosen("heads", heads, n_heads, "head indices"))
+    if kind == "temperature":
+        if strength <= 0:
+            raise InvalidInputError(
+                f"strength={strength} is beta for kind='temperature' and must be > 0 (1: no "
+                "change, < 1 flatter, > 1 sharper attention)"
+            )
+        bias, beta = 0.0, strength
+    else:
+        bias, beta = strength, 1.0
+    if bias == 0.0 and beta == 1.0:
+        return []
+    check_writable(model, "attn.hook_pattern", "an attention bias")
+    cache: dict[tuple[int, int], torch.Tensor] = {}
+
+    def phi(n_query: int, n_key: int) -> torch.Tensor:
+        key = (n_query, n_key)
+        if key not in cache:
+            with torch.inference_mode(False):
+                cache[key] = attention_bias_phi(
+                    kind, n_query, n_key, first_k=first_k, window=window
+                )
+        return cache[key]
+
+    hook = attention_bias_hook(chosen_heads, bias, beta, phi)
+    return [(block_hook_name(i, "attn.hook_pattern"), hook) for i in blocks]
+
+
+def _chosen(name: str, values: Any, high: int, what: str) -> tuple[int, ...]:
+    if values is None:
+        return tuple(range(high))
+    if hasattr(values, "__index__") and not isinstance(values, bool):
+        values = [values]
+    return tuple(sorted(_int_list(name, values, 0, high, what)))
+
+
+@contextlib.contextmanager
+@signature_of(attention_bias_hooks)
+def biased_attention(
+    model: HookedModel, kind: AttentionBiasKind, strength: float, **options: Any
+) -> Iterator[HookedModel]:
+    """Context manager: every forward pass inside runs with biased attention, then the model is
+    restored (the hooks of :func:`attention_bias_hooks`, attached with ``model.hooks()``;
+    removed on exit, also when the body raises).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        kind: The bias kind (see :func:`attention_bias_hooks`).
+        strength: b (or beta for ``"temperature"``).
+        **options: ``first_k``, ``window``, ``layers``, ``heads``.
+
+    Yields:
+        The same model, with the hooks attached.
+
+    Raises:
+        InvalidInputError: as :func:`attention_bias_hooks`, before anything is attached.
+
+    Examples:
+        >>> import torch
+        >>> from homoglens import biased_attention, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+        >>> with biased_attention(model, kind="first", strength=3.0):
+        ...     logits = model(torch.tensor([[50256, 15496, 995]]))
+        >>> tuple(logits.shape)
+        (1, 3, 50257)
+    """
+    fwd_hooks = attention_bias_hooks(model, kind, strength, **options)
+    with model.hooks(fwd_hooks=fwd_hooks):
+        yield model

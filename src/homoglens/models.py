@@ -70,6 +70,7 @@ __all__ = [
     "gpt2_tokenizer",
     "embedded_model_folder",
     "has_hooked_transformer",
+    "check_writable",
 ]
 
 
@@ -145,6 +146,63 @@ def _warn_processed(model: Any) -> None:
         UserWarning,
         stacklevel=3,
     )
+
+
+class _Seen(Exception):
+    """Ends a probe pass once block 0's output has been read."""
+
+
+_WRITABLE: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
+def check_writable(model: HookedModel, point: str, what: str) -> None:
+    """Refuse an intervention whose hook point the model only reads.
+
+    TransformerLens 4.3's bridge fires ``attn.hook_pattern`` of GPT-Neo, OPT and GPT-J as a view
+    of the Hugging Face module's own computation: the values are right, but a hook's return
+    value never reaches the output, so an intervention there would be silently ignored. Two
+    two-token passes through block 0, with ``point`` of block 0 shifted by 1 and without, tell
+    (no later block, final norm or unembedding runs; cached per model and point).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        point: The block-relative hook point, e.g. ``"attn.hook_pattern"``.
+        what: The intervention, for the message.
+
+    Raises:
+        UnsupportedArchitectureError: writing ``point`` changes nothing on this model.
+    """
+    known = _WRITABLE.setdefault(model, {})
+    name = f"blocks.0.{point}"
+    if point not in known:
+        known[point] = name in model.hook_dict and _moves_block_0(model, name)
+    if not known[point]:
+        raise UnsupportedArchitectureError(
+            f"{what} writes blocks.{{l}}.{point}, which this {family_of(model)} model only reads "
+            "(TransformerLens computes its attention inside the Hugging Face module, so a "
+            "changed value never reaches the output). Load it with backend='hooked' "
+            "(TransformerLens 3.9), where it is written"
+        )
+
+
+def _moves_block_0(model: Any, name: str) -> bool:
+    vocab = int(model.cfg.d_vocab)  # two ordinary tokens (0 is often a zero padding row)
+    tokens = torch.tensor([[min(100, vocab - 1), min(200, vocab - 2)]])
+    tokens = tokens.to(next(model.parameters()).device)
+    outputs = []
+
+    def read(activation: torch.Tensor, hook: Any) -> None:
+        outputs.append(activation.detach().clone())
+        raise _Seen
+
+    for shifted in (False, True):
+        hooks = [(name, lambda act, hook: act + 1.0)] if shifted else []
+        try:
+            with torch.no_grad():
+                model.run_with_hooks(tokens, fwd_hooks=[*hooks, ("blocks.0.hook_resid_post", read)])
+        except _Seen:
+            pass
+    return len(outputs) == 2 and not torch.equal(outputs[0], outputs[1])
 
 
 def model_info(model: HookedModel) -> ModelInfo:

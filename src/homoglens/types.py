@@ -43,6 +43,8 @@ __all__ = [
     "Verdict",
     "PositionAblation",
     "POSITION_ABLATIONS",
+    "AttentionBiasKind",
+    "ATTENTION_BIAS_KINDS",
     "ResidualSite",
     "RESIDUAL_SITES",
     "PatchComponent",
@@ -97,6 +99,15 @@ the signal of ``perm[i]``), ``"shift"`` (token i gets the signal of i + shift), 
 POSITION_ABLATIONS: tuple[PositionAblation, ...] = get_args(PositionAblation)
 """Every positional ablation mode, in the order studies run them (see :data:`PositionAblation`;
 ``"mean"`` exists for learned absolute positions only)."""
+
+AttentionBiasKind: TypeAlias = Literal["first", "self", "recent", "alibi", "middle", "temperature"]
+"""Where an attention-bias intervention pushes attention (query q, key k <= q): ``"first"``
+phi = 1[k < first_k]; ``"self"`` 1[k = q]; ``"recent"`` 1[q - window < k <= q]; ``"alibi"``
+-(q - k); ``"middle"`` (specificity control) 1[q/4 <= k <= 3q/4]; ``"temperature"``: no phi,
+the scores are scaled by beta = strength."""
+
+ATTENTION_BIAS_KINDS: tuple[AttentionBiasKind, ...] = get_args(AttentionBiasKind)
+"""Every attention-bias kind (see :data:`AttentionBiasKind`)."""
 
 ResidualSite: TypeAlias = Literal["resid_pre", "resid_mid", "resid_post"]
 """A point of a block's residual stream: before the block, between attention and MLP (not in

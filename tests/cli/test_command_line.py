@@ -282,20 +282,18 @@ def test_a_family_outside_the_table_gets_a_report_without_ablations(tmp_path) ->
     from helpers import outside_the_table
 
     out = tmp_path / "granite-report"
-    result = CliRunner().invoke(
-        main,
-        [
-            "profile",
-            "--model",
-            outside_the_table(tmp_path / "granite"),
-            "--n-seq",
-            "3",
-            "--seq-len",
-            "16",
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
+    model = outside_the_table(tmp_path / "granite")
+    result = run(
+        "profile",
+        "--model",
+        model,
+        "--n-seq",
+        "3",
+        "--seq-len",
+        "16",
+        "--out",
+        str(out),
+        "--no-progress",
     )
     assert result.exit_code == 0, result.output
     assert "GraniteForCausalLM is not in the architecture table" in result.output

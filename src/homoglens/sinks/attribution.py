@@ -173,6 +173,8 @@ def sink_attribution(
         InvalidInputError: a head or layer that does not exist, a head at or after ``layer``,
             bad ``key``/``method``/``ablation``/``edge_k``, sequences too short, bad data.
             No hook stays attached after any error.
+        UnsupportedArchitectureError: the model only reads the hook point the ablation writes
+            (``hook_pattern`` / ``hook_z`` on the bridge of GPT-Neo, OPT, GPT-J).
 
     References:
         Gu et al. 2024, arXiv 2410.10781; Barbero et al. 2025, arXiv 2504.02732;
@@ -209,6 +211,10 @@ def sink_attribution(
         raise InvalidInputError(
             f"metrics={metrics!r} must be distinct names from {ATTRIBUTION_METRICS}"
         )
+    from homoglens.models import check_writable
+
+    point = "attn.hook_pattern" if ablation == "sink" else "attn.hook_z"
+    check_writable(model, point, f"sink attribution (ablation={ablation!r})")
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     check_edge(batch, key, edge_k)
     if method == "fast":

@@ -1,0 +1,184 @@
+"""Attention-bias interventions against Hugging Face eager attention given the same bias as a
+4D float additive mask (causal -inf plus b * phi), on the tiny model of every family."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import BACKENDS, TOKENS, hook_count
+from homoglens import (
+    InvalidInputError,
+    attention_bias_hooks,
+    biased_attention,
+    load_model,
+)
+from homoglens.architectures import ARCHITECTURES
+from homoglens.hooks import attention_bias_phi
+from homoglens.testing import TINY_ARCHS, tiny_model_folder
+
+SHORT = TOKENS[:, :8]  # within every tiny sliding window (8): the window mask never binds
+N = SHORT.shape[1]
+KINDS = {"first": 2.0, "self": 1.5, "recent": 1.0, "alibi": 0.5, "middle": -1.5}
+
+
+@functools.cache
+def _hf(arch: str):
+    return AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_folder(arch)), attn_implementation="eager"
+    ).eval()
+
+
+@functools.cache
+def _model(arch: str, backend: str):
+    return load_model(tiny_model_folder(arch), backend=backend, device="cpu")
+
+
+def _hf_with_mask(arch: str, bias: torch.Tensor | None) -> torch.Tensor:
+    causal = torch.full((N, N), float("-inf")).triu(1)
+    mask = causal if bias is None else causal + bias.float()
+    with torch.no_grad():
+        return _hf(arch)(SHORT, attention_mask=mask[None, None]).logits
+
+
+READ_ONLY = {"gptneo", "opt", "gptj"}  # TL 4.3's bridge fires their hook_pattern, never uses it
+
+
+def _cases():
+    out = []
+    for arch in TINY_ARCHS:
+        spec = ARCHITECTURES[arch]
+        mark = ()
+        if spec.positional == "alibi" or arch == "opt":
+            mark = pytest.mark.skip(
+                reason=f"{arch}: Hugging Face derives its ALiBi bias or positions from a 2D mask"
+            )
+        out.append(pytest.param(arch, marks=mark, id=arch))
+    return out
+
+
+@pytest.mark.parametrize("arch", sorted(READ_ONLY))
+def test_a_pattern_the_bridge_only_reads_is_refused(arch: str) -> None:
+    from homoglens import UnsupportedArchitectureError, sink_attribution
+
+    model = _model(arch, "bridge")
+    before = hook_count(model)
+    with pytest.raises(UnsupportedArchitectureError, match=f"{arch} model only reads"):
+        with biased_attention(model, kind="first", strength=1.0):
+            pass
+    text = "It is a truth universally acknowledged, that a single man in possession"
+    with pytest.raises(UnsupportedArchitectureError, match="only reads"):
+        sink_attribution(model, text, heads=[(0, 0)], edge_k=2, progress=False)
+    assert hook_count(model) == before
+
+
+@pytest.mark.parametrize("arch", _cases())
+def test_bias_equals_hugging_face_with_a_4d_float_mask(arch: str) -> None:
+    # first pin how the installed transformers reads a float 4D mask: as an additive bias
+    with torch.no_grad():
+        plain = _hf(arch)(SHORT).logits
+    assert torch.allclose(_hf_with_mask(arch, None), plain, atol=1e-5)
+    backend = "hooked" if arch in READ_ONLY else BACKENDS[-1]
+    if backend not in BACKENDS:
+        pytest.skip(f"{arch}: the bridge only reads hook_pattern; HookedTransformer needs TL 3.9")
+    model = _model(arch, backend)
+    before = hook_count(model)
+    with torch.no_grad():
+        unhooked = model(SHORT)
+        for kind, b in KINDS.items():
+            phi = attention_bias_phi(kind, N, N, first_k=2, window=3)
+            with biased_attention(model, kind=kind, strength=b, first_k=2, window=3):
+                got = model(SHORT)
+            want = _hf_with_mask(arch, b * phi)
+            assert (want - plain).abs().max() > 1e-4, kind  # the bias matters
+            assert torch.allclose(got, want, atol=1e-5), (kind, (got - want).abs().max())
+            with biased_attention(model, kind=kind, strength=0.0):
+                assert torch.equal(model(SHORT), unhooked)  # strength 0: bit for bit
+    assert hook_count(model) == before
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ["gpt2", "neox", "llama"])
+def test_bias_on_each_backend(arch: str, backend: str) -> None:
+    model = _model(arch, backend)
+    phi = attention_bias_phi("first", N, N)
+    with torch.no_grad(), biased_attention(model, kind="first", strength=2.0):
+        got = model(SHORT)
+    assert torch.allclose(got, _hf_with_mask(arch, 2.0 * phi), atol=1e-5)
+    with torch.no_grad(), biased_attention(model, kind="temperature", strength=1.0):
+        assert torch.equal(model(SHORT), model(SHORT))
+    assert hook_count(model) == 0
+
+
+def test_mass_rises_with_b_and_kl_grows_from_zero() -> None:
+    model = _model("llama", BACKENDS[-1])
+    name = "blocks.1.attn.hook_pattern"
+    with torch.no_grad():
+        _, cache = model.run_with_cache(SHORT, names_filter=name)
+    base = cache[name].double()
+    masses, kls = [], []
+    for b in (-2.0, -1.0, 0.0, 0.5, 1.0, 2.0, 4.0):
+        hooks = attention_bias_hooks(model, "first", b, layers=[1], heads=[0, 2])
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+            _, biased = model.run_with_cache(SHORT, names_filter=name)
+        pattern = biased[name].double()[:, [0, 2], 1:]  # rows with more than one key
+        old = base[:, [0, 2], 1:]
+        masses.append(float(pattern[..., 0].mean()))
+        inside = pattern > 0
+        kl = torch.where(inside, pattern * (pattern.log() - old.log()), torch.zeros(()))
+        kls.append(float(kl.sum(-1).mean()))
+        untouched = biased[name][:, [1, 3]]
+        assert torch.equal(untouched, cache[name][:, [1, 3]])  # other heads keep theirs
+        assert torch.allclose(biased[name].sum(-1), torch.ones(()), atol=1e-6)
+    assert all(a < b for a, b in zip(masses, masses[1:], strict=False)), masses
+    assert kls[2] == 0.0 and all(k > 0 for i, k in enumerate(kls) if i != 2)
+    assert kls[1] < kls[0] and kls[3] < kls[4] < kls[5] < kls[6]
+
+
+def test_temperature_matches_scaled_scores() -> None:
+    """beta on the pattern equals softmax(beta * scores): read the scores the model computed."""
+    model = _model("gpt2", BACKENDS[-1])
+    names = ["blocks.0.attn.hook_attn_scores", "blocks.0.attn.hook_pattern"]
+    with torch.no_grad(), biased_attention(model, kind="temperature", strength=0.3):
+        _, cache = model.run_with_cache(SHORT, names_filter=names)
+    want = torch.softmax(0.3 * cache[names[0]].double(), dim=-1)
+    assert torch.allclose(cache[names[1]].double(), want, atol=1e-6)
+
+
+def test_phi_definitions() -> None:
+    first = attention_bias_phi("first", 5, 5, first_k=2)
+    assert first[4].tolist() == [1, 1, 0, 0, 0] and first[0].tolist() == [1, 0, 0, 0, 0]
+    assert attention_bias_phi("self", 3, 3).tolist() == torch.eye(3).tolist()
+    assert attention_bias_phi("recent", 5, 5, window=2)[4].tolist() == [0, 0, 0, 1, 1]
+    assert attention_bias_phi("alibi", 4, 4)[3].tolist() == [-3, -2, -1, 0]
+    assert attention_bias_phi("middle", 9, 9)[8].tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0]
+    assert not attention_bias_phi("temperature", 3, 3).any()
+
+
+def test_bad_input_is_typed_and_attaches_nothing() -> None:
+    model = _model("gpt2", BACKENDS[-1])
+    for kwargs, match in (
+        ({"kind": "edges", "strength": 1.0}, "kind="),
+        ({"kind": "first", "strength": math.nan}, "strength="),
+        ({"kind": "first", "strength": math.inf}, "strength="),
+        ({"kind": "first", "strength": "big"}, "strength="),
+        ({"kind": "temperature", "strength": 0.0}, "must be > 0"),
+        ({"kind": "temperature", "strength": -1.0}, "must be > 0"),
+        ({"kind": "first", "strength": 1.0, "layers": [2]}, "layers"),
+        ({"kind": "first", "strength": 1.0, "heads": [4]}, "heads"),
+        ({"kind": "first", "strength": 1.0, "heads": [0, 0]}, "repeated"),
+        ({"kind": "first", "strength": 1.0, "first_k": 0}, "first_k"),
+        ({"kind": "recent", "strength": 1.0, "window": 0}, "window"),
+    ):
+        with pytest.raises(InvalidInputError, match=match):
+            with biased_attention(model, **kwargs):
+                pass
+    assert hook_count(model) == 0
+    with pytest.raises(RuntimeError, match="inside"):
+        with biased_attention(model, kind="first", strength=1.0):
+            raise RuntimeError("inside")
+    assert hook_count(model) == 0
