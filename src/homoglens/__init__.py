@@ -11,6 +11,7 @@ from homoglens.architectures import (
     ARCHITECTURES,
     ArchitectureSpec,
     architecture_of,
+    family_of,
     resid_hook_name,
 )
 from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS
@@ -59,7 +60,14 @@ from homoglens.sinks import (
     sink_scores,
 )
 from homoglens.studies import default_ablation_modes, position_ablation_study
-from homoglens.types import PATCH_COMPONENTS, PATCH_METRICS, POSITION_ABLATIONS, PositionAblation
+from homoglens.types import (
+    ATTENTION_BIAS_KINDS,
+    PATCH_COMPONENTS,
+    PATCH_METRICS,
+    POSITION_ABLATIONS,
+    AttentionBiasKind,
+    PositionAblation,
+)
 
 try:  # the one version source is pyproject.toml; an installed package carries it
     __version__: str = _metadata.version("homoglens")
@@ -87,6 +95,8 @@ __all__ = [
     "ModelInfo",
     "ModelComparison",
     "POSITION_ABLATIONS",
+    "ATTENTION_BIAS_KINDS",
+    "AttentionBiasKind",
     "REPLICATED_MODELS",
     "PositionAblation",
     "PositionAblationStudy",
@@ -107,6 +117,7 @@ __all__ = [
     "attention_bias_hooks",
     "biased_attention",
     "architecture_of",
+    "family_of",
     "corpus_windows",
     "cosine_homogenization",
     "default_ablation_modes",
