@@ -29,7 +29,6 @@ arXiv 2305.19466), so these ablations remove the *explicit* positional signal on
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -176,9 +175,7 @@ def _blocks(model: HookedModel, layers: Any, spec: ArchitectureSpec) -> list[int
             f"model ({spec.family}) position enters once, at hook_pos_embed. Use positions= "
             "instead."
         )
-    if hasattr(layers, "__index__") and not isinstance(layers, bool):
-        layers = [layers]
-    return sorted(_int_list("layers", layers, 0, n_layers, "the block indices"))
+    return list(_chosen("layers", layers, n_layers, "the block indices"))
 
 
 def _hf_module(model: HookedModel, path: str) -> Any:
@@ -445,6 +442,9 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
     return [(alias, into_mlp), (block_hook_name(layer, "hook_resid_post"), out_of_block)]
 
 
+_MAX_STRENGTH = 1e4
+
+
 def attention_bias_hooks(
     model: HookedModel,
     kind: AttentionBiasKind,
@@ -471,8 +471,8 @@ def attention_bias_hooks(
             ``first_k`` keys: the sink / primacy), ``"self"``, ``"recent"`` (the last
             ``window`` keys up to the query: recency), ``"alibi"`` (-(q - k), ALiBi's shape),
             ``"middle"`` (keys q/4 .. 3q/4: the specificity control) or ``"temperature"``.
-        strength: b in nats per unit of phi (any finite value; 0 changes nothing), or beta > 0
-            for ``"temperature"`` (1 changes nothing).
+        strength: b in nats per unit of phi (|b| < 1e4; 0 changes nothing), or beta in
+            (0, 1e4) for ``"temperature"`` (1 changes nothing).
         first_k: Keys counted as "first" (>= 1).
         window: Keys counted as "recent" (>= 1; the query itself included).
         layers: Blocks to bias (default: every block).
@@ -483,7 +483,8 @@ def attention_bias_hooks(
         unhooked one bit for bit.
 
     Raises:
-        InvalidInputError: unknown ``kind``, a strength that is not finite, ``beta <= 0``,
+        InvalidInputError: unknown ``kind``, a strength that is not a real number in
+            (-1e4, 1e4), ``beta <= 0``,
             ``first_k`` / ``window`` < 1, blocks or heads out of range or repeated.
         UnsupportedArchitectureError: the model only reads ``hook_pattern`` (the bridge of
             GPT-Neo, OPT, GPT-J; see :func:`check_writable`).
@@ -504,7 +505,8 @@ def attention_bias_hooks(
     """
     if not isinstance(kind, str) or kind not in ATTENTION_BIAS_KINDS:
         raise InvalidInputError(f"kind={kind!r} must be one of {list(ATTENTION_BIAS_KINDS)}")
-    strength = as_float("strength", strength, low=-math.inf, high=math.inf)  # finite, not NaN
+    # |b| or beta past 1e4 saturates every row long before; far past it exp overflows
+    strength = as_float("strength", strength, low=-_MAX_STRENGTH, high=_MAX_STRENGTH)
     first_k = as_int("first_k", first_k, low=1)
     window = as_int("window", window, low=1)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
@@ -538,11 +540,14 @@ def attention_bias_hooks(
 
 
 def _chosen(name: str, values: Any, high: int, what: str) -> tuple[int, ...]:
+    """Sorted distinct indices in [0, high): one int (a Python or numpy integer, a 0-d tensor)
+    or a list / 1-d tensor / 1-d array of them; ``None``: all."""
     if values is None:
         return tuple(range(high))
-    if hasattr(values, "__index__") and not isinstance(values, bool):
-        values = [values]
-    return tuple(sorted(_int_list(name, values, 0, high, what)))
+    scalar = getattr(values, "ndim", None) == 0 or (
+        isinstance(values, int) and not isinstance(values, bool)
+    )
+    return tuple(sorted(_int_list(name, [values] if scalar else values, 0, high, what)))
 
 
 @contextlib.contextmanager

@@ -761,6 +761,11 @@ def load_model(
             if resolved_step is not None and "checkpoint_index" in hub:
                 source = f"{hub_text} (checkpoint_value {resolved_step})"
         except (OSError, ValueError) as err:
+            if hub and "checkpoint" in str(err):  # TransformerLens refused the checkpoint
+                raise InvalidInputError(
+                    f"{sorted(hub)} for {name!r}: {err}. Pass revision= directly, or a model "
+                    "with published training checkpoints (EleutherAI/pythia-*)"
+                ) from err
             raise UnknownModelError(
                 f"could not load {name!r} from the Hugging Face Hub or its local cache ({err}). "
                 "Check the name and your network, or pass a local folder / "

@@ -42,10 +42,17 @@ def as_bool(name: str, value: Any) -> bool:
     raise InvalidInputError(f"{name}={value!r} must be True or False")
 
 
+def _is_complex(value: Any) -> bool:
+    """A torch tensor of complex dtype (numpy values show it in ``dtype.kind``)."""
+    check = getattr(value, "is_complex", None)
+    return bool(check()) if callable(check) else False
+
+
 def as_float(name: str, value: Any, *, low: float, high: float) -> float:
     """Return ``value`` as a float strictly inside (low, high)."""
-    if isinstance(value, (bool, str, bytes)):
-        raise InvalidInputError(f"{name}={value!r} must be a number")
+    complex_dtype = getattr(getattr(value, "dtype", None), "kind", "") == "c"
+    if isinstance(value, (bool, str, bytes, complex)) or complex_dtype or _is_complex(value):
+        raise InvalidInputError(f"{name}={value!r} must be a real number")
     try:
         number = float(value)
     except (TypeError, ValueError) as err:

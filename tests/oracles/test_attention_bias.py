@@ -182,3 +182,24 @@ def test_bad_input_is_typed_and_attaches_nothing() -> None:
         with biased_attention(model, kind="first", strength=1.0):
             raise RuntimeError("inside")
     assert hook_count(model) == 0
+
+
+def test_array_indices_huge_and_complex_strengths() -> None:
+    import numpy as np
+
+    model = _model("llama", BACKENDS[-1])
+    for heads in (np.array([0, 2]), torch.tensor([0, 2]), [np.int64(0), 2]):
+        assert len(attention_bias_hooks(model, "first", 1.0, heads=heads, layers=np.int64(1))) == 1
+    for bad in (torch.tensor([[0]]), np.array([[0, 1]])):
+        with pytest.raises(InvalidInputError, match="heads"):
+            attention_bias_hooks(model, "first", 1.0, heads=bad)
+    for strength in (1e308, -1e5, np.complex128(1 + 2j), torch.tensor(1 + 0j)):
+        with pytest.raises(InvalidInputError, match="strength"):
+            attention_bias_hooks(model, "alibi", strength)
+    with pytest.raises(InvalidInputError, match="strength"):
+        attention_bias_hooks(model, "temperature", 1e5)
+    from homoglens import ablated_positions
+
+    with torch.no_grad(), ablated_positions(model, "zero", layers=np.array([0])):
+        model(SHORT)
+    assert hook_count(model) == 0

@@ -84,3 +84,17 @@ def test_versions_are_validated_before_anything_loads() -> None:
     with pytest.raises(InvalidInputError, match="revision="):
         load_model(REPO, revision="  ")
     assert json.loads((folder / "config.json").read_text())["architectures"]
+
+
+def test_a_checkpoint_of_a_model_without_checkpoints_is_a_bad_argument(tmp_path: Path) -> None:
+    cache = _fake_hub(tmp_path / "hub")
+    script = (
+        "import sys\nfrom homoglens import InvalidInputError, load_model\n"
+        "try:\n    load_model('gpt2', backend='bridge', checkpoint_index=0)\n"
+        "except InvalidInputError as err:\n    print('typed', err)\n"
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert "typed" in run.stdout and "checkpoint" in run.stdout, run.stdout + run.stderr[-1500:]
