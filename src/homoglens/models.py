@@ -119,13 +119,24 @@ def is_hooked_transformer(model: Any) -> bool:
 def _hooked_weights(model: Any) -> WeightsKind:
     """What a ``HookedTransformer`` homoglens did not load tells about its weights: folded
     LayerNorm leaves ``normalization_type`` ``"LNPre"``/``"RMSPre"``; centred writing weights
-    leave every embedding row with mean 0 over ``d_model``. Neither: raw."""
+    leave every embedding row with mean 0 over ``d_model``. Neither: raw. Read once per model
+    (``model_info`` runs in every measurement; the embedding of a large model is big)."""
+    known = _WEIGHTS.get(model)
+    if known is not None:
+        return known
     if str(getattr(model.cfg, "normalization_type", "")).endswith("Pre"):
-        return "processed"
-    with torch.no_grad():
-        embed = model.W_E.detach().float()
-        centred = bool(embed.mean(-1).abs().max() <= 1e-6 * embed.abs().mean().clamp_min(1e-30))
-    return "processed" if centred else "raw"
+        kind: WeightsKind = "processed"
+    else:
+        with torch.no_grad():
+            embed = model.W_E.detach()
+            row_means = embed.mean(-1, dtype=torch.float32).abs().max()
+            scale = embed.norm(dtype=torch.float32) / embed.numel() ** 0.5  # RMS, no copy
+            kind = "processed" if bool(row_means <= 1e-6 * scale.clamp_min(1e-30)) else "raw"
+    _WEIGHTS[model] = kind
+    return kind
+
+
+_WEIGHTS: weakref.WeakKeyDictionary[Any, WeightsKind] = weakref.WeakKeyDictionary()
 
 
 _WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
