@@ -15,6 +15,7 @@ from homoglens.architectures import (
     resid_hook_name,
 )
 from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS
+from homoglens.bias import attention_bias_study
 from homoglens.comparison import REPLICATED_MODELS, compare_models
 from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
 from homoglens.errors import (
@@ -39,20 +40,25 @@ from homoglens.interventions import (
     biased_attention,
     position_ablation_hooks,
 )
+from homoglens.lengths import length_study
 from homoglens.models import ModelInfo, load_model, model_info
 from homoglens.patching import positional_patching
 from homoglens.profile import cosine_homogenization, homogenization_profile
 from homoglens.results import HomogenizationProfile, PositionAblationStudy, Provenance
+from homoglens.results.bias import AttentionBiasStudy, SlopeAtZero
 from homoglens.results.comparison import ModelComparison
+from homoglens.results.lengths import LengthStudy
 from homoglens.results.patching import PositionalPatchingResult
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity import positional_similarity, similarity_from_activations
 from homoglens.sinks import (
     ATTRIBUTION_METRICS,
+    AttentionReceived,
     MassiveActivations,
     SinkAnalysis,
     SinkAttribution,
     SinkScores,
+    attention_received,
     attention_view,
     massive_activations,
     sink_analysis,
@@ -113,8 +119,13 @@ __all__ = [
     "TokenBatch",
     "UnknownModelError",
     "UnsupportedArchitectureError",
+    "AttentionBiasStudy",
+    "AttentionReceived",
+    "attention_received",
+    "SlopeAtZero",
     "ablated_positions",
     "attention_bias_hooks",
+    "attention_bias_study",
     "biased_attention",
     "architecture_of",
     "family_of",
@@ -124,6 +135,8 @@ __all__ = [
     "attention_view",
     "compare_models",
     "homogenization_profile",
+    "LengthStudy",
+    "length_study",
     "load_corpus",
     "load_model",
     "massive_activations",

@@ -11,6 +11,9 @@ pre-declared, Holm-adjusted tests with a smallest effect size of interest (:mod:
 Per-window statistics (:data:`STATISTICS`; ``[seq]``, or ``[seq layer]`` over the layer axis):
 
 * ``loss``: mean next-token cross-entropy (nats/token);
+* ``icl``: in-context-learning score, loss of the last eighth of the window minus the second
+  eighth (nats; models measured here; the induction loss, on repeated random tokens rather than
+  on the windows, is in :meth:`ModelComparison.context_table`);
 * ``mean_pairwise`` ``[seq layer]``: mean pairwise cosine of the window (raw);
 * ``adjusted_last``: ``mean_pairwise`` at the last layer minus that layer's anisotropy baseline;
 * ``homogenization`` ``[seq layer]``: mean off-diagonal ``W = M - C`` (centred: what a window's
@@ -110,6 +113,7 @@ def _window_statistics(
         pairwise = study.mean_pairwise[m].double()
         stats = {
             "loss": study.loss[m].double(),
+            **({} if study.icl is None else {"icl": study.icl[m].double()}),
             "adjusted_last": pairwise[:, -1] - study.profiles[mode].baseline.double()[-1],
             "mean_pairwise": pairwise,
         }

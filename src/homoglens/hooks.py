@@ -12,6 +12,7 @@ holds for unpadded and right-padded batches (homoglens always runs right-padded)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -30,8 +31,10 @@ __all__ = [
     "rotary_table_hook",
     "rerotate_hook",
     "alibi_score_hook",
+    "AttentionBiasPlan",
     "attention_bias_phi",
     "attention_bias_hook",
+    "bias_pattern",
     "remove_sink_hook",
     "sink_removal_delta",
     "mean_head_hook",
@@ -320,34 +323,176 @@ def attention_bias_phi(
     raise InvalidInputError(f"unknown attention-bias kind {kind!r}")
 
 
-def attention_bias_hook(
-    heads: list[int] | None,
-    bias: float,
-    beta: float,
-    phi: Callable[[int, int], torch.Tensor],
-) -> HookFn:
-    """Hook for ``blocks.{l}.attn.hook_pattern`` ``[batch head_index query_pos key_pos]``: bias
-    the chosen heads' attention, A'[q, k] = A[q, k]^beta exp(b phi[q, k]) / sum over k' of the
-    same, computed in log space, which equals softmax(beta * scores + b * phi) exactly.
+@dataclass(frozen=True)
+class AttentionBiasPlan:
+    """A checked attention bias: A'[q, k] = softmax_k(beta log A[q, k] + b phi[q, k]) on the
+    chosen heads of the chosen blocks (built by :func:`homoglens.attention_bias_plan`).
 
-    Keys a row never attends (the causal mask, a sliding window, padding: A = 0) stay at 0.
+    Attributes:
+        kind: The bias kind.
+        bias: b (0 for ``"temperature"``).
+        beta: The factor on the log-attention (1 but for ``"temperature"``).
+        first_k: Keys counted as "first".
+        window: Keys counted as "recent".
+        blocks: Blocks biased.
+        heads: Heads biased in each block (``None``: every head).
+    """
+
+    kind: str
+    bias: float
+    beta: float
+    first_k: int
+    window: int
+    blocks: tuple[int, ...]
+    heads: tuple[int, ...] | None
+
+    @property
+    def identity(self) -> bool:
+        """Whether the plan changes nothing (b = 0 and beta = 1)."""
+        return self.bias == 0.0 and self.beta == 1.0
+
+    def phi(self, n_query: int, n_key: int) -> Float[torch.Tensor, "query_pos key_pos"]:
+        """Phi of this kind for a ``[n_query n_key]`` pattern (float64, cached)."""
+        return _cached_phi(self.kind, n_query, n_key, self.first_k, self.window)
+
+
+@lru_cache(maxsize=32)
+def _cached_phi(kind: str, n_query: int, n_key: int, first_k: int, window: int) -> torch.Tensor:
+    with torch.inference_mode(False):
+        return attention_bias_phi(kind, n_query, n_key, first_k=first_k, window=window)
+
+
+@lru_cache(maxsize=32)
+def _bias_weights(
+    kind: str, bias: float, n_query: int, n_key: int, first_k: int, window: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w, stack of w, w * phi, w * log w)``, float64 ``[query_pos key_pos]`` (and
+    ``[3 query_pos key_pos]``), with w[q, k] = exp(b phi[q, k] - max_{k' <= q} b phi[q, k'])
+    on keys k <= q (in (0, 1]), else 0."""
+    with torch.inference_mode(False):
+        phi = attention_bias_phi(kind, n_query, n_key, first_k=first_k, window=window)
+        q = torch.arange(n_query)[:, None]
+        allowed = torch.arange(n_key)[None, :] <= q
+        scaled = torch.where(allowed, bias * phi, -torch.inf)
+        log_w = scaled - scaled.amax(-1, keepdim=True)
+        log_w = torch.where(allowed, log_w, 0.0)
+        w = torch.where(allowed, log_w.exp(), 0.0)
+        return w, torch.stack([w, w * phi, w * log_w])
+
+
+def bias_pattern(
+    chosen: Float[torch.Tensor, "batch head query_pos key_pos"],
+    plan: AttentionBiasPlan,
+    *,
+    checks: bool = False,
+    out: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Float[torch.Tensor, "batch head query_pos 3"] | None]:
+    """A' = softmax_k(beta log A + b phi) of the chosen heads' pattern, and optionally the
+    manipulation checks of each row: (E_{A'}[phi], entropy of A', KL(A' || A)), nats, float64.
+
+    With beta = 1 the softmax has a closed form computed without leaving probability space:
+    A'[q, k] = A[q, k] w[q, k] / z[q], w = exp(b phi - max_k' b phi) in (0, 1] (so nothing
+    overflows) and z = sum_k A w; the checks follow from row sums: E_{A'}[phi] = sum A w phi / z,
+    KL = sum A w log w / z - log z, entropy = -sum A w log A / z - KL. A row whose z underflows
+    (|b| so large that every key it attends has w = 0) and the temperature (beta != 1) are
+    computed in log space. Both equal softmax(beta * scores + b * phi) exactly in exact
+    arithmetic; keys a row never attends (A = 0: the causal mask, a sliding window) stay at 0.
+    Work is done in the pattern's dtype (float32 for half precision), row sums in float64.
 
     Args:
-        heads: Head indices to bias (``None``: every head).
-        bias: b, the strength of the push along phi (negative: away).
-        beta: The temperature factor on the scores (1: none).
-        phi: ``(n_query, n_key) -> phi [query_pos key_pos]`` float64 (:func:`attention_bias_phi`).
+        chosen: ``[batch head query_pos key_pos]`` attention probabilities.
+        plan: The bias (:class:`AttentionBiasPlan`).
+        checks: Also return the checks.
+        out: A float32/float64 tensor of ``chosen``'s shape and dtype to write the biased
+            pattern into (saves an allocation per block; the closed form only).
+        scratch: A tensor like ``out`` for the checks' A log A (saves another).
+
+    Returns:
+        ``(biased pattern in chosen's dtype, [batch head query_pos 3] checks or None)``; the
+        mass is NaN for ``"temperature"`` (phi = 0).
+    """
+    work = chosen if chosen.dtype in (torch.float32, torch.float64) else chosen.float()
+    n_q, n_k = int(work.shape[-2]), int(work.shape[-1])
+    if out is not None and (out.shape != work.shape or out.dtype != work.dtype):
+        out = None
+    if scratch is not None and (scratch.shape != work.shape or scratch.dtype != work.dtype):
+        scratch = None
+    f64 = torch.float64
+
+    def rows(matrix: torch.Tensor, of: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bhqk,qk->bhq", of, matrix.to(work.device, work.dtype)).to(f64)
+
+    found: torch.Tensor | None = None
+    if plan.identity:
+        biased = work
+        if checks:
+            mass = rows(plan.phi(n_q, n_k), work)
+            entropy = -torch.special.xlogy(work, work, out=scratch).sum(-1).to(f64)
+            found = torch.stack([mass, entropy, torch.zeros_like(mass)], -1)
+    elif plan.beta == 1.0:
+        w, stacked = _bias_weights(plan.kind, plan.bias, n_q, n_k, plan.first_k, plan.window)
+        sums = torch.einsum("bhqk,eqk->bhqe", work, stacked.to(work.device, work.dtype))
+        sums = sums.to(f64)  # z, sum A w phi, sum A w log w
+        z = sums[..., 0]
+        if not bool((z > 0).all()):
+            return _log_space(chosen, work, plan, checks)
+        inv = 1.0 / z
+        biased = torch.mul(work, w.to(work.device, work.dtype), out=out)
+        biased.mul_(inv.to(work.dtype)[..., None])
+        if checks:
+            mass = sums[..., 1] * inv
+            kl = sums[..., 2] * inv - torch.log(z)
+            xlogx = torch.special.xlogy(work, work, out=scratch)
+            cross = rows(w, xlogx) * inv  # sum_k A' log A
+            found = torch.stack([mass, -cross - kl, kl.clamp_min(0.0)], -1)
+    else:
+        return _log_space(chosen, work, plan, checks)
+    if found is not None and plan.kind == "temperature":
+        found[..., 0] = math.nan
+    return biased.to(chosen.dtype), found
+
+
+def _log_space(
+    chosen: torch.Tensor, work: torch.Tensor, plan: AttentionBiasPlan, checks: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`bias_pattern` in log space: log A' = log_softmax(beta log A + b phi)."""
+    f64 = torch.float64
+    phi = plan.phi(int(work.shape[-2]), int(work.shape[-1])).to(work.device, work.dtype)
+    log_b = torch.log(work)
+    if plan.beta != 1.0:
+        log_b.mul_(plan.beta)
+    if plan.bias != 0.0:
+        log_b.add_(plan.bias * phi)
+    log_b = torch.log_softmax(log_b, dim=-1).nan_to_num_(nan=-torch.inf)  # a row with no key
+    biased = log_b.exp()
+    out = None
+    if checks:
+        mass = torch.einsum("bhqk,qk->bhq", biased, phi).to(f64)
+        if plan.kind == "temperature":
+            mass = torch.full_like(mass, math.nan)
+        entropy = -torch.special.xlogy(biased, biased).sum(-1).to(f64)
+        kl = -entropy - torch.special.xlogy(biased, work).sum(-1).to(f64)
+        out = torch.stack([mass, entropy, kl.clamp_min(0.0)], -1)
+    return biased.to(chosen.dtype), out
+
+
+def attention_bias_hook(plan: AttentionBiasPlan) -> HookFn:
+    """Hook for ``blocks.{l}.attn.hook_pattern`` ``[batch head_index query_pos key_pos]``: bias
+    the plan's heads, A'[q, k] = A[q, k]^beta exp(b phi[q, k]) / sum over k' of the same,
+    computed by :func:`bias_pattern`, which equals softmax(beta * scores + b * phi) exactly.
+
+    Args:
+        plan: The checked bias (:class:`AttentionBiasPlan`).
 
     Returns:
         A TransformerLens hook function returning the biased pattern.
     """
+    heads = None if plan.heads is None else list(plan.heads)
 
     def hook(pattern: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> Any:
         chosen = pattern if heads is None else pattern[:, heads]
-        log = torch.log(chosen.double())  # -inf where A = 0: stays 0 after the softmax
-        log = beta * log + bias * phi(pattern.shape[-2], pattern.shape[-1]).to(pattern.device)
-        biased = torch.softmax(log, dim=-1)
-        biased = torch.nan_to_num(biased, nan=0.0).to(pattern.dtype)  # rows with no key at all
+        biased, _ = bias_pattern(chosen, plan)
         if heads is None:
             return biased
         out = pattern.clone()

@@ -43,10 +43,10 @@ from homoglens.architectures import (
 )
 from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
 from homoglens.hooks import (
+    AttentionBiasPlan,
     PositionPlan,
     alibi_score_hook,
     attention_bias_hook,
-    attention_bias_phi,
     learned_position_hook,
     rerotate_hook,
     rotary_table_hook,
@@ -68,6 +68,7 @@ from homoglens.validate import as_float, as_int
 __all__ = [
     "ATTENTION_BIAS_KINDS",
     "attention_bias_hooks",
+    "attention_bias_plan",
     "biased_attention",
     "POSITION_ABLATIONS",
     "RESIDUAL_SITES",
@@ -503,6 +504,32 @@ def attention_bias_hooks(
         >>> attention_bias_hooks(model, "first", 0.0)
         []
     """
+    plan = attention_bias_plan(
+        model, kind, strength, first_k=first_k, window=window, layers=layers, heads=heads
+    )
+    if plan.identity:
+        return []
+    check_writable(model, "attn.hook_pattern", "an attention bias")
+    hook = attention_bias_hook(plan)
+    return [(block_hook_name(i, "attn.hook_pattern"), hook) for i in plan.blocks]
+
+
+def attention_bias_plan(
+    model: HookedModel,
+    kind: AttentionBiasKind,
+    strength: float,
+    *,
+    first_k: int = 1,
+    window: int = 8,
+    layers: Sequence[int] | int | None = None,
+    heads: Sequence[int] | int | None = None,
+) -> AttentionBiasPlan:
+    """Check an attention bias's arguments and return them as an :class:`AttentionBiasPlan`
+    (b, beta, blocks, heads); the arguments and errors of :func:`attention_bias_hooks`.
+
+    Raises:
+        InvalidInputError: as :func:`attention_bias_hooks`.
+    """
     if not isinstance(kind, str) or kind not in ATTENTION_BIAS_KINDS:
         raise InvalidInputError(f"kind={kind!r} must be one of {list(ATTENTION_BIAS_KINDS)}")
     # |b| or beta past 1e4 saturates every row long before; far past it exp overflows
@@ -511,7 +538,7 @@ def attention_bias_hooks(
     window = as_int("window", window, low=1)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     blocks = _chosen("layers", layers, n_layers, "the block indices")
-    chosen_heads = None if heads is None else list(_chosen("heads", heads, n_heads, "head indices"))
+    chosen_heads = None if heads is None else _chosen("heads", heads, n_heads, "head indices")
     if kind == "temperature":
         if strength <= 0:
             raise InvalidInputError(
@@ -521,22 +548,7 @@ def attention_bias_hooks(
         bias, beta = 0.0, strength
     else:
         bias, beta = strength, 1.0
-    if bias == 0.0 and beta == 1.0:
-        return []
-    check_writable(model, "attn.hook_pattern", "an attention bias")
-    cache: dict[tuple[int, int], torch.Tensor] = {}
-
-    def phi(n_query: int, n_key: int) -> torch.Tensor:
-        key = (n_query, n_key)
-        if key not in cache:
-            with torch.inference_mode(False):
-                cache[key] = attention_bias_phi(
-                    kind, n_query, n_key, first_k=first_k, window=window
-                )
-        return cache[key]
-
-    hook = attention_bias_hook(chosen_heads, bias, beta, phi)
-    return [(block_hook_name(i, "attn.hook_pattern"), hook) for i in blocks]
+    return AttentionBiasPlan(kind, bias, beta, first_k, window, blocks, chosen_heads)
 
 
 def _chosen(name: str, values: Any, high: int, what: str) -> tuple[int, ...]:

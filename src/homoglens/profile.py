@@ -24,8 +24,10 @@ from homoglens.distributed import (
 )
 from homoglens.engine import (
     Reducer,
+    icl_score,
+    mean_nll,
     model_device,
-    next_token_loss,
+    next_token_nll,
     provenance_of,
     stream,
 )
@@ -209,6 +211,7 @@ class ProfileReducer(Reducer):
         self.seq_to_others: list[torch.Tensor] = []  # [batch layer pos] float32, CPU
         self.seq_mean_pairwise: list[torch.Tensor] = []  # [batch layer]
         self.seq_loss: list[torch.Tensor] = []  # [batch] mean next-token loss, nats
+        self.seq_icl: list[torch.Tensor] = []  # [batch] in-context-learning score, nats
         self.state: dict[str, Any] = {}
 
     def hooks(self) -> list[HookSpec]:
@@ -247,7 +250,9 @@ class ProfileReducer(Reducer):
             )
 
     def logits(self, logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> None:
-        self.seq_loss.append(next_token_loss(logits, tokens, mask).cpu())
+        nll = next_token_nll(logits, tokens)
+        self.seq_loss.append(mean_nll(nll, mask).cpu())
+        self.seq_icl.append(icl_score(nll, mask).cpu())
 
     def end(self) -> None:
         if self.per_sequence:
@@ -273,6 +278,8 @@ class ProfileReducer(Reducer):
         if self.needs_logits:
             losses = torch.cat([torch.empty(0), *self.seq_loss])
             self.seq_loss = [gather_rows(losses, n_all, device)]
+            icl = torch.cat([torch.empty(0, dtype=torch.float64), *self.seq_icl])
+            self.seq_icl = [gather_rows(icl, n_all, device)]
 
 
 def profile_pass(

@@ -41,6 +41,7 @@ from homoglens.similarity_math import (
     cross_pass,
     edge_groups,
     finish_fields,
+    first_counted,
     main_pass,
 )
 from homoglens.types import (
@@ -203,7 +204,7 @@ def positional_similarity(
             "over windows, so every window must have positions 0..T-1. Cut text into equal "
             "windows with corpus_windows(model, ..., seq_len=T), or pass token ids of one length"
         )
-    first = _exclude_first(exclude_first, batch.bos)
+    first = first_counted(exclude_first, batch.bos)
     n_pos = int(lengths[0]) - first
     edge_groups(n_pos, edge_k)
     device = model_device(model)
@@ -293,19 +294,6 @@ def _with_hooks(provenance: Provenance, hooks: tuple[str, ...]) -> Provenance:
     from dataclasses import replace
 
     return replace(provenance, hook_points=hooks)
-
-
-def _exclude_first(exclude_first: Any, bos: bool | None) -> int:
-    if exclude_first == "auto":
-        if bos is None:
-            warnings.warn(
-                "some windows start with a BOS and some do not; exclude_first='auto' leaves "
-                "position 0 out of all of them",
-                stacklevel=3,
-            )
-            return 1
-        return int(bool(bos))
-    return int(as_bool("exclude_first", exclude_first))
 
 
 @signature_of(activation_fields)

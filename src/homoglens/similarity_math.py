@@ -6,7 +6,9 @@ result. No forward pass here."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -22,6 +24,7 @@ __all__ = [
     "SimilaritySums",
     "activation_fields",
     "edge_groups",
+    "first_counted",
     "similarity_coefficients",
 ]
 
@@ -367,6 +370,25 @@ SIMILARITY_STATISTICS: tuple[str, ...] = (
 and the mean off-diagonal entry."""
 
 
+def first_counted(exclude_first: Any, bos: bool | None) -> int:
+    """The first counted position (0 or 1) for ``exclude_first`` (``"auto"``: 1 when position
+    0 holds a BOS; mixed windows warn and leave it out of all).
+
+    Raises:
+        InvalidInputError: ``exclude_first`` not a bool or ``"auto"``.
+    """
+    if isinstance(exclude_first, str) and exclude_first == "auto":
+        if bos is None:
+            warnings.warn(
+                "some windows start with a BOS and some do not; exclude_first='auto' leaves "
+                "position 0 out of all of them",
+                stacklevel=3,
+            )
+            return 1
+        return int(bool(bos))
+    return int(as_bool("exclude_first", exclude_first))
+
+
 def edge_groups(n_pos: int, edge_k: int) -> tuple[range, range, range]:
     """``(first, middle, last)`` index ranges of ``n_pos`` counted positions: the first
     ``edge_k``, the rest, and the last ``edge_k``.
@@ -414,6 +436,12 @@ def similarity_coefficients(n_pos: int, edge_k: int) -> Float[torch.Tensor, "sta
     References:
         homoglens' SCIENCE notes, "Position-resolved similarity" (distance-matched excess).
     """
+    edge_groups(n_pos, edge_k)
+    return _coefficients(n_pos, edge_k).clone()
+
+
+@lru_cache(maxsize=8)
+def _coefficients(n_pos: int, edge_k: int) -> torch.Tensor:
     first, middle, last = edge_groups(n_pos, edge_k)
     f64 = torch.float64
     out = torch.zeros(len(SIMILARITY_STATISTICS), n_pos, n_pos, dtype=f64)

@@ -10,7 +10,14 @@ from jaxtyping import Int
 
 from homoglens.architectures import architecture_of
 from homoglens.data import DataInput, require_min_tokens, to_token_batch
-from homoglens.engine import provenance_of
+from homoglens.engine import (
+    induction_loss,
+    induction_tokens,
+    model_device,
+    next_token_nll,
+    provenance_of,
+    run_logits,
+)
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import position_ablation_hooks
 from homoglens.models import model_info
@@ -57,8 +64,12 @@ def position_ablation_study(
 
     Runs the same sequences once per mode (one forward pass per batch and mode), reducing the
     residual stream in hooks as :func:`homogenization_profile` does and computing the mean
-    next-token cross-entropy of each sequence. Results are paired by sequence, so differences
-    to the unablated model (``"none"``) get bootstrap confidence intervals over sequences.
+    next-token cross-entropy of each sequence and its in-context-learning score (loss of the
+    last eighth minus the second eighth of its tokens); and per mode one more pass over 8
+    repeated random-token sequences (BOS + r + r, 32 tokens each half) for the induction loss
+    on the second repeat (C3c: what removing positions costs tasks that need context). Results
+    are paired by sequence, so differences to the unablated model (``"none"``) get bootstrap
+    confidence intervals over sequences.
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
@@ -86,7 +97,8 @@ def position_ablation_study(
 
     References:
         Yusupov et al. 2025, arXiv 2508.17126 (claim C3); Kazemnejad et al. 2023,
-        arXiv 2305.19466 (NoPE models still infer position from the causal mask).
+        arXiv 2305.19466 (NoPE models still infer position from the causal mask); Olsson et al.
+        2022, arXiv 2209.11895 (in-context-learning score, induction on repeated tokens).
     """
     info = model_info(model)
     chosen_modes = list(default_ablation_modes(model) if modes is None else modes)
@@ -134,7 +146,12 @@ def position_ablation_study(
                 f"n_ctx={model.cfg.n_ctx}; use shorter sequences or a smaller shift"
             )
     n_pos = int(batch.lengths.max())
-    profiles, loss, pairwise, others = {}, [], [], []
+    profiles, loss, pairwise, others, icl, induction = {}, [], [], [], [], []
+    half = max(2, min(32, (int(model.cfg.n_ctx) - 1) // 2))
+    bos_id = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
+    repeated = induction_tokens(
+        int(model.cfg.d_vocab), half=half, bos=bos_id if batch.bos else None, seed=seed
+    )
     for mode in chosen_modes:
         run = profile_pass(
             model,
@@ -153,6 +170,11 @@ def position_ablation_study(
         prov = provenance_of(info, batch, chosen, exclude_first)
         profiles[mode] = run.accumulator.profile(chosen, prov)
         loss.append(torch.cat(run.seq_loss).double()[inverse])
+        icl.append(torch.cat(run.seq_icl).double()[inverse])
+        with torch.inference_mode():
+            logits = run_logits(model, repeated.to(model_device(model)), hooks[mode])
+            induction.append(induction_loss(next_token_nll(logits, repeated), half).cpu())
+        del logits
         pairwise.append(torch.cat(run.seq_mean_pairwise)[inverse])
         others.append(
             torch.cat(
@@ -172,6 +194,8 @@ def position_ablation_study(
         modes=tuple(chosen_modes),
         profiles=profiles,
         loss=torch.stack(loss).float(),
+        icl=torch.stack(icl),
+        induction_loss=torch.stack(induction),
         mean_pairwise=torch.stack(pairwise),
         to_others=torch.stack(others),
         settings=settings,

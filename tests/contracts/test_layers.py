@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("architectures", "assets", "data", "homogenization", "similarity_math", "plotting", "claims"),
     ("models", "hooks", "results", "training"),
     ("engine", "interventions"),
-    ("profile", "similarity", "sinks"),
+    ("profile", "similarity", "sinks", "bias", "lengths"),
     ("studies", "patching"),
     ("comparison",),
     ("report", "testing"),

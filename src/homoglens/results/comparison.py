@@ -39,6 +39,7 @@ LAYER_STATISTICS: tuple[str, ...] = (
 
 STATISTICS: tuple[str, ...] = (
     "loss",
+    "icl",
     "adjusted_last",
     *LAYER_STATISTICS,
     "sink_rate",
@@ -235,6 +236,8 @@ class ModelComparison:
             if label == reference:
                 continue
             for stat, values in self.per_sequence(label).items():
+                if stat not in ref:  # e.g. icl of a model measured here, against shipped ones
+                    continue
                 est = self._estimate([(self._last(values) - self._last(ref[stat]))[None]])
                 rows.append((label, reference, stat, est.value, est.ci_low, est.ci_high))
         return pd.DataFrame(
@@ -263,6 +266,24 @@ class ModelComparison:
         return pd.DataFrame(
             rows, columns=["model", "mode", "statistic", "diff", "ci_low", "ci_high"]
         )
+
+    def context_table(self) -> pd.DataFrame:
+        """Per computed model and mode: the context-task costs of C3c (in-context-learning
+        score and induction loss, with intervals and the paired change under each ablation;
+        :meth:`~homoglens.results.PositionAblationStudy.context_table`).
+
+        Returns:
+            DataFrame with a ``model`` column and the columns of the study's context table.
+        """
+        import pandas as pd
+
+        frames = [
+            self.studies[label].context_table().assign(model=label) for label in self.computed
+        ]
+        if not frames:
+            return pd.DataFrame(columns=["model", "mode", "icl", "induction_loss"])
+        frame = pd.concat(frames, ignore_index=True)
+        return frame.reindex(columns=["model", *[c for c in frame.columns if c != "model"]])
 
     def layer_table(self) -> pd.DataFrame:
         """Per model and layer entry (intact): the raw mean pairwise cosine and the centred

@@ -15,11 +15,18 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from homoglens.results.bias import AttentionBiasStudy
     from homoglens.results.comparison import ModelComparison
+    from homoglens.results.lengths import LengthStudy
     from homoglens.results.patching import PositionalPatchingResult
     from homoglens.results.profile import HomogenizationProfile
     from homoglens.results.similarity import PositionalSimilarity
-    from homoglens.results.sinks import MassiveActivations, SinkAttribution, SinkScores
+    from homoglens.results.sinks import (
+        AttentionReceived,
+        MassiveActivations,
+        SinkAttribution,
+        SinkScores,
+    )
     from homoglens.results.studies import PositionAblationStudy
 
 LAYER_AXIS = "layer (0 = embeddings, l = output of block l-1)"
@@ -292,4 +299,80 @@ def comparison_figure(comparison: ModelComparison) -> Figure:
         ylabel="next-token loss (nats/token)", title="Loss",
     )  # fmt: skip
     fig.suptitle(f"Models compared on {comparison.n_sequences} windows")
+    return fig
+
+
+def bias_figure(study: AttentionBiasStudy, layer: int, *, title: str | None = None) -> Figure:
+    """Dose-response of an attention bias: the change in H_W and in the matched edge excess at
+    residual entry ``layer`` (paired intervals), the loss, and the manipulation checks."""
+    fig, axes = new_figure(13, 3.4, ncols=3)
+    x = np.asarray(study.strengths)
+    axis = "beta" if study.kind == "temperature" else "b"
+    series, bands = {}, {}
+    for metric in ("homogenization", "matched_first", "matched_last"):
+        frame = study.curve(metric, layer)
+        series[metric] = frame["delta"].to_numpy()
+        bands[metric] = (frame["ci_low"].fillna(0.0).to_numpy(),
+                         frame["ci_high"].fillna(0.0).to_numpy())  # fmt: skip
+    entry = study.layers[layer]
+    curves(axes[0], x, series, bands=bands, styles=dict.fromkeys(series, "o-"),
+           xlabel=axis, ylabel=f"change vs baseline (entry {entry})", hlines=[0.0],
+           title=f"{study.kind}: homogenization and edges")  # fmt: skip
+    loss = study.curve("loss")
+    curves(axes[1], x, {"loss": loss["value"].to_numpy()}, styles={"loss": "o-"},
+           xlabel=axis, ylabel="next-token loss (nats)", legend=None, title="loss")  # fmt: skip
+    checks = {name: study.curve(name, None)["value"].to_numpy() for name in ("mass", "kl")}
+    if study.kind == "temperature":
+        checks = {"entropy": study.curve("entropy", None)["value"].to_numpy(), "kl": checks["kl"]}
+    curves(axes[2], x, checks, styles=dict.fromkeys(checks, "o-"), xlabel=axis,
+           ylabel="per biased row (nats / mass)", title="manipulation checks")  # fmt: skip
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def length_figure(study: LengthStudy, layer: int, *, title: str | None = None) -> Figure:
+    """Over positions: lag-controlled similarity and SP at entry ``layer``, the last block's
+    normalised attention entropy and key-0 mass; over lengths: H_W and the matched edges."""
+    fig, axes = new_figure(13, 3.4, ncols=3)
+    lag = study.curve("lag", layer)
+    series = {f"M[p, p-{d}]": lag.loc[lag["lag"] == d, "value"].to_numpy() for d in study.lags}
+    series["SP[p]"] = study.curve("sp", layer)["value"].to_numpy()
+    x = np.arange(max(study.lengths))
+    entry = study.layers[layer]
+    curves(axes[0], x, series, xlabel="position p", ylabel=f"cosine (entry {entry})",
+           title="similarity over positions")  # fmt: skip
+    attn = {
+        "entropy / log(p+1)": study.curve("attention_entropy", -1)["value"].to_numpy(),
+        "mass on key 0": study.curve("first_key_mass", -1)["value"].to_numpy(),
+    }
+    curves(axes[1], x, attn, xlabel="query position p", ylabel="last block, mean over heads",
+           title="attention over positions")  # fmt: skip
+    by = {stat: study.by_length(stat, layer)["value"].to_numpy()
+          for stat in ("homogenization", "matched_first", "matched_last")}  # fmt: skip
+    curves(axes[2], np.asarray(study.lengths), by, styles=dict.fromkeys(by, "o-"),
+           xlabel="length T", ylabel=f"cosine (entry {entry})", hlines=[0.0],
+           title="by length")  # fmt: skip
+    axes[2].set_xscale("log", base=2)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def received_figure(result: AttentionReceived) -> Figure:
+    """Attention received and attractor shift per key position for the first, middle and last
+    block measured, and the slope of the shift on attention per block."""
+    fig, axes = new_figure(13, 3.4, ncols=3)
+    picks = sorted({0, len(result.blocks) // 2, len(result.blocks) - 1})
+    x = np.arange(result.received.shape[1])
+    received = {f"block {result.blocks[i]}": result.received[i].numpy() for i in picks}
+    curves(axes[0], x, received, xlabel="key position k", ylabel="attention received",
+           title="attention received (mean over heads, later queries)")  # fmt: skip
+    axes[0].set_yscale("log")
+    shift = {f"block {result.blocks[i]}": result.shift[i].numpy() for i in picks}
+    curves(axes[1], x, shift, xlabel="key position k", ylabel="cosine change toward k",
+           hlines=[0.0], title="attractor shift")  # fmt: skip
+    bars(axes[2], [str(b) for b in result.blocks], result.slope.numpy(),
+         ylabel="slope of shift on attention (per block)",
+         title="in proportion to attention?")  # fmt: skip
     return fig

@@ -413,3 +413,87 @@ class SinkAnalysis:
 
     def __repr__(self) -> str:
         return f"SinkAnalysis({self.scores!r}, exact top heads={list(self.exact.heads)})"
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionReceived(SavedResult):
+    """Homogenization by attention received: how much attention each key position gets, and
+    whether later tokens move toward it in proportion.
+
+    For block l with pattern A (mean over heads) and residual entries l (its input) and l + 1
+    (its output), for query q > k: the attention a[q, k] = mean_h A[h, q, k] and the attractor
+    shift s[q, k] = cos(x^{l+1}_q, x^l_k) - cos(x^l_q, x^l_k) (does token q move toward token
+    k's vector across the block). Pads never count.
+
+    Attributes:
+        blocks: Blocks measured.
+        received: ``[block pos]`` mean over windows and later queries q > k of a[q, k] (the
+            attention key position k receives).
+        shift: ``[block pos]`` mean over the same of s[q, k] (cosine units).
+        weighted_shift: ``[block pos]`` sum a s / sum a over the same (the shift where the
+            attention goes).
+        slope: ``[block]`` least-squares slope of s on a over every pair q > k (cosine per unit
+            of attention): > 0 when tokens move toward the keys they attend, in proportion.
+        correlation: ``[block]`` Pearson correlation of a and s over those pairs.
+        n_pairs: ``[block]`` pairs counted.
+        n_sequences: Windows.
+        provenance: Model, backend, weights, BOS, data.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126 (C2, attention reading); Gu et al. 2024,
+        arXiv 2410.10781 (sinks); Wu et al. 2024, arXiv 2405.18781 (attention as a broadcast of
+        the first token).
+    """
+
+    _stem: ClassVar[str] = "received"
+
+    blocks: tuple[int, ...]
+    received: Float[torch.Tensor, "block pos"]
+    shift: Float[torch.Tensor, "block pos"]
+    weighted_shift: Float[torch.Tensor, "block pos"]
+    slope: Float[torch.Tensor, " block"]
+    correlation: Float[torch.Tensor, " block"]
+    n_pairs: Float[torch.Tensor, " block"]
+    n_sequences: int
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        n_b = len(self.blocks)
+        for name in ("received", "shift", "weighted_shift"):
+            got = getattr(self, name)
+            if got.ndim != 2 or got.shape[0] != n_b:
+                raise ValueError(f"{name} has shape {tuple(got.shape)}, expected [{n_b} pos]")
+        for name in ("slope", "correlation", "n_pairs"):
+            if tuple(getattr(self, name).shape) != (n_b,):
+                raise ValueError(f"{name} must be [{n_b}]")
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: one row per (block, key position) with ``received, shift, weighted_shift``,
+        and the block's ``slope`` and ``correlation``."""
+        import pandas as pd
+
+        n_b, n_pos = self.received.shape
+        return pd.DataFrame(
+            {
+                "block": torch.tensor(self.blocks).repeat_interleave(n_pos).numpy(),
+                "key_pos": torch.arange(n_pos).repeat(n_b).numpy(),
+                "received": self.received.flatten().numpy(),
+                "shift": self.shift.flatten().numpy(),
+                "weighted_shift": self.weighted_shift.flatten().numpy(),
+                "slope": self.slope.repeat_interleave(n_pos).numpy(),
+                "correlation": self.correlation.repeat_interleave(n_pos).numpy(),
+            }
+        )
+
+    def plot(self) -> Figure:
+        """Attention received and attractor shift per key position (a few blocks), and the
+        slope of shift on attention per block."""
+        from homoglens.results.figures import received_figure
+
+        return received_figure(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"AttentionReceived(model={self.provenance.model!r}, blocks={len(self.blocks)}, "
+            f"n_sequences={self.n_sequences})"
+        )

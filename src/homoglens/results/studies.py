@@ -68,6 +68,10 @@ class PositionAblationStudy:
         loss: ``[mode seq]`` mean next-token cross-entropy per sequence (nats/token).
         mean_pairwise: ``[mode seq layer]`` per-sequence mean pairwise cosine.
         to_others: ``[mode seq layer pos]`` per-sequence to_others (NaN where absent).
+        icl: ``[mode seq]`` in-context-learning score per sequence: mean loss of its last
+            eighth minus its second eighth (nats; negative: context helps; NaN under 16 tokens).
+        induction_loss: ``[mode rep]`` mean loss on the second half of repeated random-token
+            sequences (nats; low when induction copies from the first half).
         settings: How the modes were run (seed, shift, positions, layers).
         n_boot: Bootstrap resamples for confidence intervals.
         ci: Interval coverage.
@@ -83,6 +87,8 @@ class PositionAblationStudy:
     loss: Float[torch.Tensor, "mode seq"]
     mean_pairwise: Float[torch.Tensor, "mode seq layer"]
     to_others: Float[torch.Tensor, "mode seq layer pos"]
+    icl: Float[torch.Tensor, "mode seq"] | None = None
+    induction_loss: Float[torch.Tensor, "mode rep"] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     n_boot: int = 1000
     ci: float = 0.95
@@ -108,6 +114,12 @@ class PositionAblationStudy:
             got = tuple(getattr(self, name).shape)
             if got != want:
                 raise ValueError(f"{name} has shape {got}, expected {want}")
+        if self.icl is not None and tuple(self.icl.shape) != (n_mode, n_seq):
+            raise ValueError(f"icl has shape {tuple(self.icl.shape)}, expected {(n_mode, n_seq)}")
+        if self.induction_loss is not None and (
+            self.induction_loss.ndim != 2 or self.induction_loss.shape[0] != n_mode
+        ):
+            raise ValueError(f"induction_loss must be [{n_mode} rep]")
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -146,6 +158,32 @@ class PositionAblationStudy:
                     "diff_ci_high": dhi.item(),
                 }
             )
+        return pd.DataFrame(rows)
+
+    def context_table(self) -> pd.DataFrame:
+        """Per mode: the context-task costs (C3c) beside the mean loss: the in-context-learning
+        score (``icl``, over windows) and the induction loss (over repeated sequences), each with
+        its bootstrap interval and paired difference to ``"none"`` (NaN when not measured)."""
+        import math
+
+        import pandas as pd
+
+        rows = []
+        for m, mode in enumerate(self.modes):
+            row: dict[str, Any] = {"mode": mode}
+            for name, values in (("icl", self.icl), ("induction_loss", self.induction_loss)):
+                if values is None or bool(torch.isnan(values[m]).all()):
+                    row.update({name: math.nan, f"{name}_ci_low": math.nan,
+                                f"{name}_ci_high": math.nan, f"{name}_diff_vs_none": math.nan,
+                                f"{name}_diff_ci_low": math.nan,
+                                f"{name}_diff_ci_high": math.nan})  # fmt: skip
+                    continue
+                mean, lo, hi, d, dlo, dhi = self._with_change(values, m)
+                row.update({name: mean.item(), f"{name}_ci_low": lo.item(),
+                            f"{name}_ci_high": hi.item(), f"{name}_diff_vs_none": d.item(),
+                            f"{name}_diff_ci_low": dlo.item(),
+                            f"{name}_diff_ci_high": dhi.item()})  # fmt: skip
+            rows.append(row)
         return pd.DataFrame(rows)
 
     def layer_table(self) -> pd.DataFrame:
@@ -231,14 +269,16 @@ class PositionAblationStudy:
         from safetensors.torch import save_file
 
         folder = prepare_folder(path)
-        save_file(
-            {
-                "loss": self.loss.contiguous(),
-                "mean_pairwise": self.mean_pairwise.contiguous(),
-                "to_others": self.to_others.contiguous(),
-            },
-            str(folder / "study.safetensors"),
-        )
+        tensors = {
+            "loss": self.loss.contiguous(),
+            "mean_pairwise": self.mean_pairwise.contiguous(),
+            "to_others": self.to_others.contiguous(),
+        }
+        if self.icl is not None:
+            tensors["icl"] = self.icl.contiguous()
+        if self.induction_loss is not None:
+            tensors["induction_loss"] = self.induction_loss.contiguous()
+        save_file(tensors, str(folder / "study.safetensors"))
         for mode, prof in self.profiles.items():
             prof.save(folder / f"profile_{mode}")
         meta = {
@@ -269,7 +309,8 @@ class PositionAblationStudy:
             raise IncompatibleResultsError(
                 f"{folder}/study.json has keys {sorted(meta)}, expected {sorted(keys)}"
             )
-        if set(tensors) != {"loss", "mean_pairwise", "to_others"}:
+        required = {"loss", "mean_pairwise", "to_others"}
+        if not required <= set(tensors) <= required | {"icl", "induction_loss"}:
             raise IncompatibleResultsError(f"{folder}/study.safetensors has {sorted(tensors)}")
         try:
             profiles = {

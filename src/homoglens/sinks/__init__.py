@@ -15,19 +15,28 @@ References:
     Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
 """
 
-from homoglens.results.sinks import MassiveActivations, SinkAnalysis, SinkAttribution, SinkScores
+from homoglens.results.sinks import (
+    AttentionReceived,
+    MassiveActivations,
+    SinkAnalysis,
+    SinkAttribution,
+    SinkScores,
+)
 from homoglens.sinks.analysis import attention_view, sink_analysis
 from homoglens.sinks.attribution import sink_attribution
 from homoglens.sinks.massive import massive_activations
+from homoglens.sinks.received import attention_received
 from homoglens.sinks.scores import sink_pass, sink_scores, sink_sums
 from homoglens.types import ATTRIBUTION_METRICS
 
 __all__ = [
     "ATTRIBUTION_METRICS",
+    "AttentionReceived",
     "MassiveActivations",
     "SinkAnalysis",
     "SinkAttribution",
     "SinkScores",
+    "attention_received",
     "attention_view",
     "massive_activations",
     "sink_analysis",

@@ -1,0 +1,268 @@
+"""The length sweep: one forward pass of the longest windows, every shorter length read as a
+prefix (causal models), for end-of-sequence effects that only show over lengths."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+
+from homoglens.architectures import block_hook_name, resid_hook_name
+from homoglens.data import DataInput, to_token_batch
+from homoglens.distributed import all_reduce_sum, gather_rows, world
+from homoglens.engine import Sums, model_device, provenance_of, stream
+from homoglens.errors import InvalidInputError, SequenceTooLongError, UnsupportedArchitectureError
+from homoglens.models import model_info
+from homoglens.results.lengths import LengthStudy
+from homoglens.results.similarity import PositionalSimilarity
+from homoglens.similarity_math import (
+    SIMILARITY_STATISTICS,
+    SimilaritySums,
+    edge_groups,
+    first_counted,
+    similarity_coefficients,
+)
+from homoglens.types import BosPolicy, HookedModel
+from homoglens.validate import as_bool, as_int
+
+__all__ = ["length_study"]
+
+_LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def _check_length_free(model: HookedModel) -> None:
+    """Refuse a model whose positional scaling depends on the sequence length (dynamic NTK or
+    LongRoPE rotary scaling): its prefixes are not the shorter windows' runs."""
+    hf = getattr(model, "original_model", None)
+    config = getattr(hf, "config", None)
+    scaling = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None)
+    kind = ""
+    if isinstance(scaling, dict):
+        kind = str(scaling.get("rope_type", scaling.get("type", "")))
+    if kind in _LENGTH_DEPENDENT_ROPE:
+        raise UnsupportedArchitectureError(
+            f"this model scales its rotary embedding by the sequence length (rope_type "
+            f"{kind!r}), so a prefix of a long window is not the short window's run; measure "
+            "each length separately with positional_similarity(model, windows[:, :T])"
+        )
+
+
+def _lengths(values: Any, n_ctx: int, low: int) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, torch.Tensor)):
+        raise InvalidInputError(f"lengths={values!r} must be a list of integers, e.g. (64, 128)")
+    out = [as_int("lengths", v, low=1) for v in values]
+    if not out:
+        raise InvalidInputError("lengths is empty; pass e.g. lengths=(64, 128, 256)")
+    if out != sorted(set(out)):
+        raise InvalidInputError(f"lengths={out} must be distinct and ascending")
+    if out[-1] > n_ctx:
+        raise SequenceTooLongError(
+            f"lengths={out} go past the model's context window cfg.n_ctx={n_ctx}; keep every "
+            f"length <= {n_ctx}"
+        )
+    if out[0] < low:
+        raise InvalidInputError(
+            f"length {out[0]} is too short for the edge statistics (edge_k and a middle of 2 "
+            f"positions need {low} tokens); raise it or lower edge_k"
+        )
+    return tuple(out)
+
+
+def length_study(
+    model: HookedModel,
+    data: DataInput,
+    *,
+    lengths: Sequence[int] = (64, 128, 256, 512, 1024),
+    lags: Sequence[int] = (1, 4, 16),
+    edge_k: int = 8,
+    exclude_first: bool | Literal["auto"] = "auto",
+    batch_size: int = 8,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+    progress: bool = True,
+) -> LengthStudy:
+    """Measure similarity and attention over positions and over sequence lengths, from one pass.
+
+    Windows of the longest length run once; in a causal decoder the vectors at positions
+    p < T do not depend on the tokens after them, so each shorter length T is read from the
+    first T positions of the same windows (the prefix). Per position p (the curves): the
+    lag-controlled similarity M[p, p - delta] for each lag, ``to_first`` M[p, first], the
+    same-position cross-input similarity SP[p], and per block the attention entropy of query p
+    divided by log(p + 1) and its mass on key 0. Per length T: H_W and the naive and
+    distance-matched edge statistics of the first T positions (SCIENCE.md, "Position-resolved
+    similarity": an end effect of a causal model shows as a trend in p, not as an edge).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge`` in eval mode (decoder-only).
+        data: Windows of at least ``max(lengths)`` tokens, of equal length (longer ones are cut);
+            token ids, a ``TokenBatch`` (e.g. ``corpus_windows(model, seq_len=1024)``), texts.
+        lengths: Lengths T, ascending, each <= ``cfg.n_ctx``.
+        lags: Lags delta >= 1 of the lag-controlled similarity.
+        edge_k: Positions per edge of the per-length edge statistics.
+        exclude_first: Leave position 0 out of the similarity; ``"auto"``: when it holds a BOS.
+        batch_size: Windows per forward pass.
+        attention_mask: ``[batch pos]`` 0/1 for token input.
+        bos: BOS policy for text input.
+        progress: Show a progress bar.
+
+    Returns:
+        A :class:`~homoglens.results.lengths.LengthStudy`.
+
+    Raises:
+        InvalidInputError: lengths not ascending, empty or too short for ``edge_k``, windows
+            shorter than the longest length or of unequal lengths, fewer than 2 windows, bad lags.
+        SequenceTooLongError: a length above ``cfg.n_ctx``.
+        UnsupportedArchitectureError: rotary scaling that depends on the sequence length.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126; Barbero et al. 2024, arXiv 2406.04267;
+        Hsieh et al. 2024, arXiv 2406.16008.
+
+    Examples:
+        >>> import torch
+        >>> from homoglens import length_study, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+        >>> study = length_study(model, torch.randint(0, 1000, (4, 32)), lengths=(16, 32),
+        ...                      edge_k=2, progress=False)
+        >>> tuple(study.statistics.shape), tuple(study.sp.shape)
+        ((2, 3, 5), (3, 32))
+    """
+    info = model_info(model)
+    _check_length_free(model)
+    edge_k = as_int("edge_k", edge_k, low=1)
+    batch_size = as_int("batch_size", batch_size, low=1)
+    progress = as_bool("progress", progress)
+    if isinstance(lags, (str, bytes)) or not isinstance(lags, (Sequence, torch.Tensor)):
+        raise InvalidInputError(f"lags={lags!r} must be a list of integers >= 1")
+    lag_list = tuple(as_int("lags", v, low=1) for v in lags)
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    first = first_counted(exclude_first, batch.bos)
+    chosen = _lengths(lengths, int(model.cfg.n_ctx), 2 * edge_k + 2 + first)
+    long = chosen[-1]
+    if len(lag_list) == 0 or max(lag_list) >= long:
+        raise InvalidInputError(f"lags={list(lag_list)} must be 1..{long - 1}")
+    lens = batch.lengths
+    if int(lens.min()) != int(lens.max()) or len(batch) < 2:
+        raise InvalidInputError(
+            f"length_study needs at least 2 windows of equal length, got {len(batch)} of "
+            f"{int(lens.min())}..{int(lens.max())} tokens"
+        )
+    if int(lens[0]) < long:
+        raise InvalidInputError(
+            f"the windows hold {int(lens[0])} tokens, fewer than the longest length {long}; "
+            f"pass windows of >= {long} tokens (corpus_windows(model, seq_len={long}))"
+        )
+    if int(lens[0]) > long:  # keep the first `long` tokens of each window
+        batch = to_token_batch(model, batch.tokens[:, :long], bos=bos)
+    device = model_device(model)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    entries = tuple(range(n_layers + 1))
+    n_pos = long - first
+    sums = SimilaritySums(len(entries), n_pos, int(model.cfg.d_model), edge_k, device)
+    coefs = [similarity_coefficients(t - first, edge_k).to(device) for t in chosen]
+    for t in chosen:
+        edge_groups(t - first, edge_k)
+    f64 = torch.float64
+    attn = torch.zeros(2, n_layers, long, dtype=f64, device=device)  # entropy, key-0 mass
+    rows: list[torch.Tensor] = []  # [batch length layer stat]
+    norm = torch.log(torch.arange(1, long + 1, dtype=f64, device=device))
+    norm[0] = math.nan
+
+    def resid(i: int) -> Any:
+        def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+            work = torch.float64 if x.dtype == torch.float64 else torch.float32
+            x = x.detach().to(work)
+            if i == 0:
+                rows.append(
+                    torch.zeros(
+                        x.shape[0],
+                        len(chosen),
+                        len(entries),
+                        len(SIMILARITY_STATISTICS),
+                        dtype=f64,
+                        device=x.device,
+                    )
+                )
+                sums.n += x.shape[0]
+            u, _ = sums.units_of(i, x[:, first:])
+            gram = u @ u.transpose(1, 2)
+            sums.within[i] += gram.sum(0, dtype=f64).to(sums.within.device)
+            sums.units[i] += u.sum(0, dtype=f64).to(sums.units.device)
+            g64 = gram.double()
+            for t, coef in enumerate(coefs):
+                n = chosen[t] - first
+                rows[-1][:, t, i] = torch.einsum("bij,eij->be", g64[:, :n, :n], coef)
+            if i == len(entries) - 1:
+                rows[-1] = rows[-1].cpu()
+
+        return hook
+
+    def pattern(layer: int) -> Any:
+        def hook(a: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> None:
+            entropy = -torch.special.xlogy(a, a).sum(-1).to(f64)  # [batch head query]
+            attn[0, layer] += entropy.sum((0, 1)).to(device)
+            attn[1, layer] += a[..., 0].sum((0, 1)).to(f64).to(device)
+
+        return hook
+
+    hooks = [(resid_hook_name(e), resid(i)) for i, e in enumerate(entries)]
+    hooks += [(block_hook_name(b, "attn.hook_pattern"), pattern(b)) for b in range(n_layers)]
+    stream(
+        model, batch, [Sums(hooks)], batch_size=batch_size, desc="length sweep", progress=progress
+    )
+    n_all = len(batch)
+    if world()[1] > 1:
+        all_reduce_sum([sums.within, sums.units, sums.n, attn])
+    local = torch.cat(
+        [torch.empty(0, len(chosen), len(entries), len(SIMILARITY_STATISTICS), dtype=f64), *rows]
+    )
+    per_window = gather_rows(local, n_all, device).cpu() if world()[1] > 1 else local
+    provenance = provenance_of(info, batch, entries, bool(first))
+    stats, window_stats = [], []
+    full: PositionalSimilarity | None = None
+    for t, length in enumerate(chosen):
+        n = length - first
+        sim = PositionalSimilarity(
+            layers=entries,
+            within_sum=sums.within[:, :n, :n].cpu(),
+            unit_sum=sums.units[:, :n].cpu(),
+            n_sequences=n_all,
+            window_within=per_window[:, t],
+            first_position=first,
+            edge_k=edge_k,
+            provenance=provenance,
+        )
+        per = torch.stack([sim.per_window(s) for s in SIMILARITY_STATISTICS], -1)
+        window_stats.append(per)
+        stats.append(per.mean(0))
+        full = sim
+    assert full is not None
+    m = full.M  # [layer pos pos] over counted positions
+    pad = torch.full((len(entries), first), math.nan, dtype=f64)
+    lag_sim = torch.full((len(entries), len(lag_list), long), math.nan, dtype=f64)
+    for d, lag in enumerate(lag_list):
+        if lag < n_pos:
+            diag = torch.diagonal(m, offset=-lag, dim1=1, dim2=2)  # M[p, p - lag], p >= lag
+            lag_sim[:, d, first + lag :] = diag
+    scale = float(n_all * n_heads)
+    return LengthStudy(
+        lengths=chosen,
+        lags=lag_list,
+        layers=entries,
+        n_blocks=n_layers,
+        edge_k=edge_k,
+        first_position=first,
+        n_sequences=n_all,
+        lag_similarity=lag_sim,
+        to_first=torch.cat([pad, full.to_first], 1),
+        sp=torch.cat([pad, full.SP], 1),
+        attention_entropy=(attn[0] / scale / norm[None]).cpu(),
+        first_key_mass=(attn[1] / scale).cpu(),
+        statistics=torch.stack(stats),
+        window_statistics=torch.stack(window_stats),
+        provenance=provenance,
+    )

@@ -1,0 +1,477 @@
+"""``AttentionBiasStudy``: position-resolved homogenization, loss and manipulation checks at
+each strength of an attention bias, paired over the same windows, with the slope at zero."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from jaxtyping import Float
+
+from homoglens.errors import InvalidInputError
+from homoglens.results.base import Provenance, SavedResult
+from homoglens.similarity_math import SIMILARITY_STATISTICS, edge_groups
+from homoglens.stats import estimate, window_resamples
+from homoglens.types import ATTENTION_BIAS_KINDS
+
+if TYPE_CHECKING:  # plotting stays a lazy import
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+ATTENTION_CHECKS: tuple[str, ...] = ("mass", "entropy", "kl")
+"""Manipulation checks per biased row (means over the chosen heads and query positions):
+``mass`` = E_{A'}[phi] (the attention on the biased keys for the indicator kinds; minus the
+mean distance attended for ``"alibi"``; NaN for ``"temperature"``), ``entropy`` of A' (nats),
+``kl`` = KL(A' || A) (nats)."""
+
+BIAS_METRICS: tuple[str, ...] = (
+    *SIMILARITY_STATISTICS,
+    "sp_first",
+    "sp_last",
+    "loss",
+    *ATTENTION_CHECKS,
+)
+"""Metrics of :meth:`AttentionBiasStudy.curve`: the position-resolved statistics of the
+residual stream (``homogenization`` = H_W, the naive and distance-matched edge excess), the
+same-position cross-input similarity of each edge minus the middle's (``sp_*``), the next-token
+loss (nats) and the manipulation checks (:data:`ATTENTION_CHECKS`)."""
+
+
+@dataclass(frozen=True)
+class SlopeAtZero:
+    """The slope of a metric at the unbiased point (b = 0, or beta = 1), two ways.
+
+    Attributes:
+        metric: The metric.
+        layer: Residual entry (similarity metrics) or block (checks); -1 for the loss.
+        step: The b (or beta - 1) of the central difference.
+        central: (metric(+step) - metric(-step)) / (2 step), over every window.
+        se: Block-bootstrap standard error of ``central`` (paired windows).
+        ci_low: Lower interval bound of ``central``.
+        ci_high: Upper interval bound.
+        gradient: The first-order (forward-mode autograd) derivative at zero, on the first
+            ``gradient_windows`` windows (NaN if none were differentiated).
+        gradient_ci_low: Its interval (NaN when it has no per-window spread).
+        gradient_ci_high: Its interval.
+        gradient_windows: Windows behind ``gradient``.
+    """
+
+    metric: str
+    layer: int
+    step: float
+    central: float
+    se: float
+    ci_low: float
+    ci_high: float
+    gradient: float
+    gradient_ci_low: float
+    gradient_ci_high: float
+    gradient_windows: int
+
+    def __repr__(self) -> str:
+        return (
+            f"SlopeAtZero({self.metric}, layer {self.layer}: central {self.central:.4g} "
+            f"[{self.ci_low:.4g}, {self.ci_high:.4g}] at step {self.step:g}; gradient "
+            f"{self.gradient:.4g} on {self.gradient_windows} windows)"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionBiasStudy(SavedResult):
+    """Homogenization, loss and attention under an attention bias, at each strength, paired.
+
+    At ``attn.hook_pattern`` of the biased blocks and heads each row becomes
+    A'[q, k] = softmax_k(beta log A[q, k] + b phi[q, k]) (SCIENCE.md, "Positional attention
+    bias"); b = strength and beta = 1, or b = 0 and beta = strength for ``"temperature"``. The
+    residual stream of every window is read at every entry of ``layers``, as
+    :func:`~homoglens.positional_similarity` reads it (``W = M - C`` without centring), at each
+    strength, on the same windows.
+
+    Stored fields (float64):
+        kind: The bias kind (:data:`~homoglens.types.ATTENTION_BIAS_KINDS`).
+        strengths: Strengths run, ascending; the unbiased one (0, or 1 for temperature) among
+            them.
+        first_k: Keys counted as "first".
+        window: Keys counted as "recent".
+        blocks: Blocks biased.
+        heads: Heads biased in each (every head if empty).
+        value_zero_first: Whether the first ``first_k`` keys' value vectors were zeroed in the
+            biased heads (at every strength, the baseline included).
+        layers: Residual entries read (0 = embeddings, l = output of block l - 1).
+        edge_k: Positions per edge of the edge statistics.
+        first_position: 0, or 1 when position 0 (a BOS) was left out of the similarity.
+        n_sequences: Windows.
+        statistics: ``[strength layer stat]`` each of
+            :data:`~homoglens.similarity_math.SIMILARITY_STATISTICS` (cosines; ``naive_*`` of M,
+            the rest of W).
+        window_statistics: ``[strength seq layer stat]`` per-window values whose mean over
+            windows is ``statistics`` (C held at the corpus value).
+        sp: ``[strength layer pos]`` same-position cross-input similarity SP[i] = C[i, i].
+        to_first: ``[strength layer pos]`` M[i, first counted position].
+        window_attention: ``[strength seq block check]`` per window, each of
+            :data:`ATTENTION_CHECKS` averaged over its biased rows (heads x queries).
+        window_loss: ``[strength seq]`` per-window mean next-token loss (nats).
+        gradient_windows: Windows differentiated at zero (forward-mode autograd; 0: none).
+        gradient_statistics: ``[layer stat]`` d statistics / d b at zero, on those windows.
+        window_gradient_statistics: ``[gseq layer stat]`` per-window derivatives.
+        gradient_sp: ``[layer pos]`` d SP / d b at zero.
+        window_gradient_attention: ``[gseq block check]`` d check / d b at zero, per window.
+        window_gradient_loss: ``[gseq]`` d loss / d b at zero, per window.
+        ci: Default interval coverage of :meth:`curve` and :meth:`slope_at_zero`.
+        block: Default bootstrap block length (consecutive windows).
+        seed: Default bootstrap seed.
+        provenance: :class:`~homoglens.results.Provenance`.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126 (C2); Hsieh et al. 2024, arXiv 2406.16008;
+        Wu et al. 2025, arXiv 2502.01951; Gu et al. 2024, arXiv 2410.10781.
+    """
+
+    _stem: ClassVar[str] = "attention_bias"
+    _layer_axis: ClassVar[bool] = True
+    _ranges: ClassVar[dict[str, tuple[float, float]]] = {"ci": (0.0, 1.0)}
+
+    kind: str
+    strengths: tuple[float, ...]
+    first_k: int
+    window: int
+    blocks: tuple[int, ...]
+    heads: tuple[int, ...]
+    value_zero_first: bool
+    layers: tuple[int, ...]
+    edge_k: int
+    first_position: int
+    n_sequences: int
+    statistics: Float[torch.Tensor, "strength layer stat"]
+    window_statistics: Float[torch.Tensor, "strength seq layer stat"]
+    sp: Float[torch.Tensor, "strength layer pos"]
+    to_first: Float[torch.Tensor, "strength layer pos"]
+    window_attention: Float[torch.Tensor, "strength seq block check"]
+    window_loss: Float[torch.Tensor, "strength seq"]
+    gradient_windows: int
+    gradient_statistics: Float[torch.Tensor, "layer stat"]
+    window_gradient_statistics: Float[torch.Tensor, "gseq layer stat"]
+    gradient_sp: Float[torch.Tensor, "layer pos"]
+    window_gradient_attention: Float[torch.Tensor, "gseq block check"]
+    window_gradient_loss: Float[torch.Tensor, " gseq"]
+    ci: float = 0.95
+    block: int = 16
+    seed: int = 0
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ATTENTION_BIAS_KINDS:
+            raise ValueError(f"kind={self.kind!r} must be one of {list(ATTENTION_BIAS_KINDS)}")
+        s = list(self.strengths)
+        if not s or sorted(set(s)) != s or not all(math.isfinite(v) for v in s):
+            raise ValueError(f"strengths={s} must be finite, distinct and ascending")
+        if self.baseline not in s:
+            raise ValueError(f"strengths={s} must hold the unbiased strength {self.baseline}")
+        n_s, n, n_l = len(s), self.n_sequences, len(self.layers)
+        n_b, n_g = len(self.blocks), self.gradient_windows
+        n_stat, n_c = len(SIMILARITY_STATISTICS), len(ATTENTION_CHECKS)
+        n_pos = int(self.sp.shape[-1]) if self.sp.ndim == 3 else -1
+        want = {
+            "statistics": (n_s, n_l, n_stat),
+            "window_statistics": (n_s, n, n_l, n_stat),
+            "sp": (n_s, n_l, n_pos),
+            "to_first": (n_s, n_l, n_pos),
+            "window_attention": (n_s, n, n_b, n_c),
+            "window_loss": (n_s, n),
+            "gradient_statistics": (n_l, n_stat),
+            "window_gradient_statistics": (n_g, n_l, n_stat),
+            "gradient_sp": (n_l, n_pos),
+            "window_gradient_attention": (n_g, n_b, n_c),
+            "window_gradient_loss": (n_g,),
+        }
+        for name, shape in want.items():
+            got = tuple(getattr(self, name).shape)
+            if got != shape:
+                raise ValueError(f"{name} has shape {got}, expected {shape}")
+        if n < 1 or n_b < 1 or not 0 <= n_g <= n or self.first_position not in (0, 1):
+            raise ValueError(
+                f"n_sequences={n}, blocks={list(self.blocks)}, gradient_windows={n_g} or "
+                f"first_position={self.first_position} out of range"
+            )
+        edge_groups(n_pos, int(self.edge_k))
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def baseline(self) -> float:
+        """The unbiased strength: 0 (b), or 1 (beta, for ``"temperature"``)."""
+        return 1.0 if self.kind == "temperature" else 0.0
+
+    @property
+    def attention(self) -> Float[torch.Tensor, "strength block check"]:
+        """Corpus means of the manipulation checks (every window has the same rows)."""
+        return self.window_attention.mean(1)
+
+    @property
+    def loss(self) -> Float[torch.Tensor, " strength"]:
+        """Mean next-token loss (nats) at each strength."""
+        return self.window_loss.mean(1)
+
+    @property
+    def kl(self) -> Float[torch.Tensor, " strength"]:
+        """The dose as a perturbation size: mean KL(A' || A) (nats) over the biased blocks'
+        rows, per strength (0 at the baseline)."""
+        return self.attention[..., ATTENTION_CHECKS.index("kl")].mean(-1)
+
+    def _bootstrap(self, ci: Any, block: Any, seed: Any) -> tuple[float, int, int]:
+        return (
+            self.ci if ci is None else ci,
+            self.block if block is None else block,
+            self.seed if seed is None else seed,
+        )
+
+    def _index(self, strength: float) -> int:
+        for i, s in enumerate(self.strengths):
+            if math.isclose(s, float(strength), rel_tol=1e-9, abs_tol=1e-12):
+                return i
+        raise InvalidInputError(f"strength {strength} was not run; run: {list(self.strengths)}")
+
+    def _layer(self, metric: str, layer: int | None) -> int:
+        """Index into ``layers`` (similarity metrics) or ``blocks`` (checks)."""
+        axis = self.blocks if metric in ATTENTION_CHECKS else self.layers
+        what = "biased block" if metric in ATTENTION_CHECKS else "residual entry"
+        if metric == "loss":
+            return 0
+        if layer is None:
+            if metric in ATTENTION_CHECKS:
+                return -1  # mean over the biased blocks
+            raise InvalidInputError(f"{metric} needs a layer (a {what} of {list(axis)})")
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise InvalidInputError(f"layer={layer!r} must be an integer {what}")
+        if layer < 0 and -len(axis) <= layer:
+            return len(axis) + layer
+        if layer in axis:
+            return axis.index(layer)
+        raise InvalidInputError(f"layer={layer} is not a {what} of this study: {list(axis)}")
+
+    def _values(self, metric: str, li: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``([strength] corpus values, [strength seq] per-window values or None)``."""
+        if metric not in BIAS_METRICS:
+            raise InvalidInputError(f"metric={metric!r} must be one of {list(BIAS_METRICS)}")
+        if metric == "loss":
+            return self.loss, self.window_loss
+        if metric in ATTENTION_CHECKS:
+            c = ATTENTION_CHECKS.index(metric)
+            per = self.window_attention[..., c]  # [strength seq block]
+            per = per.mean(-1) if li == -1 else per[..., li]
+            return per.mean(1), per
+        if metric.startswith("sp_"):
+            first, middle, last = edge_groups(int(self.sp.shape[-1]), self.edge_k)
+            edge = first if metric == "sp_first" else last
+            sp = self.sp[:, li]
+            return sp[:, list(edge)].mean(-1) - sp[:, list(middle)].mean(-1), None
+        e = SIMILARITY_STATISTICS.index(metric)
+        return self.statistics[:, li, e], self.window_statistics[:, :, li, e]
+
+    def _gradient(self, metric: str, li: int) -> tuple[float, torch.Tensor | None]:
+        if self.gradient_windows == 0:
+            return math.nan, None
+        if metric == "loss":
+            per = self.window_gradient_loss
+        elif metric in ATTENTION_CHECKS:
+            per = self.window_gradient_attention[..., ATTENTION_CHECKS.index(metric)]
+            per = per.mean(-1) if li == -1 else per[:, li]
+        elif metric.startswith("sp_"):
+            first, middle, last = edge_groups(int(self.sp.shape[-1]), self.edge_k)
+            edge = first if metric == "sp_first" else last
+            sp = self.gradient_sp[li]
+            return float(sp[list(edge)].mean() - sp[list(middle)].mean()), None
+        else:
+            e = SIMILARITY_STATISTICS.index(metric)
+            return float(self.gradient_statistics[li, e]), self.window_gradient_statistics[:, li, e]
+        return float(per.mean()), per
+
+    # ------------------------------------------------------------------ tables
+    def curve(
+        self,
+        metric: str = "homogenization",
+        layer: int | None = -1,
+        *,
+        ci: float | None = None,
+        block: int | None = None,
+        seed: int | None = None,
+        n_boot: int = 1000,
+    ) -> pd.DataFrame:
+        """The dose-response of one metric: one row per strength, paired against the baseline.
+
+        Args:
+            metric: One of :data:`BIAS_METRICS`.
+            layer: Residual entry for the similarity metrics (negative: from the end); biased
+                block for the checks (``None``: their mean over the biased blocks); ignored
+                for ``loss``.
+            ci: Interval coverage, in (0, 1) (default: the study's).
+            block: Consecutive windows per bootstrap block (windows of one text correlate;
+                default: the study's).
+            seed: Bootstrap seed (default: the study's).
+            n_boot: Bootstrap resamples.
+
+        Returns:
+            DataFrame with columns ``strength, b, beta, kl, value, delta, se, ci_low, ci_high,
+            n_sequences``: ``value`` the metric at that strength, ``delta`` = value - value at
+            the baseline, and ``se`` / ``ci_low`` / ``ci_high`` the circular block-bootstrap
+            standard error and Wald interval of ``delta`` over the paired windows (NaN for
+            ``sp_*``, which are cross-window by definition, and at the baseline). ``kl`` is the
+            dose as a perturbation size (:attr:`kl`).
+
+        Raises:
+            InvalidInputError: unknown metric, a layer the study did not read, bad ``ci``.
+        """
+        import pandas as pd
+
+        ci, block, seed = self._bootstrap(ci, block, seed)
+        li = self._layer(metric, layer)
+        values, per = self._values(metric, li)
+        base = self._index(self.baseline)
+        idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
+        rows = []
+        for i, s in enumerate(self.strengths):
+            se = lo = hi = math.nan
+            if per is not None and i != base and self.n_sequences > 1:
+                est = estimate(
+                    [(per[i] - per[base])[None]], windows=idx, resample_seeds=False, ci=ci
+                )  # paired: the same windows at both strengths
+                se, lo, hi = est.se, est.ci_low, est.ci_high
+            temperature = self.kind == "temperature"
+            rows.append(
+                {
+                    "strength": s,
+                    "b": 0.0 if temperature else s,
+                    "beta": s if temperature else 1.0,
+                    "kl": float(self.kl[i]),
+                    "value": float(values[i]),
+                    "delta": float(values[i] - values[base]),
+                    "se": se,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "n_sequences": self.n_sequences,
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def slope_at_zero(
+        self,
+        metric: str = "homogenization",
+        layer: int | None = -1,
+        *,
+        ci: float | None = None,
+        block: int | None = None,
+        seed: int | None = None,
+        n_boot: int = 1000,
+    ) -> SlopeAtZero:
+        """The in-distribution answer: d metric / d b at the unbiased point, as a central
+        difference at the smallest symmetric pair of strengths run (+-b, or 1 +- d for
+        temperature) with a paired block-bootstrap interval, cross-checked with the exact
+        first-order derivative (forward-mode autograd through the same bias at zero, on the
+        first ``gradient_windows`` windows). The two agree to O(step^2) plus sampling noise.
+
+        Args:
+            metric: One of :data:`BIAS_METRICS`.
+            layer: As in :meth:`curve`.
+            ci: Interval coverage (default: the study's).
+            block: Bootstrap block length (windows; default: the study's).
+            seed: Bootstrap seed (default: the study's).
+            n_boot: Bootstrap resamples.
+
+        Returns:
+            A :class:`SlopeAtZero`.
+
+        Raises:
+            InvalidInputError: no symmetric pair of strengths around the baseline was run
+                (add e.g. -0.25 and 0.25), an unknown metric or layer.
+        """
+        ci, block, seed = self._bootstrap(ci, block, seed)
+        li = self._layer(metric, layer)
+        values, per = self._values(metric, li)
+        base = self.baseline
+        steps = [
+            s - base
+            for s in self.strengths
+            if s > base
+            and any(
+                math.isclose(2 * base - s, t, rel_tol=1e-9, abs_tol=1e-12) for t in self.strengths
+            )
+        ]
+        if not steps:
+            raise InvalidInputError(
+                f"no symmetric pair of strengths around {base} in {list(self.strengths)}; a "
+                f"central difference needs {base} +- d (e.g. strengths=(..., {base - 0.25}, "
+                f"{base}, {base + 0.25}, ...))"
+            )
+        step = min(steps)
+        up, down = self._index(base + step), self._index(base - step)
+        central = float((values[up] - values[down]) / (2 * step))
+        se = lo = hi = math.nan
+        if per is not None and self.n_sequences > 1:
+            idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
+            diff = (per[up] - per[down]) / (2 * step)
+            est = estimate([diff[None]], windows=idx, resample_seeds=False, ci=ci)
+            se, lo, hi = est.se, est.ci_low, est.ci_high
+        grad, gper = self._gradient(metric, li)
+        g_lo = g_hi = math.nan
+        if gper is not None and self.gradient_windows > 1:
+            gidx = window_resamples(self.gradient_windows, block=block, n_boot=n_boot, seed=seed)
+            g = estimate([gper[None]], windows=gidx, resample_seeds=False, ci=ci)
+            g_lo, g_hi = g.ci_low, g.ci_high
+        shown = (
+            -1
+            if metric == "loss"
+            else (
+                -1 if li == -1 else (self.blocks if metric in ATTENTION_CHECKS else self.layers)[li]
+            )
+        )
+        return SlopeAtZero(
+            metric=metric,
+            layer=shown,
+            step=step,
+            central=central,
+            se=se,
+            ci_low=lo,
+            ci_high=hi,
+            gradient=grad,
+            gradient_ci_low=g_lo,
+            gradient_ci_high=g_hi,
+            gradient_windows=self.gradient_windows,
+        )
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy: one row per (strength, metric, layer) with ``value`` and ``kl``: the
+        similarity statistics per residual entry, the checks per biased block, the loss
+        (``layer`` = -1)."""
+        import pandas as pd
+
+        rows: list[dict[str, Any]] = []
+        for i, s in enumerate(self.strengths):
+            for li, layer in enumerate(self.layers):
+                for e, stat in enumerate(SIMILARITY_STATISTICS):
+                    value = float(self.statistics[i, li, e])
+                    rows.append({"strength": s, "metric": stat, "layer": layer, "value": value})
+            for bi, blk in enumerate(self.blocks):
+                for c, check in enumerate(ATTENTION_CHECKS):
+                    value = float(self.attention[i, bi, c])
+                    rows.append({"strength": s, "metric": check, "layer": blk, "value": value})
+            loss = float(self.loss[i])
+            rows.append({"strength": s, "metric": "loss", "layer": -1, "value": loss})
+        frame = pd.DataFrame(rows)
+        doses = dict(zip(self.strengths, self.kl.tolist(), strict=True))
+        frame["kl"] = frame["strength"].map(doses)
+        return frame
+
+    def plot(self, layer: int = -1, *, title: str | None = None) -> Figure:
+        """Dose-response panels: H_W and the matched edge excess at residual entry ``layer``
+        against b (with paired intervals), the loss, and the mass on the biased keys and KL."""
+        from homoglens.results.figures import bias_figure
+
+        return bias_figure(self, layer, title=title)
+
+    def __repr__(self) -> str:
+        return (
+            f"AttentionBiasStudy({self.kind!r}, strengths {list(self.strengths)}, blocks "
+            f"{list(self.blocks)}, {self.n_sequences} windows x {int(self.sp.shape[-1])} "
+            f"positions, {self.provenance.model})"
+        )

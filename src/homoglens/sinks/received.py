@@ -1,0 +1,164 @@
+"""Homogenization by attention received: per key position, the attention it gets and the
+attractor shift of the tokens that attend it (SCIENCE.md, C2 attention reading)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+
+from homoglens.architectures import block_hook_name, resid_hook_name
+from homoglens.data import DataInput, to_token_batch
+from homoglens.distributed import all_reduce_sum, world
+from homoglens.engine import Sums, model_device, provenance_of, stream
+from homoglens.homogenization import nan_div
+from homoglens.models import model_info
+from homoglens.results.sinks import AttentionReceived
+from homoglens.types import BosPolicy, HookedModel
+from homoglens.validate import as_bool, check_layers, positive_int
+
+
+def _units(x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().double()
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return torch.where(norms > 0, x / torch.where(norms > 0, norms, 1.0), 0.0)
+
+
+def attention_received(
+    model: HookedModel,
+    data: DataInput,
+    *,
+    layers: Sequence[int] | int | None = None,
+    batch_size: int = 8,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+    progress: bool = True,
+) -> AttentionReceived:
+    """Measure, per block and key position k, the attention k receives and whether the tokens
+    that attend it move toward it (the attractor shift), in one streamed pass.
+
+    For block l (input x^l = residual entry l, output x^{l+1}) and each pair q > k of real
+    tokens: a[q, k] = mean over heads of A[q, k] and s[q, k] = cos(x^{l+1}_q, x^l_k) -
+    cos(x^l_q, x^l_k). Per key position: mean a (attention received), mean s (shift) and
+    sum a s / sum a; per block: the least-squares slope of s on a over all pairs and their
+    correlation. A sink that homogenizes shows high received mass *and* a positive slope; a
+    no-op sink (small value norm) shows mass without shift (Gu et al. 2024).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge`` in eval mode.
+        data: Token ids, a ``TokenBatch``, texts or a text file (padding allowed).
+        layers: Blocks to measure (default: all).
+        batch_size: Sequences per forward pass.
+        attention_mask: ``[batch pos]`` 0/1 for token input.
+        bos: BOS policy for text input.
+        progress: Show a progress bar.
+
+    Returns:
+        An :class:`~homoglens.results.sinks.AttentionReceived`.
+
+    Raises:
+        InvalidInputError: bad ``layers`` (block indices), bad data.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126; Gu et al. 2024, arXiv 2410.10781; Wu et al.
+        2024, arXiv 2405.18781.
+
+    Examples:
+        >>> import torch
+        >>> from homoglens import attention_received, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+        >>> got = attention_received(model, torch.randint(0, 1000, (3, 10)), progress=False)
+        >>> tuple(got.received.shape), tuple(got.slope.shape)
+        ((2, 10), (2,))
+    """
+    info = model_info(model)
+    n_layers = int(model.cfg.n_layers)
+    blocks = check_layers(layers, n_layers - 1) if layers is not None else tuple(range(n_layers))
+    batch_size = positive_int("batch_size", batch_size)
+    progress = as_bool("progress", progress)
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    device = model_device(model)
+    n_pos = int(batch.lengths.max())
+    f64 = {"dtype": torch.float64, "device": device}
+    nb = len(blocks)
+    sums = {name: torch.zeros(nb, n_pos, **f64) for name in ("a", "s", "as", "count")}
+    moments = torch.zeros(nb, 6, **f64)  # n, sum a, sum s, sum a^2, sum s^2, sum a s
+    state: dict[Any, torch.Tensor] = {}
+    reader = Sums(sums={**sums, "moments": moments})
+
+    def entry_in(bi: int) -> Any:
+        def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+            state[("in", bi)] = _units(x)
+
+        return hook
+
+    def pattern(bi: int) -> Any:
+        def hook(a: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> None:
+            state[("a", bi)] = a.detach().double().mean(1)
+
+        return hook
+
+    def entry_out(bi: int) -> Any:
+        def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+            u_in, a = state.pop(("in", bi)), state.pop(("a", bi))
+            u_out = _units(x)
+            shift = u_out @ u_in.transpose(1, 2) - u_in @ u_in.transpose(1, 2)  # [b q k]
+            mask = reader.batch["mask"].double()
+            t = mask.shape[1]
+            pairs = torch.tril(torch.ones(t, t, **f64), -1)[None] * mask[:, :, None] * mask[:, None]
+            a, shift = a * pairs, shift * pairs
+            sums["a"][bi, :t] += a.sum((0, 1))
+            sums["s"][bi, :t] += shift.sum((0, 1))
+            sums["as"][bi, :t] += (a * shift).sum((0, 1))
+            sums["count"][bi, :t] += pairs.sum((0, 1))
+            moments[bi] += torch.stack(
+                [
+                    pairs.sum(),
+                    a.sum(),
+                    shift.sum(),
+                    (a * a).sum(),
+                    (shift * shift).sum(),
+                    (a * shift).sum(),
+                ]
+            )
+
+        return hook
+
+    hooks = []
+    for bi, block in enumerate(blocks):
+        hooks.append((resid_hook_name(block), entry_in(bi)))
+        hooks.append((block_hook_name(block, "attn.hook_pattern"), pattern(bi)))
+        hooks.append((resid_hook_name(block + 1), entry_out(bi)))
+    reader.add_hooks(hooks)
+    try:
+        stream(
+            model,
+            batch,
+            [reader],
+            batch_size=batch_size,
+            desc="attention received",
+            progress=progress,
+        )
+    finally:
+        state.clear()
+    if world()[1] > 1:
+        all_reduce_sum([*sums.values(), moments])
+    n, sa, ss, saa, sss, sas = moments.cpu().unbind(-1)
+    cov = sas / n - (sa / n) * (ss / n)
+    var_a = saa / n - (sa / n) ** 2
+    var_s = sss / n - (ss / n) ** 2
+    cpu = {k: v.cpu() for k, v in sums.items()}
+    return AttentionReceived(
+        blocks=blocks,
+        received=nan_div(cpu["a"], cpu["count"]),
+        shift=nan_div(cpu["s"], cpu["count"]),
+        weighted_shift=nan_div(cpu["as"], cpu["a"]),
+        slope=nan_div(cov, var_a),
+        correlation=nan_div(cov, (var_a * var_s).clamp_min(0).sqrt()),
+        n_pairs=n,
+        n_sequences=len(batch),
+        provenance=provenance_of(info, batch, (), False),
+    )

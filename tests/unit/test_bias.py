@@ -1,0 +1,212 @@
+"""attention_bias_study: the unbiased strength is the unhooked run bit for bit, the manipulation
+checks move as they must, the slope at zero agrees with forward-mode autograd, the result
+round-trips, bad input is typed and leaves no hook."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from helpers import BACKENDS, hook_count, state_hash
+from homoglens import (
+    AttentionBiasStudy,
+    InvalidInputError,
+    attention_bias_study,
+    load_model,
+    positional_similarity,
+)
+from homoglens.engine import next_token_loss
+from homoglens.similarity_math import SIMILARITY_STATISTICS
+from homoglens.testing import tiny_model_folder
+
+WINDOWS = torch.randint(0, 1000, (6, 20), generator=torch.Generator().manual_seed(0))
+COMMON = {"edge_k": 4, "progress": False, "batch_size": 4}
+
+
+@functools.cache
+def _model(arch: str = "llama", backend: str = BACKENDS[-1], f64: bool = False):
+    model = load_model(tiny_model_folder(arch), backend=backend, device="cpu")
+    return model.to(torch.float64) if f64 else model
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ["gpt2", "neox", "llama"])
+def test_strength_zero_is_the_unhooked_run_bit_for_bit(arch: str, backend: str) -> None:
+    model = _model(arch, backend)
+    study = attention_bias_study(model, WINDOWS, kind="first", strengths=[-1.0, 0.0, 1.0], **COMMON)
+    base = study.strengths.index(0.0)
+    with torch.inference_mode():
+        logits = model(WINDOWS)
+    loss = next_token_loss(logits, WINDOWS, torch.ones_like(WINDOWS)).double()
+    assert torch.equal(study.window_loss[base], loss)
+    sim = positional_similarity(model, WINDOWS, **COMMON)
+    for e, stat in enumerate(SIMILARITY_STATISTICS):
+        assert torch.equal(study.window_statistics[base, ..., e], sim.per_window(stat)), stat
+    assert torch.equal(study.sp[base], sim.SP) and torch.equal(study.to_first[base], sim.to_first)
+    assert float(study.kl[base]) == 0.0
+    assert hook_count(model) == 0
+    # the bias is real: every readout after block 0 moves away from the baseline
+    assert torch.equal(study.statistics[0, 0], study.statistics[base, 0])  # the embeddings
+    assert (study.statistics[0, 1:] != study.statistics[base, 1:]).all()
+
+
+@pytest.mark.parametrize("kind", ["first", "self", "recent", "alibi", "middle"])
+def test_mass_rises_strictly_with_b_and_kl_grows_with_abs_b(kind: str) -> None:
+    strengths = [-3.0, -1.0, -0.25, 0.0, 0.25, 1.0, 3.0]
+    study = attention_bias_study(
+        _model(), WINDOWS, kind=kind, strengths=strengths, first_k=2, window=3, **COMMON
+    )
+    mass = study.curve("mass", None)["value"].tolist()
+    assert all(a < b for a, b in zip(mass, mass[1:], strict=False)), mass
+    kl = study.kl.tolist()
+    assert kl[3] == 0.0
+    assert kl[2] < kl[1] < kl[0] and kl[4] < kl[5] < kl[6], kl
+    per_block = study.attention[..., 0]  # every biased block on its own
+    assert (per_block[1:] > per_block[:-1]).all()
+
+
+def test_temperature_flattens_and_sharpens() -> None:
+    study = attention_bias_study(
+        _model(), WINDOWS, kind="temperature", strengths=[0.25, 0.5, 1.0, 2.0], **COMMON
+    )
+    entropy = study.curve("entropy", None)["value"].tolist()
+    assert all(a > b for a, b in zip(entropy, entropy[1:], strict=False)), entropy
+    assert study.kl[2] == 0.0 and (study.kl[[0, 1, 3]] > 0).all()
+    assert study.curve("mass", None)["value"].isna().all()  # phi = 0: no biased keys
+
+
+@pytest.mark.parametrize("kind", ["first", "recent", "alibi", "temperature"])
+def test_slope_at_zero_agrees_with_forward_mode_autograd(kind: str) -> None:
+    """Central difference at +-1e-3 (float64 model) against the exact first-order derivative."""
+    base = 1.0 if kind == "temperature" else 0.0
+    study = attention_bias_study(
+        _model(f64=True),
+        WINDOWS,
+        kind=kind,
+        strengths=[base - 1e-3, base, base + 1e-3],
+        gradient_windows=6,
+        **COMMON,
+    )
+    metrics = ["homogenization", "matched_first", "matched_last", "naive_last", "sp_first"]
+    for metric in metrics + ["entropy"] + ([] if kind == "temperature" else ["mass"]):
+        layer = None if metric in ("mass", "entropy") else -1
+        slope = study.slope_at_zero(metric, layer)
+        tolerance = max(5e-3 * abs(slope.gradient), 1e-5)  # O(step^2) and float rounding
+        assert abs(slope.central - slope.gradient) < tolerance, (metric, slope)
+    loss = study.slope_at_zero("loss")  # the loss is accumulated in float32
+    assert abs(loss.central - loss.gradient) < 0.05 * max(abs(loss.gradient), 1e-2), loss
+
+
+def test_gradient_on_a_subset_and_value_zero_first() -> None:
+    model = _model()
+    study = attention_bias_study(
+        model, WINDOWS, kind="first", strengths=[-0.5, 0.0, 0.5], gradient_windows=4, **COMMON
+    )
+    assert study.window_gradient_statistics.shape[0] == 4 and study.gradient_windows == 4
+    slope = study.slope_at_zero("homogenization")
+    assert math.isfinite(slope.gradient) and math.isfinite(slope.gradient_ci_low)
+    zeroed = attention_bias_study(
+        model, WINDOWS, kind="first", strengths=[0.0, 1.0], value_zero_first=True, **COMMON
+    )
+    plain = attention_bias_study(model, WINDOWS, kind="first", strengths=[0.0, 1.0], **COMMON)
+    # the control changes what the first key writes, not the attention it gets
+    assert torch.allclose(zeroed.attention[..., 0], plain.attention[..., 0], atol=0.2)
+    assert not torch.allclose(zeroed.statistics, plain.statistics)
+    assert torch.equal(zeroed.window_attention[0, :, 0], plain.window_attention[0, :, 0])
+
+
+def test_heads_and_blocks_bias_only_those() -> None:
+    study = attention_bias_study(
+        _model(), WINDOWS, kind="first", strengths=[0.0, 2.0], layers=[1], heads=[0, 2], **COMMON
+    )
+    assert study.blocks == (1,) and study.heads == (0, 2)
+    assert study.window_attention.shape[2] == 1
+    # block 0 is untouched: the residual entries 0 and 1 do not change
+    assert torch.equal(study.window_statistics[0, :, :2], study.window_statistics[1, :, :2])
+    assert not torch.equal(study.window_statistics[0, :, 2], study.window_statistics[1, :, 2])
+
+
+def test_curve_table_save_load_and_plot(tmp_path) -> None:
+    study = attention_bias_study(_model(), WINDOWS, kind="first", **COMMON)
+    frame = study.curve("homogenization", -1)
+    assert list(frame.columns[:6]) == ["strength", "b", "beta", "kl", "value", "delta"]
+    base = frame[frame.strength == 0.0].iloc[0]
+    assert base.delta == 0.0 and math.isnan(base.ci_low)
+    assert (frame.ci_low <= frame.delta).all() or frame.ci_low.isna().any()
+    tidy = study.to_pandas()
+    assert set(tidy.metric) >= {"homogenization", "mass", "loss", "kl"} - {"kl"}
+    assert tidy.kl.notna().all()
+    study.save(tmp_path / "b")
+    again = AttentionBiasStudy.load(tmp_path / "b")
+    assert torch.equal(again.window_statistics, study.window_statistics)
+    assert again.strengths == study.strengths and again.kind == "first"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert study.plot().axes
+    assert "AttentionBiasStudy('first'" in repr(study)
+    with pytest.raises(InvalidInputError, match="symmetric pair"):
+        attention_bias_study(
+            _model(), WINDOWS, kind="first", strengths=[0.0, 1.0], **COMMON
+        ).slope_at_zero("loss")
+    with pytest.raises(InvalidInputError, match="metric="):
+        study.curve("nonsense")
+    with pytest.raises(InvalidInputError, match="layer="):
+        study.curve("homogenization", 99)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"kind": "edges"}, "kind="),
+        ({"kind": "first", "strengths": [0.0, math.nan]}, "finite"),
+        ({"kind": "first", "strengths": [0.0, math.inf]}, "finite"),
+        ({"kind": "first", "strengths": "big"}, "list of numbers"),
+        ({"kind": "first", "strengths": [1.0, 1.0]}, "repeats"),
+        ({"kind": "first", "strengths": [2e4]}, "strength="),
+        ({"kind": "temperature", "strengths": [0.0, 1.0]}, "must be > 0"),
+        ({"kind": "temperature", "strengths": [-1.0]}, "must be > 0"),
+        ({"kind": "first", "layers": [2]}, "layers"),
+        ({"kind": "first", "heads": [4]}, "heads"),
+        ({"kind": "first", "first_k": 20}, "first_k="),
+        ({"kind": "recent", "window": 21}, "window="),
+        ({"kind": "first", "first_k": 0}, "first_k"),
+        ({"kind": "first", "gradient_windows": 1}, "gradient_windows=1"),
+        ({"kind": "first", "edge_k": 10}, "edge_k"),
+        ({"kind": "first", "ci": 1.5}, "ci"),
+    ],
+)
+def test_bad_input_is_typed_and_leaves_the_model_as_it_was(kwargs, match) -> None:
+    model = _model()
+    before = (hook_count(model), state_hash(model))
+    with pytest.raises(InvalidInputError, match=match):
+        attention_bias_study(model, WINDOWS, **{**COMMON, **kwargs})
+    assert (hook_count(model), state_hash(model)) == before
+
+
+def test_windows_must_be_equal_and_several() -> None:
+    model = _model()
+    with pytest.raises(InvalidInputError, match="at least 2 windows of equal length"):
+        attention_bias_study(model, WINDOWS[:1], kind="first", **COMMON)
+    mask = torch.ones_like(WINDOWS)
+    mask[0, :3] = 0
+    with pytest.raises(InvalidInputError, match="equal length"):
+        attention_bias_study(model, WINDOWS, kind="first", attention_mask=mask, **COMMON)
+    assert hook_count(model) == 0
+
+
+def test_an_error_inside_the_pass_leaves_no_hook(monkeypatch) -> None:
+    import homoglens.bias as bias
+
+    model = _model()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(bias, "next_token_loss", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        attention_bias_study(model, WINDOWS, kind="first", strengths=[0.0, 1.0], **COMMON)
+    assert hook_count(model) == 0
