@@ -74,6 +74,11 @@ def test_profile_writes_report(tmp_path) -> None:
         out / "figures/similarity.png"
     ).is_file()
     assert prof.unit_effective_rank is not None and prof.matrix_entropy_no_first is not None
+    assert "Attention bias (first)" in html and "Context-task costs" in html
+    from homoglens import AttentionBiasStudy
+
+    biased = AttentionBiasStudy.load(out / "attention_bias")
+    assert biased.strengths == (-1.0, -0.25, 0.0, 0.25, 1.0) and biased.n_sequences == 6
 
 
 def test_patch_command(tmp_path) -> None:
@@ -439,3 +444,54 @@ def test_world_size_without_rank_is_a_clear_cli_error(tmp_path, monkeypatch) -> 
     result = _cli("profile", *args, "--out", str(tmp_path / "r"), "--no-progress")
     assert result.exit_code == 1 and "torchrun" in result.output and "RANK" in result.output
     assert isinstance(result.exception, SystemExit)
+
+
+def test_bias_and_length_commands_write_their_reports(tmp_path) -> None:
+    from homoglens import AttentionBiasStudy, LengthStudy
+
+    model = str(tiny_model_folder("llama"))
+    common = ("--model", model, "--n-seq", "6", "--seq-len", "24", "--no-progress", "--edge-k", "2")
+    result = run(
+        "bias",
+        *common,
+        "--seq-len",
+        "24",
+        "--kind",
+        "recent",
+        "--window",
+        "3",
+        "--strengths",
+        "-1,0,1",
+        "--layers",
+        "1",
+        "--out",
+        str(tmp_path / "b"),
+    )
+    assert result.exit_code == 0, result.output
+    study = AttentionBiasStudy.load(tmp_path / "b" / "attention_bias")
+    assert study.kind == "recent" and study.blocks == (1,) and study.window == 3
+    assert "Slope at zero" in (tmp_path / "b" / "report.html").read_text()
+    result = run(
+        "length", *common, "--lengths", "12,24", "--lags", "1,2", "--out", str(tmp_path / "l")
+    )
+    assert result.exit_code == 0, result.output
+    lengths = LengthStudy.load(tmp_path / "l" / "lengths")
+    assert lengths.lengths == (12, 24) and lengths.lags == (1, 2)
+    bad = CliRunner().invoke(
+        main, ["bias", *common, "--strengths", "1,x", "--out", str(tmp_path / "x")]
+    )
+    assert bad.exit_code != 0 and "comma-separated numbers" in bad.output
+    bad = CliRunner().invoke(
+        main,
+        [
+            "bias",
+            *common,
+            "--kind",
+            "temperature",
+            "--strengths",
+            "0,1",
+            "--out",
+            str(tmp_path / "y"),
+        ],
+    )
+    assert bad.exit_code != 0 and "must be > 0" in bad.output

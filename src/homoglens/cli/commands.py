@@ -6,6 +6,8 @@ homoglens ablate --modes none,zero,permute --out ablation-report
 homoglens sinks --sink-top-k 4 --out sinks-report
 homoglens patch --component head --metrics mean_pairwise,loss --out patching-report
 homoglens compare --out comparison-report
+homoglens bias --kind first --out bias-report
+homoglens length --lengths 64,128,256,512 --out length-report
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from typing import Any, cast
 
 import click
 
-from homoglens.cli.jobs import cli_errors, patching_job, report_job, run_profile, sinks_job
+from homoglens.cli.jobs import (
+    bias_job,
+    cli_errors,
+    patching_job,
+    report_job,
+    run_profile,
+    sinks_job,
+)
 from homoglens.cli.options import (
     BACKEND,
     choice,
@@ -69,7 +78,15 @@ def main() -> None:
     "--similarity/--no-similarity",
     "Add the position-resolved section (M / W matrices, matched edge excess, SP).",
 )
-def profile(ablation: bool, sinks: bool, patching: bool, similarity: bool, **opts: Any) -> None:
+@switch(
+    "--bias/--no-bias",
+    "Add the attention-bias section (first-key dose-response, b = -1 .. 1, on --bias-n-seq "
+    "windows).",
+)
+@count("--bias-n-seq", 16, "Windows of the attention-bias section (5 passes over them).")
+def profile(
+    ablation: bool, sinks: bool, patching: bool, similarity: bool, bias: bool, **opts: Any
+) -> None:
     """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV).
 
     With --ablation (default) the report also compares the model's default positional
@@ -83,6 +100,9 @@ def profile(ablation: bool, sinks: bool, patching: bool, similarity: bool, **opt
     the full sweep is `homoglens patch`. With --similarity (default) it adds the
     position-resolved section: within- and cross-window similarity matrices of a late layer,
     the naive and the distance-matched edge excess with block-bootstrap intervals, and SP.
+    With --bias (default) it adds a dose-response of attention biased toward the first key
+    (b = -1, -0.25, 0, 0.25, 1 on the first --bias-n-seq windows): H_W, edges, loss and the
+    manipulation checks, with the slope at zero; the full study is `homoglens bias`.
     """
     run_profile(
         opts,
@@ -92,7 +112,112 @@ def profile(ablation: bool, sinks: bool, patching: bool, similarity: bool, **opt
         sinks=sinks,
         patching=patching,
         similarity=similarity,
+        bias=bias,
     )
+
+
+def _floats(name: str, text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise click.BadParameter(f"{name} must be comma-separated numbers ({err})") from err
+    if not values:
+        raise click.BadParameter(f"{name} is empty")
+    return values
+
+
+def _ints(name: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as err:
+        raise click.BadParameter(f"{name} must be comma-separated integers ({err})") from err
+    if not values:
+        raise click.BadParameter(f"{name} is empty")
+    return values
+
+
+@main.command()
+@data_options
+@choice(
+    "--kind",
+    ["first", "self", "recent", "alibi", "middle", "temperature"],
+    "Bias direction phi (temperature: beta scales the scores).",
+)
+@click.option(
+    "--strengths",
+    default=None,
+    help="Comma-separated b (beta for temperature); default -2,-1,-0.25,0,0.25,1,2 "
+    "(temperature: 0.5,0.8,0.95,1,1.05,1.25,2).",
+)
+@count("--first-k", 1, "Keys counted as 'first'.")
+@count("--window", 8, "Keys counted as 'recent'.")
+@click.option("--layers", default=None, help="Comma-separated blocks to bias (default: all).")
+@click.option("--heads", default=None, help="Comma-separated heads to bias (default: all).")
+@switch(
+    "--value-zero-first/--no-value-zero-first",
+    "Also zero the first keys' value vectors in the biased heads (a control).",
+    default=False,
+)
+@count("--gradient-windows", 0, "Windows differentiated at zero (forward-mode autograd).", min=0)
+def bias(
+    kind: str,
+    strengths: str | None,
+    first_k: int,
+    window: int,
+    layers: str | None,
+    heads: str | None,
+    value_zero_first: bool,
+    gradient_windows: int,
+    **opts: Any,
+) -> None:
+    """Dose-response of an attention bias toward (or away from) chosen keys: homogenization,
+    edges, SP, loss and the manipulation checks at each strength, on the same windows, with the
+    slope at zero; writes a report."""
+    from homoglens.report import write_bias_report
+
+    chosen = None if strengths is None else _floats("--strengths", strengths)
+    options = {
+        "kind": kind, "strengths": chosen, "first_k": first_k, "window": window,
+        "layers": _ints("--layers", layers), "heads": _ints("--heads", heads),
+        "value_zero_first": value_zero_first, "gradient_windows": gradient_windows,
+    }  # fmt: skip
+    report_job(
+        opts,
+        "homoglens-bias",
+        lambda model, windows: bias_job(model, windows, opts, **options),
+        write_bias_report,
+    )
+
+
+@main.command()
+@data_options
+@click.option(
+    "--lengths",
+    default="64,128,256",
+    show_default=True,
+    help="Comma-separated lengths T, ascending (the windows are cut at the longest; "
+    "--seq-len is set to it).",
+)
+@click.option("--lags", default="1,4,16", show_default=True, help="Lags of M[p, p - lag].")
+def length(lengths: str, lags: str, **opts: Any) -> None:
+    """Similarity and attention over positions and sequence lengths, from one pass over windows
+    of the longest length (each shorter length is a prefix); writes a report."""
+    from homoglens.lengths import length_study
+    from homoglens.report import write_length_report
+
+    chosen = _ints("--lengths", lengths) or []
+    opts["seq_len"] = max(chosen)
+    report_job(
+        opts,
+        "homoglens-length",
+        lambda model, windows: length_study(
+            model, windows, lengths=chosen, lags=_ints("--lags", lags) or [],
+            edge_k=opts["edge_k"], batch_size=opts["batch_size"], progress=opts["progress"],
+        ),
+        write_length_report,
+    )  # fmt: skip
 
 
 @main.command()

@@ -199,6 +199,28 @@ def similarity_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
     )
 
 
+def bias_job(model: Any, windows: Any, opts: dict[str, Any], **bias: Any) -> Any:
+    """The attention-bias dose-response on the first ``--bias-n-seq`` windows (equal length);
+    ``None`` with a warning when they are too few or too short for the edges (a section)."""
+    from homoglens.bias import attention_bias_study
+
+    n = min(len(windows), opts.get("bias_n_seq") or len(windows))
+    part = windows[:n]
+    counted = int(part.lengths.min()) - int(bool(part.bos))
+    edge_k = min(opts["edge_k"], (counted - 2) // 2)
+    required = bias.pop("required", True)
+    if n < 2 or int(part.lengths.min()) != int(part.lengths.max()) or edge_k < 1:
+        message = "the attention-bias study needs at least 2 equal windows of 4 counted tokens"
+        if required:
+            raise click.BadParameter(message)
+        click.echo(f"warning: {message}; the report has no attention-bias section", err=True)
+        return None
+    return attention_bias_study(
+        model, part, edge_k=edge_k, batch_size=opts["batch_size"], progress=opts["progress"],
+        **bias,
+    )  # fmt: skip
+
+
 def report_job(
     opts: dict[str, Any],
     default_out: str,
@@ -230,6 +252,7 @@ def run_profile(
     sinks: bool = False,
     patching: bool = False,
     similarity: bool = False,
+    bias: bool = False,
 ) -> None:
     """The profile / ablate commands: load, measure what the options ask for, write the
     report into a staged folder, and report the time (typed errors become CLI errors)."""
@@ -282,6 +305,14 @@ def run_profile(
             if similarity
             else None
         )
+        biased = (
+            timed("attention bias", lambda: bias_job(
+                model, windows, opts, kind="first", strengths=(-1.0, -0.25, 0.0, 0.25, 1.0),
+                required=False,
+            ))
+            if bias
+            else None
+        )  # fmt: skip
         analysis = (
             timed("sinks", lambda: sinks_job(model, windows, opts, required=False))
             if sinks
@@ -307,6 +338,7 @@ def run_profile(
                 sinks=analysis,
                 patching=patched,
                 similarity=sim,
+                bias=biased,
             )
         report = folder / "report.html"
         timings["report"] = time.perf_counter() - start - sum(timings.values())

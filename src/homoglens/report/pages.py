@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from homoglens.report.html import page_html, png_tag, provenance_table, section_page
 from homoglens.report.sections import (
+    bias_section,
     comparison_section,
     first_token_warning,
+    length_section,
     patching_section,
     similarity_section,
     sinks_section,
@@ -22,13 +24,17 @@ from homoglens.report.sections import (
 
 if TYPE_CHECKING:
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
+    from homoglens.results.bias import AttentionBiasStudy
     from homoglens.results.comparison import ModelComparison
+    from homoglens.results.lengths import LengthStudy
     from homoglens.results.patching import PositionalPatchingResult
     from homoglens.results.similarity import PositionalSimilarity
     from homoglens.sinks import SinkAnalysis
 
 __all__ = [
+    "write_bias_report",
     "write_comparison_report",
+    "write_length_report",
     "write_patching_report",
     "write_profile_report",
     "write_sinks_report",
@@ -45,6 +51,30 @@ def write_sinks_report(analysis: SinkAnalysis, out: Path, *, title: str | None =
     heading = title or f"Attention sinks: {analysis.scores.provenance.model}"
     section = functools.partial(sinks_section, analysis)
     return _one_section_page(Path(out), heading, section, analysis.scores.provenance)
+
+
+def write_bias_report(study: AttentionBiasStudy, out: Path, *, title: str | None = None) -> Path:
+    """Write an attention-bias study (``attention_bias/``, CSVs, figure, ``report.html``) into
+    the prepared folder ``out``.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    heading = title or f"Attention bias ({study.kind}): {study.provenance.model}"
+    section = functools.partial(bias_section, study)
+    return _one_section_page(Path(out), heading, section, study.provenance)
+
+
+def write_length_report(study: LengthStudy, out: Path, *, title: str | None = None) -> Path:
+    """Write a length study (``lengths/``, ``lengths.csv``, figure, ``report.html``) into the
+    prepared folder ``out``.
+
+    Returns:
+        The path of ``report.html``.
+    """
+    heading = title or f"Over sequence length: {study.provenance.model}"
+    section = functools.partial(length_section, study)
+    return _one_section_page(Path(out), heading, section, study.provenance)
 
 
 def write_patching_report(
@@ -114,6 +144,7 @@ def write_profile_report(
     sinks: SinkAnalysis | None = None,
     patching: PositionalPatchingResult | list[PositionalPatchingResult] | None = None,
     similarity: PositionalSimilarity | None = None,
+    bias: AttentionBiasStudy | None = None,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
 
@@ -124,7 +155,8 @@ def write_profile_report(
     ``ablation_layers.csv``, ``figures/ablation.png`` and a report section; with ``sinks``:
     ``sinks/``, ``sink_*.csv``, sink figures and a section; with ``patching``: ``patching/``,
     ``patching.csv``, heatmaps and a section; with ``similarity``: ``similarity/``,
-    ``similarity*.csv``, figures and a position-resolved section.
+    ``similarity*.csv``, figures and a position-resolved section; with ``bias``:
+    ``attention_bias/``, ``attention_bias_*.csv``, a figure and a dose-response section.
 
     Returns:
         The path of ``report.html``.
@@ -175,6 +207,8 @@ def write_profile_report(
     ablation = similarity_section(similarity, out) if similarity is not None else ""
     if study is not None:
         ablation += study_section(study, out)
+    if bias is not None:
+        ablation += bias_section(bias, out)
     if sinks is not None:
         ablation += sinks_section(sinks, out)
     if patching is not None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from homoglens.errors import InvalidInputError
 from homoglens.plotting import curves as draw_curves
 from homoglens.plotting import new_figure
 from homoglens.report.html import png_tag, table_html
@@ -16,7 +17,9 @@ from homoglens.results.figures import LAYER_AXIS
 
 if TYPE_CHECKING:
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
+    from homoglens.results.bias import AttentionBiasStudy
     from homoglens.results.comparison import ModelComparison
+    from homoglens.results.lengths import LengthStudy
     from homoglens.results.patching import PositionalPatchingResult
     from homoglens.results.similarity import PositionalSimilarity
     from homoglens.sinks import SinkAnalysis
@@ -56,6 +59,17 @@ def study_section(study: PositionAblationStudy, out: Path) -> str:
         "mean": "'mean' gives every token the mean positional embedding",
     }
     explained = "; ".join(meaning[m] for m in study.modes if m in meaning) + "."
+    context = ""
+    if study.icl is not None:
+        table = study.context_table()
+        table.to_csv(out / "ablation_context.csv", index=False)
+        context = f"""<h3>Context-task costs (C3c)</h3>
+<p class="note">icl: in-context-learning score, the loss of the last eighth of each window minus
+that of its second eighth (negative: context helps; Olsson et al. 2022); induction_loss: the
+loss on the second half of repeated random-token sequences (low: the model copies from the
+first half). Differences are paired with the intact run.</p>
+{table_html(table)}
+"""
     return f"""
 <h2>Positional ablations: homogenization and loss</h2>
 <p class="note">Same sequences under each mode ({", ".join(study.modes)}); {settings}.
@@ -68,7 +82,7 @@ explicit positional information only. Intervals: {pct}% paired bootstrap over se
 {loss.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
 <h3>Mean pairwise cosine by layer: value (difference to none [{pct}% CI])</h3>
 {wide.to_html(index=False)}
-"""
+{context}"""
 
 
 def similarity_section(result: PositionalSimilarity, out: Path) -> str:
@@ -350,3 +364,73 @@ def first_token_warning(profile: HomogenizationProfile) -> str:
         "effective_rank) then mostly describe that one token there; rerun with "
         "<code>--exclude-first</code> to measure the rest.</p>"
     )
+
+
+def bias_section(study: AttentionBiasStudy, out: Path) -> str:
+    """Save an attention-bias study and return its HTML section: the dose-response figure,
+    the slope at zero of each readout with its interval, and the curve of H_W."""
+    study.save(out / "attention_bias")
+    figures = out / "figures"
+    figures.mkdir(exist_ok=True)
+    figure = png_tag(study.plot(), figures / f"attention_bias_{study.kind}.png")
+    curve = study.curve("homogenization", -1)
+    curve.to_csv(out / f"attention_bias_{study.kind}.csv", index=False)
+    rows = []
+    metrics = ["homogenization", "matched_first", "matched_last", "sp_last", "loss", "entropy"]
+    if study.kind != "temperature":
+        metrics.append("mass")
+    for metric in metrics:
+        try:
+            slope = study.slope_at_zero(metric, None if metric in ("mass", "entropy") else -1)
+        except InvalidInputError:
+            continue
+        rows.append({"metric": metric, "slope at zero": slope.central, "ci_low": slope.ci_low,
+                     "ci_high": slope.ci_high, "step": slope.step,
+                     "gradient": slope.gradient})  # fmt: skip
+    import pandas as pd
+
+    slopes = pd.DataFrame(rows)
+    slopes.to_csv(out / f"attention_bias_{study.kind}_slopes.csv", index=False)
+    axis = "beta" if study.kind == "temperature" else "b"
+    last = study.layers[-1]
+    return f"""
+<h2>Attention bias ({html.escape(study.kind)}): a dose-response (C2, attention reading)</h2>
+<p class="note">Each row of the biased heads' attention becomes softmax(beta log A + b phi)
+({html.escape(study.kind)}: {axis} = {", ".join(f"{s:g}" for s in study.strengths)}; blocks
+{len(study.blocks)}, first_k={study.first_k}, window={study.window}) on the same
+{study.n_sequences} windows. Readouts at residual entry {last}: H_W (mean off-diagonal W = M - C),
+the distance-matched edge excess, SP; the next-token loss; and the manipulation checks (mass on
+the biased keys, entropy, KL(A' || A), the dose as a perturbation size). The slope at zero is
+the in-distribution answer: a central difference at the smallest +-{axis} run, with a
+{int(round(study.ci * 100))}% moving-block bootstrap interval over paired windows.</p>
+<img alt="attention bias" src="data:image/png;base64,{figure}">
+<h3>Slope at zero (per unit of {axis})</h3>
+{table_html(slopes)}
+<h3>H_W at entry {last} by strength (delta: paired change from the unbiased run)</h3>
+{table_html(curve)}
+"""
+
+
+def length_section(study: LengthStudy, out: Path) -> str:
+    """Save a length study and return its HTML section: curves over positions and the edge
+    statistics by length."""
+    study.save(out / "lengths")
+    figures = out / "figures"
+    figures.mkdir(exist_ok=True)
+    figure = png_tag(study.plot(), figures / "lengths.png")
+    import pandas as pd
+
+    frames = [study.by_length(stat).assign(statistic=stat)
+              for stat in ("homogenization", "matched_first", "matched_last")]  # fmt: skip
+    table = pd.concat(frames, ignore_index=True)
+    table.to_csv(out / "lengths.csv", index=False)
+    return f"""
+<h2>Over sequence length (nested prefixes of {study.n_sequences} windows)</h2>
+<p class="note">One pass over windows of {max(study.lengths)} tokens; each length T in
+{list(study.lengths)} is read from the first T positions (in a causal model x_p does not depend on
+later tokens). An end-of-sequence effect shows as a trend over p (lag-controlled M[p, p - delta],
+SP rising with p), not as an edge of the window.</p>
+<img alt="lengths" src="data:image/png;base64,{figure}">
+<h3>By length, last entry</h3>
+{table_html(table)}
+"""
