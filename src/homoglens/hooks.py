@@ -430,6 +430,8 @@ def bias_pattern(
             mass = rows(plan.phi(n_q, n_k), work)
             entropy = -torch.special.xlogy(work, work, out=scratch).sum(-1).to(f64)
             found = torch.stack([mass, entropy, torch.zeros_like(mass)], -1)
+    elif plan.kind == "first" and plan.beta == 1.0:
+        return _first_keys(chosen, work, plan, checks, out, scratch)
     elif plan.beta == 1.0:
         w, stacked = _bias_weights(plan.kind, plan.bias, n_q, n_k, plan.first_k, plan.window)
         sums = torch.einsum("bhqk,eqk->bhqe", work, stacked.to(work.device, work.dtype))
@@ -450,6 +452,40 @@ def bias_pattern(
         return _log_space(chosen, work, plan, checks)
     if found is not None and plan.kind == "temperature":
         found[..., 0] = math.nan
+    return biased.to(chosen.dtype), found
+
+
+def _first_keys(
+    chosen: torch.Tensor,
+    work: torch.Tensor,
+    plan: AttentionBiasPlan,
+    checks: bool,
+    out: torch.Tensor | None,
+    scratch: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`bias_pattern` for ``"first"`` (phi = 1 on the first ``first_k`` key columns):
+    the closed form with w = hi on those columns and lo elsewhere, from row sums of a column
+    slice (no full-size product with phi)."""
+    f64, k, b = torch.float64, plan.first_k, plan.bias
+    hi, lo = (1.0, math.exp(-b)) if b >= 0 else (math.exp(b), 1.0)
+    m = work[..., :k].sum(-1).to(f64)  # mass on the first keys
+    total = work.sum(-1).to(f64)
+    z = hi * m + lo * (total - m)
+    if not bool((z > 0).all()):
+        return _log_space(chosen, work, plan, checks)
+    inv = 1.0 / z
+    biased = torch.mul(work, (lo * inv).to(work.dtype)[..., None], out=out)
+    biased[..., :k] = work[..., :k] * (hi * inv).to(work.dtype)[..., None]
+    found = None
+    if checks:
+        mass = hi * m * inv
+        log_hi, log_lo = min(0.0, b), min(0.0, -b)  # log hi, log lo
+        kl = mass * log_hi + (1.0 - mass) * log_lo - torch.log(z)  # sum_k A' log(A' / A)
+        xlogx = torch.special.xlogy(work, work, out=scratch)
+        s_all = xlogx.sum(-1).to(f64)
+        s_first = xlogx[..., :k].sum(-1).to(f64)
+        cross = (hi * s_first + lo * (s_all - s_first)) * inv  # sum_k A' log A
+        found = torch.stack([mass, -cross - kl, kl.clamp_min(0.0)], -1)
     return biased.to(chosen.dtype), found
 
 
