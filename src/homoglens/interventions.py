@@ -446,74 +446,6 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
 _MAX_STRENGTH = 1e4
 
 
-def attention_bias_hooks(
-    model: HookedModel,
-    kind: AttentionBiasKind,
-    strength: float,
-    *,
-    first_k: int = 1,
-    window: int = 8,
-    layers: Sequence[int] | int | None = None,
-    heads: Sequence[int] | int | None = None,
-) -> FwdHooks:
-    """Build forward hooks that push attention toward (or away from) chosen keys, with a dose.
-
-    At ``blocks.{l}.attn.hook_pattern`` of the chosen blocks and heads, each row's pattern
-    becomes A'[q, k] = A[q, k]^beta exp(b phi[q, k]) / sum_k' (same), computed in log space,
-    which equals softmax(beta * scores + b * phi) (SCIENCE.md, "Positional attention bias"):
-    Hugging Face eager attention given the 4D additive mask ``causal + b * phi`` computes the
-    same logits. For every kind but ``"temperature"`` b = ``strength`` and beta = 1; for
-    ``"temperature"`` b = 0 and beta = ``strength`` (beta < 1 flattens attention). It works on
-    every family and backend with attention patterns (the table is not needed).
-
-    Args:
-        model: A ``HookedTransformer`` or ``TransformerBridge``.
-        kind: One of :data:`~homoglens.types.ATTENTION_BIAS_KINDS`: ``"first"`` (the first
-            ``first_k`` keys: the sink / primacy), ``"self"``, ``"recent"`` (the last
-            ``window`` keys up to the query: recency), ``"alibi"`` (-(q - k), ALiBi's shape),
-            ``"middle"`` (keys q/4 .. 3q/4: the specificity control) or ``"temperature"``.
-        strength: b in nats per unit of phi (|b| < 1e4; 0 changes nothing), or beta in
-            (0, 1e4) for ``"temperature"`` (1 changes nothing).
-        first_k: Keys counted as "first" (>= 1).
-        window: Keys counted as "recent" (>= 1; the query itself included).
-        layers: Blocks to bias (default: every block).
-        heads: Heads to bias in each chosen block (default: every head).
-
-    Returns:
-        ``[(hook_name, hook_fn), ...]``; empty at strength 0 (temperature: 1), so the run is the
-        unhooked one bit for bit.
-
-    Raises:
-        InvalidInputError: unknown ``kind``, a strength that is not a real number in
-            (-1e4, 1e4), ``beta <= 0``,
-            ``first_k`` / ``window`` < 1, blocks or heads out of range or repeated.
-        UnsupportedArchitectureError: the model only reads ``hook_pattern`` (the bridge of
-            GPT-Neo, OPT, GPT-J; see :func:`check_writable`).
-
-    References:
-        Yusupov et al. 2025, arXiv 2508.17126 (C2: homogenization under positional bias);
-        Press et al. 2022, arXiv 2108.12409 (ALiBi); Xiao et al. 2024, arXiv 2309.17453 and Gu
-        et al. 2024, arXiv 2410.10781 (attention sinks); Hsieh et al. 2024, arXiv 2406.16008.
-
-    Examples:
-        >>> from homoglens import attention_bias_hooks, load_model
-        >>> from homoglens.testing import tiny_model_folder
-        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
-        >>> [name for name, _ in attention_bias_hooks(model, "first", 2.0, layers=[1])]
-        ['blocks.1.attn.hook_pattern']
-        >>> attention_bias_hooks(model, "first", 0.0)
-        []
-    """
-    plan = attention_bias_plan(
-        model, kind, strength, first_k=first_k, window=window, layers=layers, heads=heads
-    )
-    if plan.identity:
-        return []
-    check_writable(model, "attn.hook_pattern", "an attention bias")
-    hook = attention_bias_hook(plan)
-    return [(block_hook_name(i, "attn.hook_pattern"), hook) for i in plan.blocks]
-
-
 def attention_bias_plan(
     model: HookedModel,
     kind: AttentionBiasKind,
@@ -549,6 +481,66 @@ def attention_bias_plan(
     else:
         bias, beta = strength, 1.0
     return AttentionBiasPlan(kind, bias, beta, first_k, window, blocks, chosen_heads)
+
+
+@signature_of(attention_bias_plan)
+def attention_bias_hooks(
+    model: HookedModel, kind: AttentionBiasKind, strength: float, **options: Any
+) -> FwdHooks:
+    """Build forward hooks that push attention toward (or away from) chosen keys, with a dose.
+
+    At ``blocks.{l}.attn.hook_pattern`` of the chosen blocks and heads, each row's pattern
+    becomes A'[q, k] = A[q, k]^beta exp(b phi[q, k]) / sum_k' (same), computed in log space,
+    which equals softmax(beta * scores + b * phi) (SCIENCE.md, "Positional attention bias"):
+    Hugging Face eager attention given the 4D additive mask ``causal + b * phi`` computes the
+    same logits. For every kind but ``"temperature"`` b = ``strength`` and beta = 1; for
+    ``"temperature"`` b = 0 and beta = ``strength`` (beta < 1 flattens attention). It works on
+    every family and backend with attention patterns (the table is not needed).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        kind: One of :data:`~homoglens.types.ATTENTION_BIAS_KINDS`: ``"first"`` (the first
+            ``first_k`` keys: the sink / primacy), ``"self"``, ``"recent"`` (the last
+            ``window`` keys up to the query: recency), ``"alibi"`` (-(q - k), ALiBi's shape),
+            ``"middle"`` (keys q/4 .. 3q/4: the specificity control) or ``"temperature"``.
+        strength: b in nats per unit of phi (|b| < 1e4; 0 changes nothing), or beta in
+            (0, 1e4) for ``"temperature"`` (1 changes nothing).
+        **options: ``first_k`` (keys counted as "first", >= 1), ``window`` (keys counted as
+            "recent", >= 1, the query itself included), ``layers`` (blocks to bias, default
+            every block), ``heads`` (heads to bias in each chosen block, default every head);
+            declared once, by :func:`attention_bias_plan`.
+
+    Returns:
+        ``[(hook_name, hook_fn), ...]``; empty at strength 0 (temperature: 1), so the run is the
+        unhooked one bit for bit.
+
+    Raises:
+        InvalidInputError: unknown ``kind``, a strength that is not a real number in
+            (-1e4, 1e4), ``beta <= 0``,
+            ``first_k`` / ``window`` < 1, blocks or heads out of range or repeated.
+        UnsupportedArchitectureError: the model only reads ``hook_pattern`` (the bridge of
+            GPT-Neo, OPT, GPT-J; see :func:`check_writable`).
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126 (C2: homogenization under positional bias);
+        Press et al. 2022, arXiv 2108.12409 (ALiBi); Xiao et al. 2024, arXiv 2309.17453 and Gu
+        et al. 2024, arXiv 2410.10781 (attention sinks); Hsieh et al. 2024, arXiv 2406.16008.
+
+    Examples:
+        >>> from homoglens import attention_bias_hooks, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+        >>> [name for name, _ in attention_bias_hooks(model, "first", 2.0, layers=[1])]
+        ['blocks.1.attn.hook_pattern']
+        >>> attention_bias_hooks(model, "first", 0.0)
+        []
+    """
+    plan = attention_bias_plan(model, kind, strength, **options)
+    if plan.identity:
+        return []
+    check_writable(model, "attn.hook_pattern", "an attention bias")
+    hook = attention_bias_hook(plan)
+    return [(block_hook_name(i, "attn.hook_pattern"), hook) for i in plan.blocks]
 
 
 def _chosen(name: str, values: Any, high: int, what: str) -> tuple[int, ...]:
