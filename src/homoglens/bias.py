@@ -5,6 +5,7 @@ the same windows, with the slope at zero by central difference and by forward-mo
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -51,23 +52,21 @@ def _strengths(kind: str, strengths: Any) -> tuple[float, ...]:
     baseline = 1.0 if kind == "temperature" else 0.0
     if strengths is None:
         return DEFAULT_STRENGTHS["temperature" if kind == "temperature" else "b"]
-    if (
-        isinstance(strengths, (int, float))
-        or not isinstance(strengths, (Sequence, torch.Tensor))
-        or isinstance(strengths, str)
-    ):
+    if getattr(strengths, "ndim", 1) == 1 and hasattr(strengths, "tolist"):
+        strengths = strengths.tolist()  # a 1-d numpy array or tensor
+    if isinstance(strengths, (str, bytes)) or not isinstance(strengths, Sequence):
         raise InvalidInputError(
             f"strengths={strengths!r} must be a list of numbers, e.g. [-1, 0, 1]"
         )
-    values = [
-        float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-        for v in (strengths.tolist() if isinstance(strengths, torch.Tensor) else strengths)
-    ]
-    for v in values:
-        if not isinstance(v, float) or not math.isfinite(v):
+    values = []
+    for v in strengths:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
             raise InvalidInputError(
                 f"strengths holds {v!r}; every strength must be a finite real number"
             )
+        values.append(float(v))
+    if not values:
+        raise InvalidInputError("strengths is empty; pass e.g. strengths=[-1, 0, 1]")
     if len(set(values)) != len(values):
         raise InvalidInputError(f"strengths={values} repeats a value")
     return tuple(sorted({*values, baseline}))

@@ -51,6 +51,8 @@ def _check_length_free(model: HookedModel) -> None:
 
 
 def _lengths(values: Any, n_ctx: int, low: int) -> tuple[int, ...]:
+    if getattr(values, "ndim", 1) == 1 and hasattr(values, "tolist"):
+        values = values.tolist()  # a 1-d numpy array or tensor
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, torch.Tensor)):
         raise InvalidInputError(f"lengths={values!r} must be a list of integers, e.g. (64, 128)")
     out = [as_int("lengths", v, low=1) for v in values]
@@ -136,9 +138,12 @@ def length_study(
     edge_k = as_int("edge_k", edge_k, low=1)
     batch_size = as_int("batch_size", batch_size, low=1)
     progress = as_bool("progress", progress)
-    if isinstance(lags, (str, bytes)) or not isinstance(lags, (Sequence, torch.Tensor)):
+    given: Any = lags
+    if getattr(given, "ndim", 1) == 1 and hasattr(given, "tolist"):
+        given = given.tolist()  # a 1-d numpy array or tensor
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
         raise InvalidInputError(f"lags={lags!r} must be a list of integers >= 1")
-    lag_list = tuple(as_int("lags", v, low=1) for v in lags)
+    lag_list = tuple(as_int("lags", v, low=1) for v in given)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     first = first_counted(exclude_first, batch.bos)
     chosen = _lengths(lengths, int(model.cfg.n_ctx), 2 * edge_k + 2 + first)

@@ -166,6 +166,8 @@ def test_curve_table_save_load_and_plot(tmp_path) -> None:
         ({"kind": "first", "strengths": [0.0, math.inf]}, "finite"),
         ({"kind": "first", "strengths": "big"}, "list of numbers"),
         ({"kind": "first", "strengths": [1.0, 1.0]}, "repeats"),
+        ({"kind": "first", "strengths": []}, "empty"),
+        ({"kind": "first", "strengths": [0.0, 1 + 2j]}, "finite real"),
         ({"kind": "first", "strengths": [2e4]}, "strength="),
         ({"kind": "temperature", "strengths": [0.0, 1.0]}, "must be > 0"),
         ({"kind": "temperature", "strengths": [-1.0]}, "must be > 0"),
@@ -210,3 +212,16 @@ def test_an_error_inside_the_pass_leaves_no_hook(monkeypatch) -> None:
     with pytest.raises(RuntimeError, match="boom"):
         attention_bias_study(model, WINDOWS, kind="first", strengths=[0.0, 1.0], **COMMON)
     assert hook_count(model) == 0
+
+
+def test_strengths_and_lengths_as_arrays() -> None:
+    import numpy as np
+
+    from homoglens import length_study
+
+    study = attention_bias_study(
+        _model(), WINDOWS, kind="first", strengths=np.linspace(-1, 1, 3), **COMMON
+    )
+    assert study.strengths == (-1.0, 0.0, 1.0)
+    lengths = length_study(_model(), WINDOWS, lengths=np.array([10, 20]), edge_k=2, progress=False)
+    assert lengths.lengths == (10, 20)
