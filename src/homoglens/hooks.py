@@ -380,6 +380,11 @@ def _bias_weights(
         return w, torch.stack([w, w * phi, w * log_w])
 
 
+_CHUNK_ELEMENTS = 1 << 19
+"""Pattern entries per chunk of :func:`bias_pattern` (2 MiB of float32, the L2 cache of a core): every pass over a chunk
+(row sums, A log A, the biased write) runs while it is still in the CPU's cache."""
+
+
 def bias_pattern(
     chosen: Float[torch.Tensor, "batch head query_pos key_pos"],
     plan: AttentionBiasPlan,
@@ -398,7 +403,9 @@ def bias_pattern(
     (|b| so large that every key it attends has w = 0) and the temperature (beta != 1) are
     computed in log space. Both equal softmax(beta * scores + b * phi) exactly in exact
     arithmetic; keys a row never attends (A = 0: the causal mask, a sliding window) stay at 0.
-    Work is done in the pattern's dtype (float32 for half precision), row sums in float64.
+    Work is done in the pattern's dtype (float32 for half precision), row sums in float64, a
+    cache-sized chunk of heads at a time (A log A as A log max(A, tiny), which is exact for
+    A = 0 and differs by under 1e-36 below float32's smallest normal number).
 
     Args:
         chosen: ``[batch head query_pos key_pos]`` attention probabilities.
@@ -406,87 +413,119 @@ def bias_pattern(
         checks: Also return the checks.
         out: A float32/float64 tensor of ``chosen``'s shape and dtype to write the biased
             pattern into (saves an allocation per block; the closed form only).
-        scratch: A tensor like ``out`` for the checks' A log A (saves another).
+        scratch: A tensor like ``out`` whose storage holds a chunk's A log A (saves another).
 
     Returns:
         ``(biased pattern in chosen's dtype, [batch head query_pos 3] checks or None)``; the
         mass is NaN for ``"temperature"`` (phi = 0).
     """
     work = chosen if chosen.dtype in (torch.float32, torch.float64) else chosen.float()
-    n_q, n_k = int(work.shape[-2]), int(work.shape[-1])
-    if out is not None and (out.shape != work.shape or out.dtype != work.dtype):
-        out = None
-    if scratch is not None and (scratch.shape != work.shape or scratch.dtype != work.dtype):
-        scratch = None
-    f64 = torch.float64
-
-    def rows(matrix: torch.Tensor, of: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("bhqk,qk->bhq", of, matrix.to(work.device, work.dtype)).to(f64)
-
-    found: torch.Tensor | None = None
-    if plan.identity:
-        biased = work
-        if checks:
-            mass = rows(plan.phi(n_q, n_k), work)
-            entropy = -torch.special.xlogy(work, work, out=scratch).sum(-1).to(f64)
-            found = torch.stack([mass, entropy, torch.zeros_like(mass)], -1)
-    elif plan.kind == "first" and plan.beta == 1.0:
-        return _first_keys(chosen, work, plan, checks, out, scratch)
-    elif plan.beta == 1.0:
-        w, stacked = _bias_weights(plan.kind, plan.bias, n_q, n_k, plan.first_k, plan.window)
-        sums = torch.einsum("bhqk,eqk->bhqe", work, stacked.to(work.device, work.dtype))
-        sums = sums.to(f64)  # z, sum A w phi, sum A w log w
-        z = sums[..., 0]
-        if not bool((z > 0).all()):
-            return _log_space(chosen, work, plan, checks)
-        inv = 1.0 / z
-        biased = torch.mul(work, w.to(work.device, work.dtype), out=out)
-        biased.mul_(inv.to(work.dtype)[..., None])
-        if checks:
-            mass = sums[..., 1] * inv
-            kl = sums[..., 2] * inv - torch.log(z)
-            xlogx = torch.special.xlogy(work, work, out=scratch)
-            cross = rows(w, xlogx) * inv  # sum_k A' log A
-            found = torch.stack([mass, -cross - kl, kl.clamp_min(0.0)], -1)
-    else:
+    if plan.beta != 1.0:
         return _log_space(chosen, work, plan, checks)
+    if out is not None and (
+        out.shape != work.shape or out.dtype != work.dtype or not out.is_contiguous()
+    ):
+        out = None
+    done = _closed_form(work, plan, checks, out, scratch)
+    if done is None:  # some row's z underflowed
+        return _log_space(chosen, work, plan, checks)
+    biased, found = done
     if found is not None and plan.kind == "temperature":
         found[..., 0] = math.nan
     return biased.to(chosen.dtype), found
 
 
-def _first_keys(
-    chosen: torch.Tensor,
+def _closed_form(
     work: torch.Tensor,
     plan: AttentionBiasPlan,
     checks: bool,
     out: torch.Tensor | None,
     scratch: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`bias_pattern` for ``"first"`` (phi = 1 on the first ``first_k`` key columns):
-    the closed form with w = hi on those columns and lo elsewhere, from row sums of a column
-    slice (no full-size product with phi)."""
-    f64, k, b = torch.float64, plan.first_k, plan.bias
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """:func:`bias_pattern` for beta = 1, chunk by chunk; ``None`` if a row's z underflows.
+
+    Per row it gathers, in float64, z = sum A w, sum A w phi, sum A w log w and sum A w log A
+    (for ``"first"`` from row sums of the first key columns: w takes two values, so no
+    full-size product with phi or w is made)."""
+    f64, dtype, device = torch.float64, work.dtype, work.device
+    n_q, n_k = int(work.shape[-2]), int(work.shape[-1])
+    flat = work.reshape(-1, n_q, n_k)
+    per = max(1, _CHUNK_ELEMENTS // max(n_q * n_k, 1))
+    first, identity, k, b = plan.kind == "first", plan.identity, plan.first_k, plan.bias
     hi, lo = (1.0, math.exp(-b)) if b >= 0 else (math.exp(b), 1.0)
-    m = work[..., :k].sum(-1).to(f64)  # mass on the first keys
-    total = work.sum(-1).to(f64)
-    z = hi * m + lo * (total - m)
-    if not bool((z > 0).all()):
-        return _log_space(chosen, work, plan, checks)
-    inv = 1.0 / z
-    biased = torch.mul(work, (lo * inv).to(work.dtype)[..., None], out=out)
-    biased[..., :k] = work[..., :k] * (hi * inv).to(work.dtype)[..., None]
-    found = None
+    log_hi, log_lo = min(0.0, b), min(0.0, -b)  # log hi, log lo
+    if identity:
+        w = stacked = None
+        phi = None if first else plan.phi(n_q, n_k).to(device, dtype)
+    elif not first:
+        w64, stacked64 = _bias_weights(plan.kind, b, n_q, n_k, plan.first_k, plan.window)
+        w, stacked = w64.to(device, dtype), stacked64.to(device, dtype)
+    dest = None
+    if not identity:
+        dest = (out if out is not None else torch.empty(work.shape, dtype=dtype, device=device))
+        dest = dest.view(flat.shape)
     if checks:
-        mass = hi * m * inv
-        log_hi, log_lo = min(0.0, b), min(0.0, -b)  # log hi, log lo
+        room = per * n_q * n_k
+        if scratch is not None and scratch.dtype == dtype and scratch.is_contiguous() and (
+            scratch.numel() >= room
+        ):
+            x_all = scratch.view(-1)[:room].view(per, n_q, n_k)
+        else:
+            x_all = torch.empty(per, n_q, n_k, dtype=dtype, device=device)
+    tiny = torch.finfo(dtype).tiny
+    sums = torch.zeros(flat.shape[0], n_q, 4, dtype=f64, device=device)  # z, Aw phi, Aw log w, Aw log A
+    for c0 in range(0, flat.shape[0], per):
+        a = flat[c0 : c0 + per]
+        s = sums[c0 : c0 + per]
+        x = None
+        if checks:
+            x = torch.clamp(a, min=tiny, out=x_all[: a.shape[0]]).log_().mul_(a)  # A log A
+        if identity:
+            if checks:
+                assert x is not None
+                s[..., 1] = a[..., :k].sum(-1) if first else torch.einsum("nqk,qk->nq", a, phi)
+                s[..., 3] = x.sum(-1)
+            continue
+        assert dest is not None
+        d = dest[c0 : c0 + per]
+        if first:
+            m = a[..., :k].sum(-1).to(f64)  # mass on the first keys
+            z = hi * m + lo * (a.sum(-1).to(f64) - m)
+            s[..., 0], s[..., 1] = z, hi * m
+            if checks:
+                assert x is not None
+                s_all, s_first = x.sum(-1).to(f64), x[..., :k].sum(-1).to(f64)
+                s[..., 3] = hi * s_first + lo * (s_all - s_first)
+        else:
+            assert w is not None and stacked is not None
+            s[..., :3] = torch.einsum("nqk,eqk->nqe", a, stacked)
+            if checks:
+                s[..., 3] = torch.einsum("nqk,qk->nq", x, w)
+            z = s[..., 0]
+        if not bool((z > 0).all()):
+            return None
+        inv = (1.0 / z).to(dtype)[..., None]
+        if first:
+            torch.mul(a, inv * lo, out=d)
+            d[..., :k] = a[..., :k] * (inv * hi)
+        else:
+            torch.mul(a, w, out=d).mul_(inv)
+    biased = work if dest is None else dest.view(work.shape)
+    if not checks:
+        return biased, None
+    sums = sums.view(*work.shape[:-1], 4)
+    if identity:
+        mass, entropy = sums[..., 1], -sums[..., 3]
+        return biased, torch.stack([mass, entropy, torch.zeros_like(mass)], -1)
+    z = sums[..., 0]
+    inv = 1.0 / z
+    mass = sums[..., 1] * inv
+    if first:
         kl = mass * log_hi + (1.0 - mass) * log_lo - torch.log(z)  # sum_k A' log(A' / A)
-        xlogx = torch.special.xlogy(work, work, out=scratch)
-        s_all = xlogx.sum(-1).to(f64)
-        s_first = xlogx[..., :k].sum(-1).to(f64)
-        cross = (hi * s_first + lo * (s_all - s_first)) * inv  # sum_k A' log A
-        found = torch.stack([mass, -cross - kl, kl.clamp_min(0.0)], -1)
-    return biased.to(chosen.dtype), found
+    else:
+        kl = sums[..., 2] * inv - torch.log(z)
+    cross = sums[..., 3] * inv  # sum_k A' log A
+    return biased, torch.stack([mass, -cross - kl, kl.clamp_min(0.0)], -1)
 
 
 def _log_space(
