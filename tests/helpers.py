@@ -3,6 +3,7 @@ conftest.py): the backends under test, and the two checks every hook-attaching t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Any
 
@@ -150,3 +151,16 @@ def outside_the_table(folder: Any) -> str:
         AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     AutoTokenizer.from_pretrained(str(gpt2_tokenizer_folder())).save_pretrained(folder)
     return str(folder)
+
+
+@contextlib.contextmanager
+def eager_attention():
+    """Every pass inside runs eager attention (no SDPA fast path): for tests that compare a
+    pattern-reading pass (always eager) with a residual-only one bit for bit."""
+    import homoglens.fast_attention as fa
+
+    saved, fa.ENABLED = fa.ENABLED, False
+    try:
+        yield
+    finally:
+        fa.ENABLED = saved

@@ -33,6 +33,7 @@ from homoglens.errors import (
     UnknownModelError,
     UnsupportedArchitectureError,
 )
+from homoglens.fast_attention import fast_attention_status
 from homoglens.hooks import PositionPlan
 from homoglens.interventions import (
     ablated_positions,
@@ -129,6 +130,7 @@ __all__ = [
     "biased_attention",
     "architecture_of",
     "family_of",
+    "fast_attention_status",
     "corpus_windows",
     "cosine_homogenization",
     "default_ablation_modes",

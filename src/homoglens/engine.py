@@ -31,6 +31,7 @@ from homoglens.distributed import (
     world,
 )
 from homoglens.errors import ModelStateError
+from homoglens.fast_attention import fast_attention
 from homoglens.results import Provenance
 from homoglens.types import HookedModel, HookFn, HookSpec
 from homoglens.validate import first_few
@@ -196,6 +197,8 @@ def run_through(
     TransformerLens' ``stop_at_layer`` stops before a block, so on the bridge it cannot stop
     after the last one; this stops anywhere, on every backend, and needs no table of which hook
     point fires last. The hooks are removed by ``run_with_hooks`` as the exception leaves it.
+    A pass that hooks no attention internals runs SDPA attention on the bridge
+    (:mod:`homoglens.fast_attention`).
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
@@ -218,8 +221,10 @@ def run_through(
         return end_when_all_fired
 
     enders = [(name, ender(name)) for name in sorted(names)]
+    hooks = [*fwd_hooks, *enders]
     try:
-        model.run_with_hooks(inputs, return_type=None, fwd_hooks=[*fwd_hooks, *enders], **kwargs)
+        with fast_attention(model, hooks):
+            model.run_with_hooks(inputs, return_type=None, fwd_hooks=hooks, **kwargs)
     except _Through:
         pass
 
@@ -231,8 +236,12 @@ def run_logits(
     **kwargs: Any,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """A full pass with ``fwd_hooks`` attached for it only: ``model.run_with_hooks(inputs,
-    return_type="logits", fwd_hooks=..., **kwargs)``; the hooks are removed however it ends."""
-    return model.run_with_hooks(inputs, return_type="logits", fwd_hooks=list(fwd_hooks), **kwargs)
+    return_type="logits", fwd_hooks=..., **kwargs)``; the hooks are removed however it ends.
+    A pass that hooks no attention internals runs SDPA attention on the bridge
+    (:mod:`homoglens.fast_attention`)."""
+    hooks = list(fwd_hooks)
+    with fast_attention(model, hooks):
+        return model.run_with_hooks(inputs, return_type="logits", fwd_hooks=hooks, **kwargs)
 
 
 class Reducer:

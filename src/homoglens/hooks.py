@@ -381,8 +381,8 @@ def _bias_weights(
 
 
 _CHUNK_ELEMENTS = 1 << 19
-"""Pattern entries per chunk of :func:`bias_pattern` (2 MiB of float32, the L2 cache of a core): every pass over a chunk
-(row sums, A log A, the biased write) runs while it is still in the CPU's cache."""
+"""Pattern entries per chunk of :func:`bias_pattern` (2 MiB of float32, a core's L2 cache):
+every pass over a chunk (row sums, A log A, the biased write) runs while it is still cached."""
 
 
 def bias_pattern(
@@ -426,13 +426,34 @@ def bias_pattern(
         out.shape != work.shape or out.dtype != work.dtype or not out.is_contiguous()
     ):
         out = None
-    done = _closed_form(work, plan, checks, out, scratch)
-    if done is None:  # some row's z underflowed
-        return _log_space(chosen, work, plan, checks)
-    biased, found = done
+    if torch.is_grad_enabled() and work.requires_grad and not plan.identity:
+        done = _closed_form(work.detach(), plan, checks, None, scratch)
+        if done is None:  # some row's z underflowed
+            return _log_space(chosen, work, plan, checks)
+        found = done[1]
+        biased = work * _weights(plan, work)  # the same closed form, differentiable
+        biased = biased / biased.sum(-1, keepdim=True)
+    else:
+        done = _closed_form(work, plan, checks, out, scratch)
+        if done is None:  # some row's z underflowed
+            return _log_space(chosen, work, plan, checks)
+        biased, found = done
     if found is not None and plan.kind == "temperature":
         found[..., 0] = math.nan
     return biased.to(chosen.dtype), found
+
+
+def _weights(plan: AttentionBiasPlan, work: torch.Tensor) -> torch.Tensor:
+    """``[query_pos key_pos]`` w of the closed form (beta = 1), in ``work``'s dtype."""
+    n_q, n_k = int(work.shape[-2]), int(work.shape[-1])
+    if plan.kind == "first":
+        b = plan.bias
+        hi, lo = (1.0, math.exp(-b)) if b >= 0 else (math.exp(b), 1.0)
+        w = torch.full((n_q, n_k), lo, dtype=work.dtype, device=work.device)
+        w[:, : plan.first_k] = hi
+        return w
+    w64, _ = _bias_weights(plan.kind, plan.bias, n_q, n_k, plan.first_k, plan.window)
+    return w64.to(work.device, work.dtype)
 
 
 def _closed_form(
@@ -454,36 +475,46 @@ def _closed_form(
     first, identity, k, b = plan.kind == "first", plan.identity, plan.first_k, plan.bias
     hi, lo = (1.0, math.exp(-b)) if b >= 0 else (math.exp(b), 1.0)
     log_hi, log_lo = min(0.0, b), min(0.0, -b)  # log hi, log lo
+    w: torch.Tensor | None = None
+    stacked: torch.Tensor | None = None
+    phi: torch.Tensor | None = None
     if identity:
-        w = stacked = None
         phi = None if first else plan.phi(n_q, n_k).to(device, dtype)
     elif not first:
         w64, stacked64 = _bias_weights(plan.kind, b, n_q, n_k, plan.first_k, plan.window)
         w, stacked = w64.to(device, dtype), stacked64.to(device, dtype)
     dest = None
     if not identity:
-        dest = (out if out is not None else torch.empty(work.shape, dtype=dtype, device=device))
+        dest = out if out is not None else torch.empty(work.shape, dtype=dtype, device=device)
         dest = dest.view(flat.shape)
+    x_all: torch.Tensor | None = None
     if checks:
         room = per * n_q * n_k
-        if scratch is not None and scratch.dtype == dtype and scratch.is_contiguous() and (
-            scratch.numel() >= room
+        if (
+            scratch is not None
+            and scratch.dtype == dtype
+            and scratch.is_contiguous()
+            and (scratch.numel() >= room)
         ):
             x_all = scratch.view(-1)[:room].view(per, n_q, n_k)
         else:
             x_all = torch.empty(per, n_q, n_k, dtype=dtype, device=device)
     tiny = torch.finfo(dtype).tiny
-    sums = torch.zeros(flat.shape[0], n_q, 4, dtype=f64, device=device)  # z, Aw phi, Aw log w, Aw log A
+    # per row: z, sum A w phi, sum A w log w, sum A w log A
+    sums = torch.zeros(flat.shape[0], n_q, 4, dtype=f64, device=device)
     for c0 in range(0, flat.shape[0], per):
         a = flat[c0 : c0 + per]
         s = sums[c0 : c0 + per]
         x = None
-        if checks:
+        if x_all is not None:
             x = torch.clamp(a, min=tiny, out=x_all[: a.shape[0]]).log_().mul_(a)  # A log A
         if identity:
             if checks:
                 assert x is not None
-                s[..., 1] = a[..., :k].sum(-1) if first else torch.einsum("nqk,qk->nq", a, phi)
+                if phi is None:
+                    s[..., 1] = a[..., :k].sum(-1)
+                else:
+                    s[..., 1] = torch.einsum("nqk,qk->nq", a, phi)
                 s[..., 3] = x.sum(-1)
             continue
         assert dest is not None
@@ -509,6 +540,7 @@ def _closed_form(
             torch.mul(a, inv * lo, out=d)
             d[..., :k] = a[..., :k] * (inv * hi)
         else:
+            assert w is not None
             torch.mul(a, w, out=d).mul_(inv)
     biased = work if dest is None else dest.view(work.shape)
     if not checks:

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("validate",),
     ("stats", "distributed"),
     ("architectures", "assets", "data", "homogenization", "similarity_math", "plotting", "claims"),
-    ("models", "hooks", "results", "training"),
+    ("models", "hooks", "results", "training", "fast_attention"),
     ("engine", "interventions"),
     ("profile", "similarity", "sinks", "bias", "lengths"),
     ("studies", "patching"),

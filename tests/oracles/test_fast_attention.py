@@ -1,0 +1,170 @@
+"""The SDPA fast path (homoglens.fast_attention): on every family of the table the bridge
+serves with it, each readout it serves equals the eager pass within 1e-5; it falls back where it
+cannot be exact; it leaves nothing switched after a pass, however the pass ends."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+
+import pytest
+import torch
+
+import homoglens.fast_attention as fa
+from helpers import hook_count
+from homoglens import (
+    homogenization_profile,
+    load_model,
+    massive_activations,
+    positional_patching,
+    positional_similarity,
+)
+from homoglens.engine import run_through
+from homoglens.testing import TINY_ARCHS, tiny_model_folder
+
+EAGER_FAMILIES = {"gptneo", "bloom", "mpt", "gemma2"}
+"""Families whose Hugging Face attention has no exact SDPA route (no SDPA support; soft-capped
+logits for Gemma 2)."""
+
+TOKENS = torch.randint(0, 900, (3, 40), generator=torch.Generator().manual_seed(3))
+MASK = torch.ones_like(TOKENS)
+MASK[1, 30:] = 0  # a shorter window (right-padded)
+
+
+@functools.cache
+def _bridge(arch: str):
+    return load_model(tiny_model_folder(arch), backend="bridge")
+
+
+def _tensors(result) -> dict[str, torch.Tensor]:
+    return {
+        f.name: getattr(result, f.name)
+        for f in dataclasses.fields(result)
+        if isinstance(getattr(result, f.name), torch.Tensor)
+    }
+
+
+def _same(fast, eager, tol: float = 1e-5) -> None:
+    a, b = _tensors(fast), _tensors(eager)
+    assert a.keys() == b.keys() and a
+    for name in a:
+        x, y = a[name].double(), b[name].double()
+        both = torch.isfinite(x) & torch.isfinite(y)
+        assert torch.equal(torch.isfinite(x), torch.isfinite(y)), name
+        if not bool(both.any()):
+            continue
+        scale = max(1.0, float(y[both].abs().max()))
+        assert float((x - y)[both].abs().max()) <= tol * scale, name
+
+
+def _both(monkeypatch, fn):
+    fast = fn()
+    monkeypatch.setattr(fa, "ENABLED", False)
+    eager = fn()
+    monkeypatch.setattr(fa, "ENABLED", True)
+    return fast, eager
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_profile_equals_eager_on_every_family(arch, monkeypatch):
+    model = _bridge(arch)
+    attached = hook_count(model)  # the bridge's own (OPT keeps 6 on its MLPs)
+    status = fa.fast_attention_status(model)
+    assert (status == "sdpa") == (arch not in EAGER_FAMILIES), status
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast, eager = _both(
+            monkeypatch,
+            lambda: homogenization_profile(
+                model, TOKENS, attention_mask=MASK, progress=False, effective_rank=True
+            ),
+        )
+    _same(fast, eager)
+    assert hook_count(model) == attached
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "neox", "llama", "gemma3", "qwen2"])
+def test_similarity_massive_and_patching_equal_eager(arch, monkeypatch):
+    model = _bridge(arch)
+    for run in (
+        lambda: positional_similarity(model, TOKENS[:, :32], edge_k=4, progress=False),
+        lambda: massive_activations(model, TOKENS, attention_mask=MASK, progress=False),
+        lambda: positional_patching(model, TOKENS[:2, :24], bins=4, progress=False),
+    ):
+        fast, eager = _both(monkeypatch, run)
+        _same(fast, eager)
+    assert hook_count(model) == 0
+
+
+def _pattern_fires(model) -> bool:
+    fired = []
+
+    def read(pattern, hook):
+        fired.append(hook.name)
+
+    run_through(model, TOKENS[:1], "blocks.0.hook_resid_post", [])
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", read)]):
+        run_through(model, TOKENS[:1], "blocks.0.hook_resid_post", [])
+    return bool(fired)
+
+
+def test_a_pass_that_hooks_attention_internals_stays_eager():
+    model = _bridge("llama")
+    seen = {}
+
+    def config_during(x, hook):
+        seen["blocks.0.hook_resid_post"] = model.original_model.config._attn_implementation
+
+    run_through(
+        model, TOKENS[:1], "blocks.0.hook_resid_post", [("blocks.0.hook_resid_post", config_during)]
+    )
+    assert seen["blocks.0.hook_resid_post"] == "sdpa"
+    pattern = []
+    run_through(
+        model,
+        TOKENS[:1],
+        "blocks.0.hook_resid_post",
+        [
+            ("blocks.0.attn.hook_pattern", lambda p, hook: pattern.append(p.shape)),
+            ("blocks.0.hook_resid_post", config_during),
+        ],
+    )
+    assert pattern and seen["blocks.0.hook_resid_post"] == "eager"
+    assert _pattern_fires(model)  # a persistent user hook on the pattern: eager, and it fires
+    assert model.original_model.config._attn_implementation == "eager"
+    assert "forward" not in model.blocks[0].attn.__dict__
+
+
+def test_user_hooks_outside_attention_still_fire_on_the_fast_path():
+    model = _bridge("neox")
+    got = []
+    with model.hooks(fwd_hooks=[("blocks.1.hook_mlp_out", lambda x, hook: got.append(x.shape))]):
+        homogenization_profile(model, TOKENS, progress=False)
+    assert got and hook_count(model) == 0
+
+
+def test_an_error_inside_the_pass_restores_everything():
+    model = _bridge("gpt2")
+
+    def boom(x, hook):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_through(
+            model, TOKENS[:1], "blocks.1.hook_resid_post", [("blocks.0.hook_resid_post", boom)]
+        )
+    assert model.original_model.config._attn_implementation == "eager"
+    assert all("forward" not in block.attn.__dict__ for block in model.blocks)
+    assert hook_count(model) == 0
+
+
+def test_fallback_notice_once_and_switch_off(monkeypatch):
+    model = load_model(tiny_model_folder("gemma2"), backend="bridge")
+    with pytest.warns(UserWarning, match="eager attention"):
+        homogenization_profile(model, TOKENS, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        homogenization_profile(model, TOKENS, progress=False)  # said once per model
+    monkeypatch.setattr(fa, "ENABLED", False)
+    assert fa.fast_attention_status(_bridge("llama")).startswith("eager: turned off")
