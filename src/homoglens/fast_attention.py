@@ -9,7 +9,7 @@ For such a pass :func:`fast_attention` hands each block's attention back to the 
 Face module (``AttentionBridge``'s plain delegating forward, which still fires ``attn.hook_in``
 and ``attn.hook_out``) with the model's attention implementation set to ``"sdpa"``, and restores
 both when the pass ends, however it ends. Every hook point outside the attention internals
-fires with the same values (equal to eager within float rounding: 3e-6 on the 17 families of
+fires with the same values (equal to eager within float rounding: 3e-6 on the 16 families of
 the table it serves, tests/oracles/test_fast_attention.py); user hooks there keep working.
 
 The pass stays eager, exactly as before, whenever the fast path could not be exact:

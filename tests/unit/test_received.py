@@ -81,3 +81,28 @@ def test_padding_never_counts_and_round_trip(tmp_path) -> None:
     assert padded.plot().axes
     with pytest.raises(InvalidInputError, match="layers"):
         attention_received(model, short, layers=[5], progress=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_null_blocks_that_write_nothing_show_no_shift(backend, tmp_path) -> None:
+    """The null model: attention and MLP outputs zeroed (o_proj, down_proj), so no block moves
+    any token. The attention is still there (received mass as usual), the shift is exactly 0
+    and so is the slope: mass without shift reads as no attractor."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "null-llama"
+    shutil.copytree(tiny_model_folder("llama"), folder)
+    hf = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    hf.save_pretrained(folder)
+    model = load_model(folder, backend=backend, device="cpu")
+    got = attention_received(model, TOKENS, progress=False)
+    assert float(got.received[:, 0].min()) > 0.0  # attention is paid as usual
+    assert float(got.shift[:, :-1].abs().max()) < 1e-6  # the last key has no later query
+    assert float(got.weighted_shift[:, :-1].abs().max()) < 1e-6
+    assert float(got.slope.abs().max()) < 1e-6
