@@ -54,17 +54,41 @@ _TOLD: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def fast_attention_status(model: HookedModel) -> str:
     """``"sdpa"`` where residual-only passes of ``model`` run SDPA attention, else the reason
-    they stay eager (one line).
+    they stay eager (one line). Passes that hook attention internals are eager either way.
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
 
     Returns:
-        ``"sdpa"`` or a sentence naming why not.
+        ``"sdpa"`` or ``"eager: "`` and the reason (the backend, the family, the dtype, or the
+        switch turned off).
+
+    References:
+        PyTorch ``torch.nn.functional.scaled_dot_product_attention``; Hugging Face transformers'
+        ``attn_implementation`` ("sdpa", "eager"); Dao et al. 2022, arXiv 2205.14135
+        (FlashAttention, the memory-efficient kernels SDPA dispatches to).
+
+    Examples:
+        >>> from homoglens import fast_attention_status, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> fast_attention_status(load_model(tiny_model_folder("llama"), backend="bridge"))
+        'sdpa'
     """
     if not ENABLED:
         return "eager: turned off (homoglens.fast_attention.ENABLED = False or HOMOGLENS_EAGER=1)"
-    return _status(model)[0]
+    status = _status(model)[0]
+    return status if status != "sdpa" else _dtype_status(model)
+
+
+def _dtype_status(model: Any) -> str:
+    """``"sdpa"``, or why the weights' dtype keeps the pass eager."""
+    dtype = next(iter(model.parameters())).dtype
+    if dtype in (torch.float32, torch.float64):
+        return "sdpa"
+    return (
+        f"eager: {dtype} weights (SDPA rounds differently from eager's float32 softmax, so it "
+        "is not exact there)"
+    )
 
 
 def _status(model: Any) -> tuple[str, frozenset[int]]:
@@ -174,13 +198,12 @@ def fast_attention(model: HookedModel, fwd_hooks: Sequence[HookSpec] = ()) -> It
             )
         yield False
         return
-    dtype = next(iter(model.parameters())).dtype  # type: ignore[attr-defined]
-    if dtype not in (torch.float32, torch.float64):
+    precision = _dtype_status(model)
+    if precision != "sdpa":
         if model not in _TOLD:
             _TOLD.add(model)
             warnings.warn(
-                f"homoglens: residual-only passes run eager attention ({dtype} weights: SDPA "
-                "rounds differently from eager's float32 softmax, so it is not exact there)",
+                f"homoglens: residual-only passes run eager attention ({precision[7:]})",
                 stacklevel=3,
             )
         yield False
