@@ -401,3 +401,27 @@ def test_top_heads_says_when_it_ranks_undefined_heads_last(get_model) -> None:
     with pytest.warns(UserWarning, match="1 head.*ranked last"):
         top = dataclasses.replace(scores, mass=mass).top_heads(k=mass.numel())
     assert (top["layer"].iloc[-1], top["head"].iloc[-1]) == (0, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fast_attribution_in_micro_batches_is_the_same_sum(backend, get_model, monkeypatch):
+    """The gradient pass splits a batch whose autograd graph would exceed GRADIENT_BYTES; the
+    sums over sequences are the same (a right-padded batch included)."""
+    import homoglens.sinks.attribution as attribution
+    from homoglens import sink_attribution
+
+    model = get_model("llama", backend)
+    texts = [
+        SHORT_TEXTS[0],
+        "It is a truth universally acknowledged, that a single man in possession",
+        "Another one, a bit longer than the shortest of them all.",
+        SHORT_TEXTS[0] + " " + SHORT_TEXTS[1],
+    ]
+    whole = sink_attribution(model, texts, method="fast", edge_k=2, progress=False)
+    assert attribution.gradient_micro_batch(model, 24, 4) == 4
+    monkeypatch.setattr(attribution, "GRADIENT_BYTES", 1)
+    assert attribution.gradient_micro_batch(model, 24, 4) == 1
+    split = sink_attribution(model, texts, method="fast", edge_k=2, progress=False)
+    torch.testing.assert_close(split.delta, whole.delta, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(split.base, whole.base, rtol=1e-6, atol=1e-9)
+    assert hook_count(model) == 0
