@@ -1,9 +1,10 @@
 """Cost of ``attention_bias_study``, in forward-pass equivalents, measured side by side.
 
-Per repeat, interleaved: a bare ``model(tokens)`` forward over the windows (batches of
-``--batch-size``), and ``attention_bias_study`` with 7 strengths (the default ones) over the
-same windows, with and without the gradient cross-check; figures are medians of ``--repeats``
-runs, as time / bare forward. The target (issue 20): at most 8 forward-pass equivalents for 7
+Per repeat, interleaved: ``attention_bias_study`` with 7 strengths (the default ones) over the
+windows, with and without the gradient cross-check, each run bracketed by a bare
+``model(tokens)`` forward over the same windows (batches of ``--batch-size``) before and after
+it; a run's cost is its time over the mean of its two brackets, and the figures are medians of
+``--repeats`` runs. The target (issue 20): at most 8 forward-pass equivalents for 7
 strengths on SmolLM2, 32 x 256 windows.
 
     python benchmarks/bias.py                      # SmolLM2-135M, 32 x 256, about 10 min on 2 cores
@@ -17,6 +18,7 @@ import platform
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from importlib.metadata import version
 
 import torch
@@ -55,21 +57,38 @@ def main() -> None:
         ),
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
+    ratios: dict[str, list[float]] = {name: [] for name in runs}
+
+    def timed(fn: Callable[[], object]) -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    # Each study run is bracketed by a bare forward before and after it: its ratio is taken
+    # against the mean of the two, so that a drift of the shared machine's speed during the
+    # run cancels; the table gives the median ratio over the repeats.
+    before = timed(bare)
     for _ in range(args.repeats):
         for name, fn in runs.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    base = statistics.median(times["bare forward"])
+            if name == "bare forward":
+                continue
+            took = timed(fn)
+            after = timed(bare)
+            times[name].append(took)
+            times["bare forward"] += [before, after]
+            ratios[name].append(took / ((before + after) / 2))
+            before = after
     print(
         f"# {args.model} ({args.backend}), {args.n_seq} x {args.seq_len} tokens, batch "
         f"{args.batch_size}, kind {args.kind}, {platform.machine()}, torch {version('torch')}, "
         f"transformer-lens {version('transformer-lens')}, {args.repeats} repeats"
     )
-    print("| run | forward-pass equivalents | median s |\n|---|---|---|")
-    for name, values in times.items():
-        med = statistics.median(values)
-        print(f"| {name} | {med / base:.2f} | {med:.1f} |")
+    print("| run | forward-pass equivalents (median; each run) | median s |\n|---|---|---|")
+    print(f"| bare forward | 1.00 | {statistics.median(times['bare forward']):.1f} |")
+    for name in list(runs)[1:]:
+        each = ", ".join(f"{r:.2f}" for r in ratios[name])
+        med = statistics.median(times[name])
+        print(f"| {name} | {statistics.median(ratios[name]):.2f} ({each}) | {med:.1f} |")
 
 
 if __name__ == "__main__":

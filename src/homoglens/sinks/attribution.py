@@ -42,7 +42,22 @@ it. The result is the same sum over sequences; only the peak memory and the spee
 
 def gradient_micro_batch(model: HookedModel, n_pos: int, batch_size: int) -> int:
     """Sequences per forward-and-backward pass of the fast attribution: ``batch_size``, or
-    fewer when their estimated autograd graph would exceed :data:`GRADIENT_BYTES` (at least 1).
+    fewer when their estimated autograd graph would exceed :data:`GRADIENT_BYTES`.
+
+    Args:
+        model: The model the attribution runs.
+        n_pos: Tokens per sequence (the padded length of the batch).
+        batch_size: Sequences in the batch.
+
+    Returns:
+        The micro-batch size, in ``[1, batch_size]``.
+
+    Examples:
+        >>> from homoglens import load_model
+        >>> from homoglens.sinks.attribution import gradient_micro_batch
+        >>> from homoglens.testing import tiny_model_folder
+        >>> gradient_micro_batch(load_model(tiny_model_folder("llama")), 32, 8)
+        8
     """
     cfg = model.cfg
     d_mlp = int(getattr(cfg, "d_mlp", None) or 4 * int(cfg.d_model))
