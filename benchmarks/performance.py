@@ -67,19 +67,38 @@ SMOLLM2_SHAPE = {
 }
 
 
-def load(name: str, device: str, dtype: torch.dtype, backend: str = "bridge") -> Any:
-    """``gpt2-small-shape``: GPT-2 small (124M) from a local config, random weights;
-    ``smollm2-shape``: SmolLM2-135M's shape, random weights; anything else: ``load_model``."""
-    from homoglens import load_model
+def folder_of(name: str) -> Any:
+    """The Hugging Face folder (or Hub name) behind a benchmark model name."""
+    from homoglens.assets import embedded_model_folder
     from homoglens.testing import tiny_model_folder
 
     if name == "gpt2-small-shape":
-        folder = tiny_model_folder("gpt2", n_layers=12, d_model=768, n_heads=12, n_ctx=1024)
-    elif name == "smollm2-shape":
-        folder = _smollm2_shape_folder()
-    else:
-        folder = name
-    return load_model(folder, backend=backend, device=device, dtype=dtype)
+        return tiny_model_folder("gpt2", n_layers=12, d_model=768, n_heads=12, n_ctx=2048)
+    if name == "smollm2-shape":
+        return _smollm2_shape_folder()
+    if name == "smollm2-135m-instruct":
+        return embedded_model_folder(name)
+    return name
+
+
+def load(name: str, device: str, dtype: torch.dtype, backend: str = "bridge") -> Any:
+    """``gpt2-small-shape``: GPT-2 small (124M) from a local config (n_ctx 2048 so that the
+    T = 2048 rows fit), random weights; ``smollm2-shape``: SmolLM2-135M's shape, random
+    weights; anything else: ``load_model``."""
+    from homoglens import load_model
+
+    return load_model(folder_of(name), backend=backend, device=device, dtype=dtype)
+
+
+def load_plain_hf(name: str, device: str, dtype: torch.dtype, attn: str) -> Any:
+    """The same weights as a plain Hugging Face ``AutoModelForCausalLM`` (no TransformerLens),
+    with ``attn_implementation=attn`` ("sdpa" or "eager"), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(folder_of(name)), attn_implementation=attn, dtype=dtype
+    )
+    return hf.to(device).eval()
 
 
 def _smollm2_shape_folder() -> Path:
@@ -139,6 +158,28 @@ def hand_written(model: Any, tokens: torch.Tensor) -> dict[str, list[float]]:
             out["mean_pairwise"].append(float((off / (t * (t - 1))).mean()))
             out["to_others"].append(float(((cos.sum(-1) - 1) / (t - 1)).mean()))
     return out
+
+
+def plain_hf(hf: Any) -> Callable[[Any, torch.Tensor], dict[str, Any]]:
+    """The competitor a user would write without homoglens: the plain Hugging Face decoder
+    (``hf.base_model``: no unembedding, which a profile does not need either) with
+    ``output_hidden_states=True``, then per hidden state a float64 cosine reduction in O(T
+    d_model): unit rows, their sum s per sequence, the mean pairwise cosine (|s|^2 - T) /
+    (T (T - 1)) and each token's mean cosine to the others (u . s - 1) / (T - 1)."""
+
+    def run(model: Any, tokens: torch.Tensor) -> dict[str, Any]:
+        out: dict[str, Any] = {"mean_pairwise": [], "to_others": []}
+        with torch.inference_mode():
+            states = hf.base_model(tokens, output_hidden_states=True).hidden_states
+            for h in states:
+                u = torch.nn.functional.normalize(h.double(), dim=-1)  # [batch pos d_model]
+                s = u.sum(1)  # [batch d_model]
+                t = u.shape[1]
+                out["mean_pairwise"].append(((s * s).sum(-1) - t).mean() / (t * (t - 1)))
+                out["to_others"].append((((u * s[:, None]).sum(-1) - 1) / (t - 1)).mean(0))
+        return out
+
+    return run
 
 
 def ablation(mode: str) -> Callable[[Any, torch.Tensor], None]:
@@ -464,9 +505,72 @@ def run(args: argparse.Namespace) -> str:
         )
         print(cost_rows[-1], flush=True)
         del model
-    lines += ["", *time_rows, "", *mem_rows, "", *scan_rows, "", *cost_rows]
+    hf_rows, hf_checks = versus_hf(args)
+    checks += hf_checks
+    lines += ["", *time_rows, "", *mem_rows, "", *scan_rows, "", *cost_rows, "", *hf_rows]
     lines += ["", "Checks against the targets:", "", *(f"- {c}" for c in checks)]
     return "\n".join(lines) + "\n"
+
+
+def versus_hf(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """Rows of the comparison with the plain Hugging Face competitor, and the target checks:
+    per model and (T, batch), the profile against ``plain_hf`` with SDPA and with eager
+    attention, interleaved on the same batch; then the profile's working memory at batch 1
+    over T (a fresh process each)."""
+    dtype = getattr(torch, args.dtype)
+    rows = [
+        "### Against the plain Hugging Face loop",
+        "",
+        "The competitor (`plain_hf` in the script): the same weights as a plain `transformers` "
+        "model, its decoder run with `output_hidden_states=True` and a float64 cosine "
+        "reduction per hidden state in O(T d_model) (mean pairwise cosine and each token's "
+        "mean cosine to the others). Its best time is the faster of its SDPA and eager runs. "
+        "Ratio: profile time / that best time (at most 1.05 is the target).",
+        "",
+        "| model | T | batch | plain HF SDPA (s) | plain HF eager (s) | profile (s) | "
+        "profile / best plain HF |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    checks: list[str] = []
+    for name in args.models:
+        model = load(name, args.device, dtype, args.backend)
+        hf = {a: load_plain_hf(name, args.device, dtype, a) for a in ("sdpa", "eager")}
+        methods = {
+            "plain HF sdpa": plain_hf(hf["sdpa"]),
+            "plain HF eager": plain_hf(hf["eager"]),
+            "profile": profile,
+        }
+        for spec in args.hf_sizes:
+            seq_len, n = (int(v) for v in spec.split(":"))
+            if seq_len > model.cfg.n_ctx:
+                continue
+            tokens = tokens_for(model, n, seq_len).to(args.device)
+            t = timings(model, tokens, methods, args.repeats, args.device)
+            best = min(t["plain HF sdpa"], t["plain HF eager"])
+            rows.append(
+                f"| {name} | {seq_len} | {n} | {t['plain HF sdpa']:.3f} | "
+                f"{t['plain HF eager']:.3f} | {t['profile']:.3f} | {t['profile'] / best:.3f} |"
+            )
+            checks.append(
+                f"{name} T={seq_len} batch {n}: profile / plain HF {t['profile'] / best:.3f}"
+            )
+            print(rows[-1], flush=True)
+        del model, hf
+    mem_rows = [
+        f"### Working memory of a profile at batch 1 over T ({args.models[-1]})",
+        "",
+        "MiB above the loaded model and tokens (fresh process each; see the memory method above).",
+        "",
+        "| T | profile working memory (MiB) | per 1024 tokens (MiB) |",
+        "|---|---|---|",
+    ]
+    for seq_len in args.long_lens:
+        spec = _spec(args, args.models[-1], n_seq=1, seq_len=seq_len, method="profile")
+        mem = memory(spec)
+        per = "-" if "oom" in mem else f"{mem['working_mib'] / (seq_len / 1024):.0f}"
+        mem_rows.append(f"| {seq_len} | {_mib(mem)} | {per} |")
+        print(mem_rows[-1], flush=True)
+    return [*rows, "", *mem_rows], checks
 
 
 def write(section: str, heading: str) -> None:
@@ -497,6 +601,24 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--hf-sizes",
+        nargs="+",
+        default=["128:8", "512:8", "1024:8", "2048:2", "4096:1"],
+        help="T:batch pairs of the comparison with the plain Hugging Face loop",
+    )
+    parser.add_argument(
+        "--long-lens",
+        type=int,
+        nargs="+",
+        default=[1024, 2048, 3072, 4096],
+        help="T of the profile's working memory at batch 1 (the last model)",
+    )
+    parser.add_argument(
+        "--versus-hf-only",
+        action="store_true",
+        help="only the comparison with plain Hugging Face and the long-T memory rows",
+    )
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -504,6 +626,11 @@ def main() -> None:
         return
     if args.quick:
         args.seq_lens, args.n_scan, args.repeats, args.cost_len = [64], [8, 32], 1, 64
+        args.hf_sizes, args.long_lens = ["64:2"], [64, 128]
+    if args.versus_hf_only:
+        rows, checks = versus_hf(args)
+        print("\n".join([*rows, "", *(f"- {c}" for c in checks)]))
+        return
     section = run(args)
     print(section)
     if not args.no_write and not args.quick:

@@ -61,17 +61,37 @@ def positions_from_mask(
     return torch.where(keep, pos, torch.full_like(pos, -1))
 
 
+_SAFE_MAGNITUDE = (2.0**-20, 2.0**20)
+"""Largest counted entries inside this range need no rescaling: their squares, and sums of
+T * d_model of them, stay far from float32's under- and overflow."""
+
+
 def unit_scale(
-    x: Float[torch.Tensor, "batch pos d_model"], counted: torch.Tensor
+    x: Float[torch.Tensor, "batch pos d_model"],
+    counted: torch.Tensor,
+    largest: Float[torch.Tensor, "batch pos"] | None = None,
 ) -> tuple[Float[torch.Tensor, "batch pos d_model"], Int[torch.Tensor, " batch"]]:
     """Rescale each sequence by a power of two so that its largest counted entry lies in
     [0.5, 1): exact (no rounding), so cosines and norm ratios are bit-identical, while squares
-    no longer overflow (float32 entries above ~1.8e19) or underflow (below ~1e-19).
+    no longer overflow (float32 entries above ~1.8e19) or underflow (below ~1e-19). When every
+    sequence's largest entry already lies in a safe range (2**-20 to 2**20), ``x`` is returned
+    as it is with exponents 0, which gives the same values bit for bit (scaling by a power of
+    two commutes with rounding) without a copy.
+
+    Args:
+        x: ``[batch pos d_model]`` vectors.
+        counted: ``[batch pos]`` bool, the vectors that count.
+        largest: ``[batch pos]`` max |entry| of each vector, if already known.
 
     Returns:
         The rescaled ``x`` and the ``[batch]`` exponents e with ``x_original = x * 2**e``.
     """
-    amax = x.abs().masked_fill(~counted[..., None], 0.0).amax(dim=(1, 2))
+    if largest is None:
+        largest = x.abs().amax(-1)
+    amax = largest.masked_fill(~counted, 0.0).amax(1)
+    low, high = _SAFE_MAGNITUDE
+    if bool(((amax >= low) & (amax <= high)).all()):
+        return x, torch.zeros(amax.shape, dtype=torch.int32, device=x.device)
     exponent = torch.where(
         amax > 0, torch.frexp(amax).exponent, torch.zeros_like(amax, dtype=torch.int32)
     )
@@ -131,7 +151,11 @@ def homogenization_sums(
             f"{torch.nonzero(t < 2).flatten().tolist()} have fewer (pads and an excluded first "
             "token do not count)"
         )
-    finite = torch.isfinite(x).all(-1)  # [batch pos]
+    # Two reductions give each vector's largest |entry| and its finiteness (NaN and inf
+    # propagate through amax / amin), with no full-size temporary.
+    top, bottom = x.amax(-1), x.amin(-1)  # [batch pos]
+    largest = torch.maximum(top, -bottom)
+    finite = torch.isfinite(largest)
     if not bool(finite[inc].all()):
         bad = int((~finite[inc]).sum())
         raise NonFiniteActivationError(
@@ -140,7 +164,7 @@ def homogenization_sums(
         )
     if not bool(finite.all()):  # NaN/inf on pads only: keep them out
         x = x.masked_fill(~inc[..., None], 0.0)
-    x, exponent = unit_scale(x, inc)
+    x, exponent = unit_scale(x, inc, largest.masked_fill(~finite, 0.0))
     norms = torch.linalg.vector_norm(x, dim=-1)  # [batch pos], in units of 2**exponent
     nonzero = inc & (norms > 0)
     # The dot products below are taken on x itself (the unit vectors u = x / ||x|| are never
