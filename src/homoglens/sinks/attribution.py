@@ -56,7 +56,8 @@ def gradient_micro_batch(model: HookedModel, n_pos: int, batch_size: int) -> int
         >>> from homoglens import load_model
         >>> from homoglens.sinks.attribution import gradient_micro_batch
         >>> from homoglens.testing import tiny_model_folder
-        >>> gradient_micro_batch(load_model(tiny_model_folder("llama")), 32, 8)
+        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+        >>> gradient_micro_batch(model, 32, 8)
         8
     """
     cfg = model.cfg
