@@ -75,8 +75,9 @@ def unit_scale(
     [0.5, 1): exact (no rounding), so cosines and norm ratios are bit-identical, while squares
     no longer overflow (float32 entries above ~1.8e19) or underflow (below ~1e-19). When every
     sequence's largest entry already lies in a safe range (2**-20 to 2**20), ``x`` is returned
-    as it is with exponents 0, which gives the same values bit for bit (scaling by a power of
-    two commutes with rounding) without a copy.
+    as it is with exponents 0, which gives the same values bit for bit without a copy (scaling
+    by a power of two commutes with rounding; only entries in float32's subnormal range, below
+    ~1e-38, could round differently, far below any cosine's precision).
 
     Args:
         x: ``[batch pos d_model]`` vectors.
