@@ -6,6 +6,7 @@ within a process), and the tables written into ``docs/performance.md`` between m
 
     python benchmarks/performance.py                     # CPU: GPT-2 small shape + SmolLM2-135M
     python benchmarks/performance.py --quick             # small sizes, a smoke run
+    python benchmarks/performance.py --versus-hf-only    # only the plain Hugging Face rows
     python benchmarks/performance.py --device cuda --dtype bfloat16 --no-write
 
 Methods, on the same ``[8, T]`` batch of Austen tokens:
