@@ -312,8 +312,8 @@ def attention_bias_study(
                     buffers.clear()
                     buffers.update(
                         key=key,
-                        a=torch.empty_like(chosen),
-                        b=torch.empty_like(chosen),
+                        a=torch.zeros_like(chosen),  # zero above the diagonal
+                        b=torch.zeros_like(chosen),
                         x=torch.empty_like(chosen),
                     )
                 # two output buffers in turn: a block's pattern stays intact through the next

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 from typing import Any, Literal
 
 import torch
@@ -384,6 +385,11 @@ _CHUNK_ELEMENTS = 1 << 19
 """Pattern entries per chunk of :func:`bias_pattern` (2 MiB of float32, a core's L2 cache):
 every pass over a chunk (row sums, A log A, the biased write) runs while it is still cached."""
 
+_ROW_BLOCK = 64
+"""Queries per row block of a causal pattern in :func:`bias_pattern`: a block of queries
+q0..q1 - 1 reads only keys up to q1 - 1, so about half of the square (the masked keys above the
+diagonal, exactly 0) is never read or written."""
+
 
 def bias_pattern(
     chosen: Float[torch.Tensor, "batch head query_pos key_pos"],
@@ -403,16 +409,19 @@ def bias_pattern(
     (|b| so large that every key it attends has w = 0) and the temperature (beta != 1) are
     computed in log space. Both equal softmax(beta * scores + b * phi) exactly in exact
     arithmetic; keys a row never attends (A = 0: the causal mask, a sliding window) stay at 0.
-    Work is done in the pattern's dtype (float32 for half precision), row sums in float64, a
-    cache-sized chunk of heads at a time (A log A as A log max(A, tiny), which is exact for
-    A = 0 and differs by under 1e-36 below float32's smallest normal number).
+    Work is done in the pattern's dtype (float32 for half precision), a cache-sized chunk of
+    rows at a time (A log A as A log max(A, tiny), which is exact for A = 0 and differs by under
+    1e-36 below float32's smallest normal number). When the pattern is causal (query 0 attends
+    no key after its own), the keys above the diagonal, all 0, are neither read nor written.
 
     Args:
         chosen: ``[batch head query_pos key_pos]`` attention probabilities.
         plan: The bias (:class:`AttentionBiasPlan`).
         checks: Also return the checks.
         out: A float32/float64 tensor of ``chosen``'s shape and dtype to write the biased
-            pattern into (saves an allocation per block; the closed form only).
+            pattern into (saves an allocation per block; the closed form only). Its entries above
+            the diagonal are not written for a causal pattern: allocate it with ``torch.zeros``
+            and use it for causal patterns only (a non-causal pattern never writes into it).
         scratch: A tensor like ``out`` whose storage holds a chunk's A log A (saves another).
 
     Returns:
@@ -456,6 +465,20 @@ def _weights(plan: AttentionBiasPlan, work: torch.Tensor) -> torch.Tensor:
     return w64.to(work.device, work.dtype)
 
 
+def _row_blocks(flat: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(first query, end query, keys read)`` per row block of ``flat [n query key]``: one
+    block of every key unless the pattern is causal (query q, key q + n_key - n_query and
+    earlier, checked on query 0), then blocks of :data:`_ROW_BLOCK` queries."""
+    n_q, n_k = int(flat.shape[-2]), int(flat.shape[-1])
+    offset = n_k - n_q
+    if n_q < 2 * _ROW_BLOCK or offset < 0 or bool(flat[:, 0, offset + 1 :].any()):
+        return [(0, n_q, n_k)]
+    edges = [*range(0, n_q, _ROW_BLOCK), n_q]
+    if n_q - edges[-2] < _ROW_BLOCK // 2:  # no short last block
+        del edges[-2]
+    return [(q0, q1, q1 + offset) for q0, q1 in pairwise(edges)]
+
+
 def _closed_form(
     work: torch.Tensor,
     plan: AttentionBiasPlan,
@@ -465,14 +488,19 @@ def _closed_form(
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """:func:`bias_pattern` for beta = 1, chunk by chunk; ``None`` if a row's z underflows.
 
-    Per row it gathers, in float64, z = sum A w, sum A w phi, sum A w log w and sum A w log A
-    (for ``"first"`` from row sums of the first key columns: w takes two values, so no
-    full-size product with phi or w is made)."""
+    Per row it gathers, in the work dtype, the row sums the checks need, then finishes them in
+    float64: for ``"first"`` (w takes two values, so no full-size product with phi or w is made)
+    the mass on the first keys and on the others, and sum A log A over each; for the other
+    kinds z = sum A w, sum A w phi, sum A w log w and sum A w log A."""
     f64, dtype, device = torch.float64, work.dtype, work.device
     n_q, n_k = int(work.shape[-2]), int(work.shape[-1])
     flat = work.reshape(-1, n_q, n_k)
-    per = max(1, _CHUNK_ELEMENTS // max(n_q * n_k, 1))
+    n = int(flat.shape[0])
     first, identity, k, b = plan.kind == "first", plan.identity, plan.first_k, plan.bias
+    if identity and not checks:
+        return work, None
+    blocks = _row_blocks(flat)
+    causal = len(blocks) > 1
     hi, lo = (1.0, math.exp(-b)) if b >= 0 else (math.exp(b), 1.0)
     log_hi, log_lo = min(0.0, b), min(0.0, -b)  # log hi, log lo
     w: torch.Tensor | None = None
@@ -485,78 +513,88 @@ def _closed_form(
         w, stacked = w64.to(device, dtype), stacked64.to(device, dtype)
     dest = None
     if not identity:
-        dest = out if out is not None else torch.empty(work.shape, dtype=dtype, device=device)
+        if out is None or not causal:  # a reused buffer only ever holds causal patterns
+            dest = (torch.zeros if causal else torch.empty)(work.shape, dtype=dtype, device=device)
+        else:
+            dest = out
         dest = dest.view(flat.shape)
-    x_all: torch.Tensor | None = None
-    if checks:
-        room = per * n_q * n_k
-        if (
-            scratch is not None
-            and scratch.dtype == dtype
-            and scratch.is_contiguous()
-            and (scratch.numel() >= room)
-        ):
-            x_all = scratch.view(-1)[:room].view(per, n_q, n_k)
-        else:
-            x_all = torch.empty(per, n_q, n_k, dtype=dtype, device=device)
+    room = None
+    if checks and scratch is not None and scratch.dtype == dtype and scratch.is_contiguous():
+        room = scratch.view(-1)
     tiny = torch.finfo(dtype).tiny
-    # per row: z, sum A w phi, sum A w log w, sum A w log A
-    sums = torch.zeros(flat.shape[0], n_q, 4, dtype=f64, device=device)
-    for c0 in range(0, flat.shape[0], per):
-        a = flat[c0 : c0 + per]
-        s = sums[c0 : c0 + per]
-        x = None
-        if x_all is not None:
-            x = torch.clamp(a, min=tiny, out=x_all[: a.shape[0]]).log_().mul_(a)  # A log A
-        if identity:
+    # per row, in the work dtype: "first": mass on keys < first_k, on the others, and sum A log A
+    # over each; else z = sum A w, sum A w phi, sum A w log w, sum A w log A (identity: [1] and
+    # [3] only)
+    sums = torch.zeros(4, n, n_q, dtype=dtype, device=device)
+    for q0, q1, keys in blocks:
+        kk = min(k, keys)
+        per = max(1, _CHUNK_ELEMENTS // ((q1 - q0) * keys))
+        if w is not None and stacked is not None:
+            w_blk = w[q0:q1, :keys].contiguous()
+            stacked_blk = stacked[:, q0:q1, :keys].contiguous()
+        phi_blk = None if phi is None else phi[q0:q1, :keys].contiguous()
+        for c0 in range(0, n, per):
+            a = flat[c0 : c0 + per, q0:q1, :keys]
+            s = sums[:, c0 : c0 + per, q0:q1]
+            x = None
             if checks:
-                assert x is not None
-                if phi is None:
-                    s[..., 1] = a[..., :k].sum(-1)
+                size = a.numel()
+                if room is not None and room.numel() >= size:
+                    x = room[:size].view(a.shape)
                 else:
-                    s[..., 1] = torch.einsum("nqk,qk->nq", a, phi)
-                s[..., 3] = x.sum(-1)
-            continue
-        assert dest is not None
-        d = dest[c0 : c0 + per]
-        if first:
-            m = a[..., :k].sum(-1).to(f64)  # mass on the first keys
-            z = hi * m + lo * (a.sum(-1).to(f64) - m)
-            s[..., 0], s[..., 1] = z, hi * m
-            if checks:
-                assert x is not None
-                s_all, s_first = x.sum(-1).to(f64), x[..., :k].sum(-1).to(f64)
-                s[..., 3] = hi * s_first + lo * (s_all - s_first)
-        else:
-            assert w is not None and stacked is not None
-            s[..., :3] = torch.einsum("nqk,eqk->nqe", a, stacked)
-            if checks:
-                s[..., 3] = torch.einsum("nqk,qk->nq", x, w)
-            z = s[..., 0]
-        if not bool((z > 0).all()):
-            return None
-        inv = (1.0 / z).to(dtype)[..., None]
-        if first:
-            torch.mul(a, inv * lo, out=d)
-            d[..., :k] = a[..., :k] * (inv * hi)
-        else:
-            assert w is not None
-            torch.mul(a, w, out=d).mul_(inv)
+                    x = torch.empty(a.shape, dtype=dtype, device=device)
+                x = torch.clamp(a, min=tiny, out=x).log_().mul_(a)  # A log A
+            if first:
+                if not identity or checks:
+                    torch.sum(a[..., :kk], -1, out=s[0])
+                    torch.sum(a[..., kk:], -1, out=s[1])
+                if x is not None:
+                    torch.sum(x[..., :kk], -1, out=s[2])
+                    torch.sum(x[..., kk:], -1, out=s[3])
+                if identity:
+                    continue
+                z = s[0] * hi + s[1] * lo
+            elif identity:
+                if x is not None:
+                    assert phi_blk is not None
+                    s[1] = torch.einsum("nqk,qk->nq", a, phi_blk)
+                    torch.sum(x, -1, out=s[3])
+                continue
+            else:
+                s[:3] = torch.einsum("nqk,eqk->enq", a, stacked_blk)
+                if x is not None:
+                    s[3] = torch.einsum("nqk,qk->nq", x, w_blk)
+                z = s[0]
+            if not bool((z > 0).all()):
+                return None
+            assert dest is not None
+            d = dest[c0 : c0 + per, q0:q1, :keys]
+            inv = z.reciprocal()[..., None]
+            if first:
+                torch.mul(a, inv * lo, out=d)
+                d[..., :kk] = a[..., :kk] * (inv * hi)
+            else:
+                torch.mul(a, w_blk, out=d).mul_(inv)
     biased = work if dest is None else dest.view(work.shape)
     if not checks:
         return biased, None
-    sums = sums.view(*work.shape[:-1], 4)
+    s64 = sums.to(f64).view(4, *work.shape[:-1])
     if identity:
-        mass, entropy = sums[..., 1], -sums[..., 3]
+        if first:
+            mass, entropy = s64[0], -(s64[2] + s64[3])
+        else:
+            mass, entropy = s64[1], -s64[3]
         return biased, torch.stack([mass, entropy, torch.zeros_like(mass)], -1)
-    z = sums[..., 0]
-    inv = 1.0 / z
-    mass = sums[..., 1] * inv
     if first:
-        kl = mass * log_hi + (1.0 - mass) * log_lo - torch.log(z)  # sum_k A' log(A' / A)
+        z = s64[0] * hi + s64[1] * lo
+        mass, other = s64[0] * (hi / z), s64[1] * (lo / z)
+        kl = mass * log_hi + other * log_lo - torch.log(z)  # sum_k A' log(A' / A)
+        cross = (s64[2] * hi + s64[3] * lo) / z  # sum_k A' log A
     else:
-        kl = sums[..., 2] * inv - torch.log(z)
-    cross = sums[..., 3] * inv  # sum_k A' log A
+        z = s64[0]
+        mass = s64[1] / z
+        kl = s64[2] / z - torch.log(z)
+        cross = s64[3] / z
     return biased, torch.stack([mass, -cross - kl, kl.clamp_min(0.0)], -1)
 
 

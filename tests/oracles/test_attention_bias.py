@@ -18,7 +18,7 @@ from homoglens import (
     load_model,
 )
 from homoglens.architectures import ARCHITECTURES
-from homoglens.hooks import attention_bias_phi
+from homoglens.hooks import AttentionBiasPlan, attention_bias_phi, bias_pattern
 from homoglens.testing import TINY_ARCHS, tiny_model_folder
 
 SHORT = TOKENS[:, :8]  # within every tiny sliding window (8): the window mask never binds
@@ -203,3 +203,46 @@ def test_array_indices_huge_and_complex_strengths() -> None:
     with torch.no_grad(), ablated_positions(model, "zero", layers=np.array([0])):
         model(SHORT)
     assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("kind", ["first", "self", "recent", "alibi", "middle"])
+@pytest.mark.parametrize("n", [7, 200])
+def test_bias_pattern_equals_float64_log_space(kind: str, n: int) -> None:
+    """The closed form (row blocks of the lower triangle for n >= 128) against
+    log_softmax(log A + b phi) and its checks in float64, on peaked causal patterns; b = -20 on
+    "first" is where the mass on the other keys was once taken as 1 - m (an error of 4e-4)."""
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 3, n, n, generator=gen, dtype=torch.float64) * 4
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -torch.inf)
+    pattern = torch.softmax(scores, -1)
+    for b in (-20.0, -1.0, 0.0, 2.0):
+        for first_k in (1, 3):
+            plan = AttentionBiasPlan(kind, b, 1.0, first_k, 4, (0,), None)
+            biased, checks = bias_pattern(pattern.float(), plan, checks=True)
+            phi = attention_bias_phi(kind, n, n, first_k=first_k, window=4)
+            log_ref = torch.log_softmax(torch.log(pattern) + b * phi, -1)
+            ref = log_ref.exp()
+            mass = (ref * phi).sum(-1)
+            scale = phi.abs().amax().clamp_min(1.0)
+            entropy = -torch.special.xlogy(ref, ref).sum(-1)
+            kl = (torch.special.xlogy(ref, ref) - torch.special.xlogy(ref, pattern)).sum(-1)
+            torch.testing.assert_close(biased.double(), ref, atol=2e-6, rtol=0)
+            assert checks is not None
+            torch.testing.assert_close(checks[..., 0] / scale, mass / scale, atol=2e-6, rtol=0)
+            torch.testing.assert_close(checks[..., 1], entropy, atol=2e-5, rtol=0)
+            torch.testing.assert_close(checks[..., 2], kl.clamp_min(0), atol=2e-5, rtol=0)
+
+
+def test_bias_pattern_reads_a_non_causal_pattern_whole() -> None:
+    """A pattern whose first query attends later keys is not causal: every key is biased, and
+    a reused output buffer is left alone (it only ever holds causal patterns)."""
+    n = 160
+    pattern = torch.softmax(torch.randn(1, 2, n, n, generator=torch.Generator().manual_seed(1)), -1)
+    plan = AttentionBiasPlan("first", 1.5, 1.0, 1, 4, (0,), None)
+    out = torch.zeros_like(pattern)
+    biased, _ = bias_pattern(pattern, plan, out=out)
+    w = torch.full((n,), math.exp(-1.5))
+    w[0] = 1.0
+    ref = pattern * w / (pattern * w).sum(-1, keepdim=True)
+    torch.testing.assert_close(biased, ref, atol=1e-6, rtol=0)
+    assert not out.any()
