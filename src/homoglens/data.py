@@ -10,18 +10,22 @@ from __future__ import annotations
 import gzip
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import torch
 from jaxtyping import Int
 
-from homoglens.errors import InvalidInputError, SequenceTooLongError
+from homoglens.errors import InvalidInputError, MissingDependencyError, SequenceTooLongError
 from homoglens.types import BosPolicy, HookedModel
 from homoglens.validate import as_int, check_attention_mask
+
+if TYPE_CHECKING:  # datasets is imported only when a dataset is given
+    from datasets import Dataset, IterableDataset
 
 __all__ = [
     "CORPORA",
@@ -114,12 +118,18 @@ class TokenBatch:
 # --------------------------------------------------------------------------- corpora
 
 
-DataInput: TypeAlias = (
-    TokenBatch | Int[torch.Tensor, "batch pos"] | str | list[str] | os.PathLike[str]
-)
+DataInput: TypeAlias = Union[  # noqa: UP007 - the datasets classes are only names here
+    TokenBatch,
+    Int[torch.Tensor, "batch pos"],
+    str,
+    list[str],
+    os.PathLike[str],
+    "Dataset",
+    "IterableDataset",
+]
 """What every measurement takes as ``data``: token ids ``[batch pos]`` (used as given, no BOS
-added), a :class:`TokenBatch`, a text, a list of texts, or a text-file path (see
-:func:`to_token_batch`)."""
+added), a :class:`TokenBatch`, a text, a list of texts, a text-file path, or a Hugging Face
+``datasets.Dataset`` / ``IterableDataset`` with a text column (see :func:`to_token_batch`)."""
 
 
 def split_austen(text: str | None = None) -> tuple[str, str]:
@@ -243,13 +253,170 @@ def _n_ctx(model: HookedModel) -> int:
     return int(model.cfg.n_ctx)
 
 
+# --------------------------------------------------------------------------- datasets
+
+_DATASET_CLASSES = ("Dataset", "IterableDataset", "DatasetDict", "IterableDatasetDict")
+_DATASET_ROWS = 64
+"""Rows of a Hugging Face dataset read and tokenized at a time."""
+
+
+def _dataset_kind(data: Any) -> str | None:
+    """The class name of a Hugging Face ``datasets`` object (``"Dataset"``,
+    ``"IterableDataset"``, or a dict of splits), found by its classes' names and module, so that
+    ``datasets`` is never imported for other input; ``None`` for anything else."""
+    for cls in type(data).__mro__:
+        if cls.__module__.split(".")[0] == "datasets" and cls.__name__ in _DATASET_CLASSES:
+            return _checked_kind(data, cls.__name__)
+    return None
+
+
+def _checked_kind(data: Any, name: str) -> str:
+    try:
+        import datasets
+    except ImportError:
+        raise MissingDependencyError(
+            f"data looks like a Hugging Face datasets.{name}, but the datasets package cannot be "
+            "imported; install it with pip install datasets"
+        ) from None
+    if name.endswith("Dict"):
+        splits = ", ".join(repr(k) for k in list(data)[:8])
+        raise InvalidInputError(
+            f"data is a datasets.{name} (a dict of splits: {splits}); pick one split, e.g. "
+            "data['train'], or load_dataset(..., split='train')"
+        )
+    if not isinstance(data, (datasets.Dataset, datasets.IterableDataset)):
+        raise InvalidInputError(f"data of type {type(data).__name__} is not a datasets.{name}")
+    return name
+
+
+def _dataset_label(data: Any, kind: str, text_column: str) -> str:
+    name = getattr(getattr(data, "info", None), "dataset_name", None)
+    split = getattr(data, "split", None)
+    where = f"{name}" + (f"[{split}]" if split is not None else "") if name else kind
+    return f"dataset {where} column {text_column!r}"
+
+
+def _dataset_text_batches(data: Any, text_column: Any) -> Iterator[list[str]]:
+    """Batches of the texts of ``data[text_column]``, read lazily (an ``IterableDataset`` is
+    streamed, never materialised); rows with no text are skipped.
+
+    Raises:
+        InvalidInputError: ``text_column`` is not a column (the message lists the columns), or a
+            row holds something other than a str.
+    """
+    if not isinstance(text_column, str):
+        raise InvalidInputError(f"text_column={text_column!r} must be a column name (a str)")
+    columns = getattr(data, "column_names", None)  # None: an IterableDataset of unknown features
+
+    def missing(found: Any) -> InvalidInputError:
+        return InvalidInputError(
+            f"the dataset has no column {text_column!r}; its columns are {sorted(found)}; pass "
+            "text_column=<the column that holds the text>"
+        )
+
+    if columns is not None and text_column not in columns:
+        raise missing(columns)
+    source = data.select_columns([text_column]) if columns is not None else data
+    row = 0
+    for part in source.iter(batch_size=_DATASET_ROWS):
+        if text_column not in part:
+            raise missing(part)
+        texts = []
+        for text in part[text_column]:
+            if not isinstance(text, str):
+                raise InvalidInputError(
+                    f"row {row} of column {text_column!r} is a {type(text).__name__}, not a str; "
+                    "pass text_column=<the column that holds the text>"
+                )
+            if text.strip():
+                texts.append(text)
+            row += 1
+        if texts:
+            yield texts
+
+
+def _encode_many(model: HookedModel, texts: list[str], where: str) -> list[list[int]]:
+    """Token ids of each text (no special tokens), tokenized in one batched call."""
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            _encode(model, text, f"{where} (a text of batch row {i})")  # raises the typed error
+    return [list(ids) for ids in _tokenizer(model)(texts, add_special_tokens=False)["input_ids"]]
+
+
+def _dataset_batch(
+    model: HookedModel, data: Any, kind: str, bos: BosPolicy | bool, text_column: str
+) -> TokenBatch:
+    """Every non-empty row of a dataset's text column as one sequence, like a list of texts."""
+    label = _dataset_label(data, kind, text_column)
+    prefix = [_bos_id(model)] if _resolve_bos(model, bos) else []
+    rows: list[list[int]] = []
+    for texts in _dataset_text_batches(data, text_column):
+        for ids in _encode_many(model, texts, label):
+            row = _prefixed(ids, prefix)
+            if len(row) > _n_ctx(model):
+                raise SequenceTooLongError(
+                    f"text {len(rows)} of the {label} has {len(row)} tokens (BOS included), more "
+                    f"than the model's context window n_ctx={_n_ctx(model)}; cut the dataset "
+                    "into windows with corpus_windows(model, dataset, seq_len=...)"
+                )
+            rows.append(row)
+    if not rows:
+        raise InvalidInputError(f"the {label} holds no text; give a dataset with some text")
+    return _packed(model, rows, f"{label}: {len(rows)} texts")
+
+
+def _dataset_windows(
+    model: HookedModel,
+    data: Any,
+    kind: str,
+    n_seq: int,
+    seq_len: int,
+    prefix: list[int],
+    text_column: str,
+) -> TokenBatch:
+    """The first ``n_seq`` consecutive windows of a dataset's rows joined by blank lines; reads
+    (and tokenizes, a batch of rows at a time) only as many rows as those windows need."""
+    label = _dataset_label(data, kind, text_column)
+    content = seq_len - len(prefix)
+    separator = _encode(model, "\n\n")
+    rows: list[list[int]] = []
+    buffer: list[int] = []
+    joined = False  # whether a row came before (the next one follows a blank line)
+    for texts in _dataset_text_batches(data, text_column):
+        for ids in _encode_many(model, texts, label):
+            buffer.extend([*separator, *ids] if joined else ids)
+            joined = True
+            while len(buffer) >= content and len(rows) < n_seq:
+                rows.append(prefix + buffer[:content])
+                del buffer[:content]
+        if len(rows) == n_seq:
+            break
+    if len(rows) < n_seq:
+        raise InvalidInputError(
+            f"the {label} is too small for n_seq={n_seq} windows of seq_len={seq_len} tokens "
+            f"(it holds {len(rows)}); lower n_seq or seq_len"
+        )
+    tokens = torch.tensor(rows, dtype=torch.long)
+    recorded = _recorded_bos(model, rows)
+    return TokenBatch(
+        tokens=tokens,
+        attention_mask=torch.ones_like(tokens),
+        bos=recorded,
+        description=f"{label}: first {n_seq} consecutive windows x {seq_len} tokens, "
+        f"bos={_bos_label(recorded)}",
+    )
+
+
 def corpus_windows(
     model: HookedModel,
-    corpus: str | os.PathLike[str] = "austen",
+    corpus: str | os.PathLike[str] | Dataset | IterableDataset = "austen",
     *,
     n_seq: int = 64,
     seq_len: int = 256,
     bos: BosPolicy | bool = "auto",
+    text_column: str = "text",
 ) -> TokenBatch:
     """Cut a corpus into ``n_seq`` fixed-length token windows spread evenly over the text.
 
@@ -257,20 +424,39 @@ def corpus_windows(
     paragraph boundary of its stretch and holds ``seq_len`` tokens, a BOS (when used) counting
     inside ``seq_len``. Windows never overlap; the result has no padding.
 
+    A Hugging Face ``datasets.Dataset`` or ``IterableDataset`` is read as a text whose
+    paragraphs are the rows of ``text_column`` (empty rows skipped), streamed: its rows are
+    tokenized a batch at a time and cut into consecutive windows (a window may span rows), and
+    reading stops once ``n_seq`` windows exist, so memory stays flat however large (or endless)
+    the dataset is. Shuffle it first (``dataset.shuffle(seed=0)``) to sample across it.
+
     Args:
         model: Supplies the tokenizer, ``cfg.n_ctx`` and the default BOS policy.
-        corpus: A name in :data:`CORPORA` or the path of a UTF-8 text file.
+        corpus: A name in :data:`CORPORA`, the path of a UTF-8 text file, or a Hugging Face
+            ``Dataset`` / ``IterableDataset`` with a text column.
         n_seq: Number of windows (sequences), >= 1.
         seq_len: Tokens per window, BOS included; 2 <= seq_len <= ``cfg.n_ctx``.
         bos: ``"auto"`` (the model's ``cfg.default_prepend_bos``), ``"always"``, ``"never"``.
+        text_column: The dataset column that holds the text (datasets only).
 
     Returns:
         A :class:`TokenBatch` of shape ``[n_seq seq_len]``.
 
     Raises:
-        InvalidInputError: bad ``n_seq``/``seq_len``, unknown corpus, empty file, or a corpus too
-            small for ``n_seq`` windows.
+        InvalidInputError: bad ``n_seq``/``seq_len``, unknown corpus, empty file, a corpus too
+            small for ``n_seq`` windows, a dataset without ``text_column`` (the message lists its
+            columns) or a dict of splits.
         SequenceTooLongError: ``seq_len`` exceeds ``cfg.n_ctx``.
+        MissingDependencyError: a dataset is given but ``datasets`` cannot be imported.
+
+    Examples:
+        >>> from datasets import Dataset
+        >>> from homoglens import corpus_windows, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+        >>> rows = Dataset.from_dict({"text": ["The cat sat on the mat."] * 20})
+        >>> tuple(corpus_windows(model, rows, n_seq=3, seq_len=16).tokens.shape)
+        (3, 16)
     """
     from homoglens.validate import check_model
 
@@ -282,6 +468,11 @@ def corpus_windows(
             f"seq_len={seq_len} exceeds the model's context window n_ctx={_n_ctx(model)}; "
             f"use seq_len <= {_n_ctx(model)}"
         )
+    kind = _dataset_kind(corpus)
+    if kind is not None:
+        use_bos = _resolve_bos(model, bos)
+        prefix = [_bos_id(model)] if use_bos else []
+        return _dataset_windows(model, corpus, kind, n_seq, seq_len, prefix, text_column)
     if isinstance(corpus, os.PathLike) or (
         isinstance(corpus, str) and corpus not in CORPORA and Path(corpus).is_file()
     ):
@@ -454,6 +645,7 @@ def to_token_batch(
     *,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
+    text_column: str = "text",
 ) -> TokenBatch:
     """Turn any supported input into a validated :class:`TokenBatch`.
 
@@ -465,6 +657,11 @@ def to_token_batch(
       BOS is prepended per ``bos``; right-padded with a mask.
     * a path (``pathlib.Path``): a UTF-8 text file, cut into consecutive windows of
       ``min(n_ctx, 256)`` tokens.
+    * a Hugging Face ``datasets.Dataset`` / ``IterableDataset``: every non-empty row of
+      ``text_column`` is one text, exactly as a ``list[str]`` of them (read a batch of rows at
+      a time and tokenized in batches; an ``IterableDataset`` is read to its end, so give a
+      finite one, e.g. ``dataset.take(1000)``). To cut a dataset into ``n_seq`` windows of
+      ``seq_len`` tokens, reading only what they need, use :func:`corpus_windows`.
 
     Args:
         model: Supplies the tokenizer, ``cfg.n_ctx``, ``cfg.d_vocab`` and the BOS default.
@@ -472,14 +669,26 @@ def to_token_batch(
         attention_mask: ``[batch pos]`` 0/1 mask for token input only.
         bos: ``"auto"`` (``model.cfg.default_prepend_bos``), ``"always"`` or ``"never"``; for
             text input only.
+        text_column: The dataset column that holds the text (datasets only).
 
     Returns:
         The validated batch (tokens and mask on the CPU).
 
     Raises:
         InvalidInputError: empty input, empty string, float tokens, ids outside the vocabulary,
-            a mask of the wrong shape or with gaps, all-padding rows, a mask given with text.
+            a mask of the wrong shape or with gaps, all-padding rows, a mask given with text, a
+            dataset without ``text_column`` (the message lists its columns) or a dict of splits.
         SequenceTooLongError: a sequence longer than ``cfg.n_ctx``.
+        MissingDependencyError: a dataset is given but ``datasets`` cannot be imported.
+
+    Examples:
+        >>> from datasets import Dataset
+        >>> from homoglens import load_model, to_token_batch
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+        >>> rows = Dataset.from_dict({"body": ["The cat sat.", "A dog ran far away."]})
+        >>> tuple(to_token_batch(model, rows, text_column="body").tokens.shape)
+        (2, 7)
     """
     from homoglens.validate import check_model
 
@@ -501,13 +710,17 @@ def to_token_batch(
         return _text_batch(model, [data], bos, "1 text")
     if isinstance(data, os.PathLike):
         return _file_batch(model, Path(data), bos)
+    kind = _dataset_kind(data)
+    if kind is not None:
+        return _dataset_batch(model, data, kind, bos, text_column)
     if isinstance(data, (list, tuple)):
         if len(data) == 0:
             raise InvalidInputError("the list of texts is empty; give at least one text")
         return _text_batch(model, list(data), bos, f"{len(data)} texts")
     raise InvalidInputError(
         f"data of type {type(data).__name__} is not supported; give a str, a list of str, a text "
-        "file path, an integer [batch pos] tensor of token ids, or a TokenBatch"
+        "file path, an integer [batch pos] tensor of token ids, a TokenBatch, or a Hugging Face "
+        "datasets.Dataset / IterableDataset with a text column"
     )
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "RANK_FIELDS",
     "rank_sums",
     "nan_div",
+    "massive_sums",
 ]
 
 SUM_FIELDS = ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")
@@ -419,7 +420,7 @@ def token_to_others(
     resid: Float[torch.Tensor, "batch pos d_model"], mask: Int[torch.Tensor, "batch pos"]
 ) -> Float[torch.Tensor, "batch pos"]:
     """Differentiable ``to_others`` of every real token (float64; 0 at pads and zero vectors),
-    the formula of :func:`homogenization_sums` (SCIENCE: (u_p . S - 1) / (T - 1)).
+    the formula of :func:`homogenization_sums` (docs/metrics.md: (u_p . S - 1) / (T - 1)).
 
     Args:
         resid: ``[batch pos d_model]`` residual vectors (right-aligned rows).
@@ -450,3 +451,67 @@ def nan_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     """``num / den`` where ``den > 0``, NaN elsewhere (a mean over nothing is undefined)."""
     out = num / torch.where(den > 0, den, torch.ones_like(den))
     return torch.where(den > 0, out, torch.full_like(out, math.nan))
+
+
+def massive_sums(
+    resid: Float[torch.Tensor, "batch pos d_model"],
+    attention_mask: Int[torch.Tensor, "batch pos"],
+    *,
+    threshold: float,
+    median: str = "token",
+    min_magnitude: float = 0.0,
+    top_k: int = 3,
+    where: str = "residual stream",
+) -> dict[str, torch.Tensor]:
+    """Mergeable massive-activation sums of one batch at one hook point (Sun et al. 2024,
+    arXiv 2402.17762): per real token, ratio = max_d |x_d| / m, m the token's median_d |x_d|
+    (``median="token"``) or the median |x| over all real tokens and dimensions of its sequence
+    (``median="layer"``, ``torch.median``: the lower middle value).
+
+    Args:
+        resid: ``[batch pos d_model]`` vectors, real tokens first in each row (right padding).
+        attention_mask: ``[batch pos]`` 0/1, at least as wide as ``resid``.
+        threshold: Ratio above which a token's largest dimension counts in ``dim_counts``.
+        median: ``"token"`` or ``"layer"``.
+        min_magnitude: Smallest max |x| (model units) that counts in ``dim_counts``.
+        top_k: How many of each sequence's largest |x| enter ``layer_top_sum``.
+        where: The hook point, for the error message.
+
+    Returns:
+        Float64 sums over the batch: ``ratio_sum``, ``top_sum`` (max |x|), ``count`` (real
+        tokens) and ``ratio_max`` (``-inf`` where no real token), each ``[pos]``;
+        ``dim_counts [d_model]``; ``layer_top_sum [top_k]`` and ``layer_median_sum [1]`` (sums
+        over sequences of their top |x| and median |x|); ``n_seq [1]``.
+
+    Raises:
+        NonFiniteActivationError: NaN/inf at a real token.
+    """
+    from homoglens.validate import require_finite
+
+    a = resid.detach().abs().float()
+    real = attention_mask.bool()[:, : a.shape[1]]
+    require_finite(a[real], where, "residual-stream entries")
+    f64 = {"dtype": torch.float64, "device": a.device}
+    top, arg = a.max(-1)
+    per_seq = [a[b][real[b]].flatten() for b in range(a.shape[0])]
+    seq_median = torch.stack([values.median() for values in per_seq])
+    med = a.median(-1).values if median == "token" else seq_median[:, None].expand_as(top)
+    ratio = (top / med.clamp_min(torch.finfo(torch.float32).tiny)).to(torch.float64)
+    zero = torch.zeros_like(ratio)
+    big = real & (ratio > threshold) & (top > min_magnitude)
+    dim_counts = torch.zeros(a.shape[-1], **f64)
+    dim_counts.index_add_(0, arg[big], torch.ones(int(big.sum()), **f64))
+    layer_top = torch.zeros(top_k, **f64)
+    for values in per_seq:
+        k = min(top_k, int(values.numel()))
+        layer_top[:k] += values.topk(k).values.to(torch.float64)
+    return {
+        "ratio_sum": torch.where(real, ratio, zero).sum(0),
+        "top_sum": torch.where(real, top.to(torch.float64), zero).sum(0),
+        "ratio_max": torch.where(real, ratio, torch.full_like(ratio, -math.inf)).max(0).values,
+        "count": real.to(torch.float64).sum(0),
+        "dim_counts": dim_counts,
+        "layer_top_sum": layer_top,
+        "layer_median_sum": seq_median.to(torch.float64).sum().reshape(1),
+        "n_seq": torch.full((1,), float(a.shape[0]), **f64),
+    }

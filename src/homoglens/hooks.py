@@ -39,6 +39,7 @@ __all__ = [
     "remove_sink_hook",
     "sink_removal_delta",
     "mean_head_hook",
+    "set_massive_hook",
 ]
 
 
@@ -299,8 +300,8 @@ def alibi_score_hook(slopes: Float[torch.Tensor, " head_index"], plan: PositionP
 def attention_bias_phi(
     kind: str, n_query: int, n_key: int, *, first_k: int = 1, window: int = 8
 ) -> Float[torch.Tensor, "query_pos key_pos"]:
-    """The bias direction phi[q, k] of an attention-bias kind (SCIENCE.md, "Positional attention
-    bias"), float64, for keys k <= q (entries k > q are 0; the causal mask removes them).
+    """The bias direction phi[q, k] of an attention-bias kind (docs/bias.md, "The
+    intervention"), float64, for keys k <= q (entries k > q are 0; the causal mask removes them).
 
     ``"first"``: 1[k < first_k]; ``"self"``: 1[k = q]; ``"recent"``: 1[q - window < k <= q];
     ``"alibi"``: -(q - k) (Press et al. 2022, arXiv 2108.12409); ``"middle"``:
@@ -529,6 +530,7 @@ def _closed_form(
     for q0, q1, keys in blocks:
         kk = min(k, keys)
         per = max(1, _CHUNK_ELEMENTS // ((q1 - q0) * keys))
+        w_blk = stacked_blk = None
         if w is not None and stacked is not None:
             w_blk = w[q0:q1, :keys].contiguous()
             stacked_blk = stacked[:, q0:q1, :keys].contiguous()
@@ -561,6 +563,7 @@ def _closed_form(
                     torch.sum(x, -1, out=s[3])
                 continue
             else:
+                assert w_blk is not None and stacked_blk is not None
                 s[:3] = torch.einsum("nqk,eqk->enq", a, stacked_blk)
                 if x is not None:
                     s[3] = torch.einsum("nqk,qk->nq", x, w_blk)
@@ -574,6 +577,7 @@ def _closed_form(
                 torch.mul(a, inv * lo, out=d)
                 d[..., :kk] = a[..., :kk] * (inv * hi)
             else:
+                assert w_blk is not None
                 torch.mul(a, w_blk, out=d).mul_(inv)
     biased = work if dest is None else dest.view(work.shape)
     if not checks:
@@ -698,6 +702,45 @@ def mean_head_hook(heads: list[int], mean_z: Float[torch.Tensor, "head d_head"])
     def hook(z: Float[torch.Tensor, "batch pos head_index d_head"], hook: Any) -> Any:
         out = z.clone()
         out[:, :, index] = mean_z.to(device=z.device, dtype=z.dtype)[None, None]
+        return out
+
+    return hook
+
+
+def set_massive_hook(
+    positions: list[int] | tuple[int, ...],
+    dims: list[int] | tuple[int, ...],
+    values: Float[torch.Tensor, "pos d_model"],
+) -> HookFn:
+    """Hook for a residual stream ``[batch pos d_model]`` (``blocks.{l}.hook_resid_post``):
+    set the entries at ``positions`` x ``dims`` to ``values`` in every row, the rest unchanged.
+
+    Sun et al.'s ``set_zero`` (``values`` all 0) and ``set_mean`` (``values`` the entries' means
+    over a reference corpus); positions beyond a batch's width are skipped.
+
+    Args:
+        positions: Column indices (0 = first token of a right-padded row).
+        dims: Residual dimensions.
+        values: ``[len(positions) len(dims)]``, the value of each (position, dimension).
+
+    Returns:
+        A TransformerLens hook function returning the changed stream (a copy).
+
+    References:
+        Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762
+        (``lib/hook.py`` of locuslab/massive-activations).
+    """
+    pos, dim = list(positions), list(dims)
+
+    def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> Any:
+        keep = [i for i, p in enumerate(pos) if p < resid.shape[1]]
+        if not keep:
+            return resid
+        out = resid.clone()
+        rows = torch.tensor([pos[i] for i in keep], device=resid.device)
+        cols = torch.tensor(dim, device=resid.device)
+        new = values[keep].to(device=resid.device, dtype=resid.dtype)
+        out[:, rows[:, None], cols[None, :]] = new[None]
         return out
 
     return hook

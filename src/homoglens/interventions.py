@@ -50,16 +50,19 @@ from homoglens.hooks import (
     learned_position_hook,
     rerotate_hook,
     rotary_table_hook,
+    set_massive_hook,
 )
 from homoglens.models import check_writable, is_hooked_transformer
 from homoglens.types import (
     ATTENTION_BIAS_KINDS,
+    MASSIVE_ABLATIONS,
     POSITION_ABLATIONS,
     RESIDUAL_SITES,
     AttentionBiasKind,
     FwdHooks,
     HookedModel,
     HookFn,
+    MassiveAblation,
     PositionAblation,
     signature_of,
 )
@@ -72,7 +75,10 @@ __all__ = [
     "biased_attention",
     "POSITION_ABLATIONS",
     "RESIDUAL_SITES",
+    "ablated_massive_activations",
     "ablated_positions",
+    "massive_activation_hooks",
+    "massive_activation_sites",
     "position_ablation_hooks",
     "residual_write_hooks",
 ]
@@ -491,7 +497,7 @@ def attention_bias_hooks(
 
     At ``blocks.{l}.attn.hook_pattern`` of the chosen blocks and heads, each row's pattern
     becomes A'[q, k] = A[q, k]^beta exp(b phi[q, k]) / sum_k' (same), computed in log space,
-    which equals softmax(beta * scores + b * phi) (SCIENCE.md, "Positional attention bias"):
+    which equals softmax(beta * scores + b * phi) (docs/bias.md, "The intervention"):
     Hugging Face eager attention given the 4D additive mask ``causal + b * phi`` computes the
     same logits. For every kind but ``"temperature"`` b = ``strength`` and beta = 1; for
     ``"temperature"`` b = 0 and beta = ``strength`` (beta < 1 flattens attention). It works on
@@ -586,5 +592,145 @@ def biased_attention(
         (1, 3, 50257)
     """
     fwd_hooks = attention_bias_hooks(model, kind, strength, **options)
+    with model.hooks(fwd_hooks=fwd_hooks):
+        yield model
+
+
+def massive_activation_sites(
+    model: HookedModel, *, layer: int, dims: Any, positions: Any = 0
+) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """Check where massive activations are set: ``(layer, dims, positions)``, the index lists
+    sorted; the arguments and errors of :func:`massive_activation_hooks`.
+
+    Raises:
+        InvalidInputError: ``layer`` outside [1, n_layers]; ``dims`` / ``positions`` empty,
+            repeated, not integers, or outside [0, d_model) / [0, n_ctx).
+    """
+    n_layers = int(model.cfg.n_layers)
+    layer = as_int("layer", layer, low=1, high=n_layers)
+    chosen_dims = _chosen("dims", dims, int(model.cfg.d_model), "the residual dimensions")
+    chosen_pos = _chosen("positions", positions, int(model.cfg.n_ctx), "the model's positions")
+    return layer, chosen_dims, chosen_pos
+
+
+def massive_activation_hooks(
+    model: HookedModel,
+    how: MassiveAblation,
+    *,
+    layer: int,
+    dims: Sequence[int] | int,
+    positions: Sequence[int] | int = 0,
+    means: torch.Tensor | None = None,
+) -> FwdHooks:
+    """Build forward hooks that set massive activations to zero or to their corpus mean.
+
+    Sun et al. (2024) intervene on the output of one decoder layer (the layer where the massive
+    activations appear), at the massive dimensions of the tokens that carry them, and measure the
+    perplexity: ``set_zero`` destroys the model, ``set_mean`` leaves it intact. Here the output
+    of decoder layer ``layer`` (1-indexed, as in their paper) is entry ``layer`` of the residual
+    axis, TransformerLens' ``blocks.{layer-1}.hook_resid_post`` (the input of block ``layer``):
+    at each position p of ``positions`` and dimension d of ``dims``, x[p, d] becomes 0
+    (``how="zero"``) or ``means[i, j]`` (``how="mean"``), in every sequence; every other entry
+    is unchanged. Positions are column indices of right-padded rows (0 = the first token, a BOS
+    where the data has one). Massive activations sit on the first token (and, in some models,
+    on the first delimiter), so ``positions`` defaults to 0; find the layer and dims with
+    :func:`~homoglens.massive_activations` (``top_dims``) and the means with
+    :func:`~homoglens.massive_activation_means` (see docs/sinks.md, "Interventions").
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        how: ``"zero"`` (``set_zero``) or ``"mean"`` (``set_mean``).
+        layer: Decoder layer in [1, n_layers] whose output is changed.
+        dims: Residual dimensions to set (one int or a list; in [0, d_model), distinct).
+        positions: Positions to set (one int or a list; in [0, n_ctx), distinct).
+        means: For ``"mean"``: ``[len(positions) len(dims)]``, the value of each (position,
+            dimension), rows and columns in sorted ``positions`` / ``dims`` order, in the
+            model's units (as :func:`~homoglens.massive_activation_means` returns them).
+
+    Returns:
+        ``[(hook_name, hook_fn)]`` for ``model.hooks(fwd_hooks=...)`` or ``run_with_hooks``.
+
+    Raises:
+        InvalidInputError: unknown ``how``; bad ``layer`` / ``dims`` / ``positions``
+            (:func:`massive_activation_sites`); ``"mean"`` without ``means``, ``means`` of the
+            wrong shape or not finite, or ``means`` given with ``"zero"``.
+
+    References:
+        Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762
+        (``main_llm.py --exp3`` and ``lib/hook.py`` of locuslab/massive-activations).
+
+    Examples:
+        >>> from homoglens import load_model, massive_activation_hooks
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+        >>> [name for name, _ in massive_activation_hooks(model, "zero", layer=1, dims=[3, 7])]
+        ['blocks.0.hook_resid_post']
+    """
+    if not isinstance(how, str) or how not in MASSIVE_ABLATIONS:
+        raise InvalidInputError(f"how={how!r} must be one of {list(MASSIVE_ABLATIONS)}")
+    layer, chosen_dims, chosen_pos = massive_activation_sites(
+        model, layer=layer, dims=dims, positions=positions
+    )
+    shape = (len(chosen_pos), len(chosen_dims))
+    if how == "zero":
+        if means is not None:
+            raise InvalidInputError("means is only used with how='mean'; drop it for 'zero'")
+        values = torch.zeros(shape)
+    else:
+        if means is None:
+            raise InvalidInputError(
+                "how='mean' needs means: pass means=massive_activation_means(model, data, "
+                "layer=..., dims=..., positions=...) computed on a reference corpus"
+            )
+        if not isinstance(means, torch.Tensor) or not means.is_floating_point():
+            raise InvalidInputError("means must be a float tensor [len(positions) len(dims)]")
+        if tuple(means.shape) != shape:
+            raise InvalidInputError(
+                f"means has shape {tuple(means.shape)}, expected {shape} = (len(positions), "
+                "len(dims)); compute it with the same positions and dims"
+            )
+        if not bool(torch.isfinite(means).all()):
+            raise InvalidInputError("means holds NaN or inf; recompute it on a longer corpus")
+        values = means.detach().clone()
+    write = set_massive_hook(chosen_pos, chosen_dims, values)
+    return residual_write_hooks(model, "resid_post", layer - 1, write)
+
+
+@contextlib.contextmanager
+@signature_of(massive_activation_hooks)
+def ablated_massive_activations(
+    model: HookedModel, how: MassiveAblation, **options: Any
+) -> Iterator[HookedModel]:
+    """Context manager: every forward pass inside runs with the massive activations set to zero
+    or to their mean, then the model is restored (the hooks of
+    :func:`massive_activation_hooks`, attached with ``model.hooks()``; removed on exit, also
+    when the body raises).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        how: ``"zero"`` or ``"mean"``.
+        **options: ``layer``, ``dims``, ``positions``, ``means``, as for
+            :func:`massive_activation_hooks`.
+
+    Yields:
+        The same model, with the hooks attached.
+
+    Raises:
+        InvalidInputError: as :func:`massive_activation_hooks`, before anything is attached.
+
+    References:
+        Sun et al. 2024, arXiv 2402.17762.
+
+    Examples:
+        >>> import torch
+        >>> from homoglens import ablated_massive_activations, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+        >>> with ablated_massive_activations(model, "zero", layer=1, dims=[7]):
+        ...     logits = model(torch.tensor([[50256, 15496, 995]]))
+        >>> tuple(logits.shape)
+        (1, 3, 50257)
+    """
+    fwd_hooks = massive_activation_hooks(model, how, **options)
     with model.hooks(fwd_hooks=fwd_hooks):
         yield model

@@ -32,9 +32,10 @@ from homoglens.engine import (
     stream,
 )
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
-from homoglens.homogenization import RANK_FIELDS, homogenization_sums, positions_from_mask
+from homoglens.homogenization import homogenization_sums, positions_from_mask
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
+from homoglens.results.profile import ProfileSums
 from homoglens.types import BosPolicy, HookedModel, HookFn, HookSpec
 from homoglens.validate import as_bool, check_attention_mask, check_layers, positive_int
 
@@ -44,51 +45,6 @@ __all__ = [
     "resid_hook_name",
     "NonFiniteActivationError",
 ]
-
-
-class _Accumulator:
-    """Float64 running sums for a profile, on the model's device."""
-
-    def __init__(
-        self, n_layer: int, n_pos: int, d_model: int, device: torch.device, effective_rank: bool
-    ) -> None:
-        f64 = {"dtype": torch.float64, "device": device}
-        self.layer_pos = {
-            name: torch.zeros(n_layer, n_pos, **f64)
-            for name in ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")
-        }
-        self.layer = {
-            name: torch.zeros(n_layer, **f64)
-            for name in ("mean_pairwise_sum", "relative_residual_sum", "unit_sum_sq")
-            + (RANK_FIELDS if effective_rank else ())
-        }
-        self.unit_sum = torch.zeros(n_layer, d_model, **f64)
-        self.pos = {name: torch.zeros(n_pos, **f64) for name in ("count", "prefix_count")}
-        self.scalars = {"n_sequences": 0, "n_tokens": 0, "n_tokens_sq": 0}
-
-    def add(self, i: int, sums: dict[str, torch.Tensor], first: bool) -> None:
-        # .to(): with a model split over devices, later blocks run on other devices
-        for name, acc in self.layer_pos.items():
-            acc[i] += sums[name].to(acc.device)
-        for name, acc in self.layer.items():
-            acc[i] += sums[name].to(acc.device)
-        self.unit_sum[i] += sums["unit_sum"].to(self.unit_sum.device)
-        if first:  # layer-independent quantities, counted once per batch
-            for name, acc in self.pos.items():
-                acc += sums[name].to(acc.device)
-            for name in self.scalars:
-                self.scalars[name] += int(round(float(sums[name])))
-
-    def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
-        cpu: dict[str, Any] = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer}.items()}
-        cpu.update({k: v.round().long().cpu() for k, v in self.pos.items()})  # exact counts
-        return HomogenizationProfile(
-            layers=layers,
-            unit_sum=self.unit_sum.cpu(),
-            provenance=provenance,
-            **self.scalars,
-            **cpu,
-        )
 
 
 def homogenization_profile(
@@ -102,6 +58,7 @@ def homogenization_profile(
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
     progress: bool = True,
+    text_column: str = "text",
 ) -> HomogenizationProfile:
     """Measure how alike the residual-stream token vectors are, per layer and position.
 
@@ -111,7 +68,7 @@ def homogenization_profile(
     (left and right padding give the same result); statistics are accumulated in float64
     whatever the model dtype.
 
-    Metrics (see :class:`HomogenizationProfile` and SCIENCE.md): ``to_others[layer pos]``
+    Metrics (see :class:`HomogenizationProfile` and docs/metrics.md): ``to_others[layer pos]``
     (mean cosine of a token to the other tokens of its sequence), ``to_prefix``, ``to_mean``,
     ``mean_pairwise[layer]``, ``baseline[layer]`` (anisotropy: mean cosine across sequences,
     exact), ``adjusted = mean_pairwise - baseline``, ``relative_residual``, ``norm``,
@@ -122,8 +79,11 @@ def homogenization_profile(
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge`` (see :func:`load_model`).
         data: Token ids ``[batch pos]`` (used as given, no BOS added), a
-            :class:`~homoglens.data.TokenBatch`, a ``str``, a ``list[str]`` or a text-file path
-            (see :func:`~homoglens.data.to_token_batch`).
+            :class:`~homoglens.data.TokenBatch`, a ``str``, a ``list[str]``, a text-file path or
+            a Hugging Face ``datasets.Dataset`` / ``IterableDataset`` (each row of
+            ``text_column`` one text; see :func:`~homoglens.data.to_token_batch`, and
+            :func:`~homoglens.data.corpus_windows` to cut a dataset into windows). For
+            activations you already have, see :meth:`HomogenizationProfile.from_cache`.
         layers: Entries of the ``n_layers + 1`` residual axis to measure: 0 = input of block 0
             (embeddings, positional included), l = output of block l - 1. Default: all.
         batch_size: Sequences per forward pass (memory scales with it).
@@ -136,6 +96,7 @@ def homogenization_profile(
         bos: For text input: ``"auto"`` (``model.cfg.default_prepend_bos``), ``"always"``,
             ``"never"``.
         progress: Show a tqdm progress bar.
+        text_column: The column that holds the text, for a Hugging Face dataset.
 
     Returns:
         A :class:`HomogenizationProfile` with provenance (model, backend, raw or processed
@@ -165,7 +126,9 @@ def homogenization_profile(
     batch_size = positive_int("batch_size", batch_size)
     exclude_first = as_bool("exclude_first", exclude_first)
     effective_rank = as_bool("effective_rank", effective_rank)
-    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    batch = to_token_batch(
+        model, data, attention_mask=attention_mask, bos=bos, text_column=text_column
+    )
     require_min_tokens(batch, exclude_first)
     if len(batch) == 1:
         warnings.warn(
@@ -205,7 +168,7 @@ class ProfileReducer(Reducer):
         self.n_pos, self.chosen = n_pos, chosen
         self.exclude_first, self.effective_rank = exclude_first, effective_rank
         self.per_sequence, self.needs_logits = per_sequence, loss
-        self.accumulator = _Accumulator(
+        self.accumulator = ProfileSums(
             len(chosen), n_pos, int(model.cfg.d_model), self.device, effective_rank
         )
         self.seq_to_others: list[torch.Tensor] = []  # [batch layer pos] float32, CPU
@@ -377,7 +340,7 @@ def cosine_homogenization(
     pos_index = positions_from_mask(mask, exclude_first=exclude_first)
     n_pos = int(mask.sum(1).max())
     sums = homogenization_sums(resid, pos_index, n_pos, effective_rank=effective_rank)
-    acc = _Accumulator(1, n_pos, int(resid.shape[-1]), resid.device, effective_rank)
+    acc = ProfileSums(1, n_pos, int(resid.shape[-1]), resid.device, effective_rank)
     acc.add(0, sums, first=True)
     return acc.profile(
         (0,),

@@ -110,6 +110,7 @@ def positional_similarity(
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
     progress: bool = True,
+    text_column: str = "text",
 ) -> PositionalSimilarity:
     """Measure position x position similarity of the residual stream over equal-length windows.
 
@@ -125,8 +126,11 @@ def positional_similarity(
         model: A ``HookedTransformer`` or ``TransformerBridge`` in eval mode.
         data: Windows of equal length: token ids ``[batch pos]`` (with ``attention_mask`` for
             padding), a :class:`~homoglens.data.TokenBatch` (e.g. from
-            :func:`~homoglens.data.corpus_windows`), texts or a text file. Each window must hold
-            the same number of real tokens (a pair of positions must exist in every window).
+            :func:`~homoglens.data.corpus_windows`, which also cuts a Hugging Face dataset),
+            texts, a text file or a Hugging Face ``datasets.Dataset`` / ``IterableDataset``
+            (each row of ``text_column`` one text). Each window must hold the same number of
+            real tokens (a pair of positions must exist in every window). For activations you
+            already have, see :meth:`PositionalSimilarity.from_cache`.
         layers: Entries of the residual axis (0 = embeddings, l = output of block l - 1).
             Default: all; ``space="final_norm"`` measures the last entry only.
         space: ``"resid"``; ``"ln_input"`` (what the next normalisation makes of the stream,
@@ -151,6 +155,7 @@ def positional_similarity(
         attention_mask: ``[batch pos]`` 0/1 for token input.
         bos: BOS policy for text input (``"auto"``, ``"always"``, ``"never"``).
         progress: Show a progress bar.
+        text_column: The column that holds the text, for a Hugging Face dataset.
 
     Returns:
         A :class:`~homoglens.results.similarity.PositionalSimilarity`.
@@ -195,7 +200,9 @@ def positional_similarity(
         chosen = check_layers(layers, n_layers)
     batch_size = as_int("batch_size", batch_size, low=1)
     progress = as_bool("progress", progress)
-    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    batch = to_token_batch(
+        model, data, attention_mask=attention_mask, bos=bos, text_column=text_column
+    )
     lengths = batch.lengths
     if int(lengths.min()) != int(lengths.max()):
         raise InvalidInputError(

@@ -56,6 +56,10 @@ __all__ = [
     "ATTRIBUTION_METRICS",
     "AttributionMethod",
     "HeadAblation",
+    "MassiveMedian",
+    "MASSIVE_MEDIANS",
+    "MassiveAblation",
+    "MASSIVE_ABLATIONS",
 ]
 
 Backend: TypeAlias = Literal["auto", "hooked", "bridge"]
@@ -146,6 +150,19 @@ AttributionMethod: TypeAlias = Literal["exact", "fast"]
 HeadAblation: TypeAlias = Literal["sink", "mean"]
 """How a head is removed: its attention to the sink key moved to the other keys, or its output
 ``hook_z`` replaced by its corpus mean."""
+
+MassiveMedian: TypeAlias = Literal["token", "layer"]
+"""The denominator of a massive-activation ratio: ``"token"`` the median |x_d| over the token's
+own d_model entries; ``"layer"`` the median |x| over every real token and dimension of the
+sequence at that layer (Sun et al. 2024's definition)."""
+
+MASSIVE_MEDIANS: tuple[MassiveMedian, ...] = get_args(MassiveMedian)
+
+MassiveAblation: TypeAlias = Literal["zero", "mean"]
+"""How massive activations are set: to 0 (Sun et al.'s ``set_zero``) or to their mean over a
+reference corpus (``set_mean``)."""
+
+MASSIVE_ABLATIONS: tuple[MassiveAblation, ...] = get_args(MassiveAblation)
 
 Tokens: TypeAlias = Int[torch.Tensor, "batch pos"]
 AttentionMask: TypeAlias = Int[torch.Tensor, "batch pos"] | Bool[torch.Tensor, "batch pos"]

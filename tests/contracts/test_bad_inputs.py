@@ -20,6 +20,7 @@ from homoglens import (
     SequenceTooLongError,
     UnknownModelError,
     UnsupportedArchitectureError,
+    ablated_massive_activations,
     ablated_positions,
     attention_view,
     compare_models,
@@ -27,6 +28,8 @@ from homoglens import (
     cosine_homogenization,
     homogenization_profile,
     load_model,
+    massive_activation_hooks,
+    massive_activation_means,
     massive_activations,
     model_info,
     position_ablation_hooks,
@@ -400,4 +403,42 @@ def test_meta_device_tokens_and_masks_are_typed_errors(get_model) -> None:
         homogenization_profile(
             model, torch.ones(2, 8, dtype=torch.long), attention_mask=meta, progress=False
         )
+    assert hook_count(model) == 0
+
+
+MASSIVE_BAD: list[tuple[dict[str, Any], str]] = [
+    ({"how": "set_zero"}, "how="),
+    ({"layer": 0}, "layer=0"),
+    ({"layer": 3}, "layer=3"),
+    ({"layer": 1.5}, "layer="),
+    ({"dims": []}, "dims is empty"),
+    ({"dims": [1, 1]}, "repeated"),
+    ({"dims": [64]}, "outside the residual dimensions"),
+    ({"dims": [-1]}, "outside the residual dimensions"),
+    ({"dims": [0.5]}, "dims="),
+    ({"dims": "7"}, "dims="),
+    ({"positions": [128]}, "outside the model's positions"),
+    ({"positions": torch.tensor([0.0])}, "integer"),
+    ({"how": "mean"}, "needs means"),
+    ({"how": "mean", "means": torch.ones(2, 1)}, "shape"),
+    ({"how": "mean", "means": torch.ones(1, 1, dtype=torch.long)}, "float tensor"),
+    ({"how": "mean", "means": torch.full((1, 1), float("nan"))}, "NaN"),
+    ({"how": "zero", "means": torch.ones(1, 1)}, "only used with how='mean'"),
+]
+
+
+@pytest.mark.parametrize("bad, match", MASSIVE_BAD, ids=[m for _, m in MASSIVE_BAD])
+def test_massive_ablation_bad_inputs(bad, match, backend, get_model) -> None:
+    """Typed errors naming the fix, before anything is attached (hooks and context manager)."""
+    model = get_model("gpt2", backend)
+    options: dict[str, Any] = {"how": "zero", "layer": 1, "dims": [7], **bad}
+    how = options.pop("how")
+    with pytest.raises(InvalidInputError, match=match):
+        massive_activation_hooks(model, how, **options)
+    with pytest.raises(InvalidInputError, match=match):
+        with ablated_massive_activations(model, how, **options):
+            pass  # pragma: no cover - never entered
+    if set(bad) <= {"layer", "dims", "positions"}:  # the sites: checked the same way
+        with pytest.raises(InvalidInputError, match=match):
+            massive_activation_means(model, THREE_OPENINGS, **options, progress=False)
     assert hook_count(model) == 0

@@ -11,10 +11,12 @@ import torch
 
 from helpers import THREE_OPENINGS, hook_count, state_hash
 from homoglens import (
+    ablated_massive_activations,
     ablated_positions,
     attention_view,
     compare_models,
     homogenization_profile,
+    massive_activation_means,
     massive_activations,
     position_ablation_study,
     positional_patching,
@@ -40,6 +42,10 @@ HOOKING: dict[str, Callable[[Any], Any]] = {
         m, THREE_OPENINGS, component="head", progress=False
     ),
     "ablated_positions": lambda m: _ablated_forward(m),
+    "ablated_massive_activations": lambda m: _massive_forward(m),
+    "massive_activation_means": lambda m: massive_activation_means(
+        m, THREE_OPENINGS, layer=2, dims=[3], progress=False
+    ),
     "attention_view": lambda m: attention_view(m, "Hello there, world", [(1, 0)]),
     "compare_models": lambda m: compare_models({"m": m}, n_seq=2, seq_len=24, edge_k=2),
     "positional_similarity": lambda m: positional_similarity(
@@ -59,6 +65,27 @@ HOOKING: dict[str, Callable[[Any], Any]] = {
 def _ablated_forward(model: Any) -> None:
     with ablated_positions(model, "permute", seed=0):
         model(torch.tensor([[464, 3290, 3332, 319, 262, 2603]]))
+
+
+def _massive_forward(model: Any) -> None:
+    with ablated_massive_activations(model, "zero", layer=1, dims=[3, 7], positions=[0, 2]):
+        model(torch.tensor([[464, 3290, 3332, 319, 262, 2603]]))
+
+
+def test_massive_ablation_leaves_no_hook_after_an_error_in_its_body(backend, get_model) -> None:
+    model = get_model("gpt2", backend)
+    before = state_hash(model)
+    means = torch.ones(1, 2)
+    with pytest.raises(KeyError, match="raised in the body"):
+        with ablated_massive_activations(model, "mean", layer=2, dims=[1, 5], means=means):
+            assert hook_count(model) >= 1  # the bridge lists an aliased hook point twice
+            raise KeyError("raised in the body")
+    assert hook_count(model) == 0 and state_hash(model) == before
+    with pytest.raises(ValueError, match="after the block"):
+        with ablated_massive_activations(model, "zero", layer=1, dims=5):
+            model(torch.tensor([[1, 2, 3]]))
+        assert hook_count(model) == 0
+        raise ValueError("after the block")
 
 
 @pytest.mark.parametrize("name", list(HOOKING))
@@ -88,6 +115,7 @@ def test_fault_inside_the_forward_pass_leaves_no_hook(name: str, backend: str, g
         "homogenization_profile",
         "sink_scores",
         "massive_activations",
+        "massive_activation_means",
         "sink_attribution exact",
         "sink_attribution fast",
         "sink_attribution mean",

@@ -14,8 +14,10 @@ from homoglens import (
     InvalidInputError,
     PositionPlan,
     UnsupportedArchitectureError,
+    ablated_massive_activations,
     ablated_positions,
     homogenization_profile,
+    massive_activation_hooks,
     position_ablation_hooks,
 )
 
@@ -219,3 +221,70 @@ def test_ablation_hooks_built_in_inference_mode_work_with_gradients(backend, get
             logits.sum().backward()
         assert torch.allclose(logits.detach(), expected, atol=1e-5)
         model.zero_grad(set_to_none=True)
+
+
+def _hf_set_logits(arch: str, layer: int, positions, dims, values) -> torch.Tensor:
+    """The independent run: plain Hugging Face forward on TOKENS with a torch forward hook on
+    decoder layer ``layer`` (1-indexed) that writes ``values`` into its output hidden states,
+    as Sun et al.'s ``lib/hook.py`` does (no homoglens or TransformerLens code)."""
+    from transformers import AutoModelForCausalLM
+
+    from homoglens.testing import tiny_model_folder
+
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_folder(arch)), attn_implementation="eager"
+    ).eval()
+    blocks = hf.transformer.h if arch == "gpt2" else hf.model.layers
+
+    def write(module, inputs, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        for i, p in enumerate(positions):
+            for j, d in enumerate(dims):
+                hidden[:, p, d] = values[i][j]
+        return output
+
+    handle = blocks[layer - 1].register_forward_hook(write)
+    try:
+        with torch.no_grad():
+            return hf(TOKENS).logits
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_massive_ablation_matches_hf_decoder_layer_hook(arch, backend, get_model) -> None:
+    model = get_model(arch, backend)
+    positions, dims = [0, 3], [2, 9, 17]
+    means = torch.tensor([[40.0, -3.5, 0.25], [1.0, 2.0, -7.0]])
+    with torch.no_grad():
+        base = model(TOKENS)
+        with ablated_massive_activations(model, "zero", layer=2, dims=dims, positions=positions):
+            zero = model(TOKENS)
+        with ablated_massive_activations(
+            model, "mean", layer=2, dims=dims, positions=positions, means=means
+        ):
+            mean = model(TOKENS)
+            _, cache = model.run_with_cache(TOKENS, names_filter="blocks.1.hook_resid_post")
+        _, plain = model.run_with_cache(TOKENS, names_filter="blocks.1.hook_resid_post")
+    assert (zero - base).abs().max() > 1e-3 and (mean - base).abs().max() > 1e-3
+    assert torch.allclose(
+        zero, _hf_set_logits(arch, 2, positions, dims, [[0.0] * 3] * 2), atol=1e-4
+    )
+    assert torch.allclose(mean, _hf_set_logits(arch, 2, positions, dims, means.tolist()), atol=1e-4)
+    written, before = cache["blocks.1.hook_resid_post"], plain["blocks.1.hook_resid_post"]
+    assert torch.equal(written[0][positions][:, dims], means)  # exactly the values given
+    untouched = torch.ones_like(written, dtype=torch.bool)
+    untouched[:, torch.tensor(positions)[:, None], torch.tensor(dims)] = False
+    assert torch.equal(written[untouched], before[untouched])
+    assert hook_count(model) == 0
+
+
+def test_massive_ablation_hooks_sort_and_skip_short_batches(get_model) -> None:
+    model = get_model("llama", BACKENDS[-1])
+    hooks = massive_activation_hooks(
+        model, "mean", layer=2, dims=[9, 2], positions=[40, 1], means=torch.ones(2, 2)
+    )
+    assert [name for name, _ in hooks] == ["blocks.1.hook_resid_post"]
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):  # position 40 lies past this batch
+        _, cache = model.run_with_cache(TOKENS, names_filter=hooks[0][0])
+    assert torch.equal(cache[hooks[0][0]][0, 1, [2, 9]], torch.ones(2))

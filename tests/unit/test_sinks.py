@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from helpers import BACKENDS, SHORT_TEXTS, hook_count
 from homoglens import (
     InvalidInputError,
+    MassiveActivations,
     corpus_windows,
     load_model,
+    massive_activation_means,
     massive_activations,
     sink_scores,
     to_token_batch,
@@ -424,4 +429,104 @@ def test_fast_attribution_in_micro_batches_is_the_same_sum(backend, get_model, m
     split = sink_attribution(model, texts, method="fast", edge_k=2, progress=False)
     torch.testing.assert_close(split.delta, whole.delta, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(split.base, whole.base, rtol=1e-6, atol=1e-9)
+    assert hook_count(model) == 0
+
+
+def _planted(resid, hook):
+    """A massive activation planted on the first token, dimension 7 (5000, above Sun et al.'s
+    magnitude rule of 100 and far above 1000 x any median of the tiny model)."""
+    resid = resid.clone()
+    resid[:, 0, 7] = 5000.0
+    return resid
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_median_matches_brute_force_per_sequence(backend, get_model, tmp_path) -> None:
+    """Sun et al.'s definition (``main_llm.py --exp2``), written independently: per unpadded
+    sequence, torch.median and the top 3 of |x| over all tokens and dimensions of each layer
+    output; the means over sequences; padding (unequal lengths) never counts."""
+    model = get_model("gpt2", backend)
+    texts = SHORT_TEXTS + ["Short."]
+    model.add_hook("blocks.0.hook_resid_post", _planted)
+    try:
+        found = massive_activations(model, texts, median="layer", batch_size=2, progress=False)
+        batch = to_token_batch(model, texts)
+        tops, medians, ratios = [], [], []
+        for tokens, mask in zip(batch.tokens, batch.attention_mask, strict=True):
+            row = tokens[mask.bool()][None]
+            with torch.no_grad():
+                _, cache = model.run_with_cache(row)
+            feats = [cache["blocks.0.hook_resid_pre"]] + [
+                cache[f"blocks.{i}.hook_resid_post"] for i in range(model.cfg.n_layers)
+            ]
+            a = [f[0].abs().double() for f in feats]
+            tops.append(torch.stack([x.flatten().sort(descending=True).values[:3] for x in a]))
+            medians.append(torch.stack([torch.median(x) for x in a]))
+            ratios.append(torch.stack([x.max(-1).values[:1] / torch.median(x) for x in a]))
+    finally:
+        model.reset_hooks()
+    assert found.median == "layer" and found.threshold == 1000.0 and found.min_magnitude == 100
+    assert torch.allclose(found.layer_top, torch.stack(tops).mean(0), rtol=1e-5)
+    assert torch.allclose(found.layer_median, torch.stack(medians).mean(0), rtol=1e-5)
+    assert torch.allclose(found.ratio_mean[:, :1], torch.stack(ratios).mean(0), rtol=1e-5)
+    expected = torch.stack(tops).mean(0)[:, 0] / torch.stack(medians).mean(0)
+    assert torch.allclose(found.layer_ratio, expected, rtol=1e-5)
+    assert found.layer_top[1, 0] == pytest.approx(5000.0) and found.layer_ratio[1] > 1000
+    assert found.top_dims(1).loc[1, "dims"] == [7]  # Sun et al.'s rule: > 100 and > 1000 x
+    assert found.dim_counts[1].sum() == len(texts) and found.dim_counts[0].sum() == 0
+    loaded = MassiveActivations.load(found.save(tmp_path / "layer"))
+    assert loaded.median == "layer" and loaded.min_magnitude == 100.0
+    assert torch.equal(loaded.layer_top, found.layer_top)
+    assert "median='layer'" in repr(loaded)
+    old = tmp_path / "old"  # as saved before layer_top / layer_median existed
+    shutil.copytree(tmp_path / "layer", old)
+    meta = json.loads((old / "massive.json").read_text())
+    for name in ("layer_top", "layer_median", "median", "min_magnitude"):
+        meta.pop(name, None)
+    (old / "massive.json").write_text(json.dumps(meta))
+    tensors = load_file(str(old / "massive.safetensors"))
+    kept = {k: v for k, v in tensors.items() if not k.startswith("layer_")}
+    save_file(kept, str(old / "massive.safetensors"))
+    legacy = MassiveActivations.load(old)
+    assert legacy.layer_top is None and bool(legacy.layer_ratio.isnan().all())
+    assert torch.equal(legacy.ratio_mean, found.ratio_mean)
+    per_token = massive_activations(model, texts, progress=False)  # default unchanged
+    assert per_token.median == "token" and per_token.threshold == 100.0
+    assert hook_count(model) == 0
+
+
+def test_massive_median_options_are_checked(get_model) -> None:
+    model = get_model("gpt2", BACKENDS[-1])
+    for kwargs, match in (
+        ({"median": "sequence"}, "median="),
+        ({"median": None}, "median="),
+        ({"min_magnitude": -1.0}, "min_magnitude="),
+        ({"median": "layer", "threshold": 0.5}, "threshold="),
+    ):
+        with pytest.raises(InvalidInputError, match=match):
+            massive_activations(model, ["one two"], progress=False, **kwargs)
+    assert hook_count(model) == 0
+
+
+def test_massive_activation_means_match_the_cache(get_model) -> None:
+    model = get_model("llama", BACKENDS[-1])
+    texts = SHORT_TEXTS + ["Hi"]
+    means = massive_activation_means(
+        model, texts, layer=2, dims=[5, 1], positions=[4, 0], batch_size=2, progress=False
+    )
+    batch = to_token_batch(model, texts)
+    rows = {0: [], 4: []}
+    for tokens, mask in zip(batch.tokens, batch.attention_mask, strict=True):
+        row = tokens[mask.bool()][None]
+        with torch.no_grad():
+            _, cache = model.run_with_cache(row, names_filter="blocks.1.hook_resid_post")
+        x = cache["blocks.1.hook_resid_post"][0]
+        for p in rows:
+            if p < x.shape[0]:
+                rows[p].append(x[p, [1, 5]])
+    expected = torch.stack([torch.stack(rows[p]).mean(0) for p in (0, 4)])  # sorted order
+    assert len(rows[4]) == len(SHORT_TEXTS)  # "Hi" is too short for position 4: not counted
+    assert torch.allclose(means, expected, atol=1e-6)
+    with pytest.raises(InvalidInputError, match="hold no real token"):
+        massive_activation_means(model, ["Hi"], layer=1, dims=[0], positions=[60], progress=False)
     assert hook_count(model) == 0

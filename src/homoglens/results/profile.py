@@ -14,8 +14,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.errors import IncompatibleResultsError, InvalidInputError
-from homoglens.homogenization import nan_div
+from homoglens.errors import IncompatibleResultsError, InvalidInputError, NonFiniteActivationError
+from homoglens.homogenization import (
+    RANK_FIELDS,
+    homogenization_sums,
+    nan_div,
+    positions_from_mask,
+)
 from homoglens.results.base import (
     Provenance,
     checked_result,
@@ -23,6 +28,7 @@ from homoglens.results.base import (
     prepare_folder,
     read_saved,
 )
+from homoglens.results.cache import cached_residuals
 
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
@@ -128,6 +134,97 @@ class HomogenizationProfile:
                 f"n_sequences={self.n_sequences} and n_tokens={self.n_tokens}: a profile holds at "
                 "least one sequence of at least 2 counted tokens"
             )
+
+    @classmethod
+    def from_cache(
+        cls,
+        cache: Any,
+        *,
+        layers: list[int] | tuple[int, ...] | int | None = None,
+        attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+        exclude_first: bool = False,
+        effective_rank: bool = False,
+        batch_size: int = 8,
+    ) -> HomogenizationProfile:
+        """Profile activations you already have: the residual stream held by a TransformerLens
+        ``ActivationCache``, with no second forward pass.
+
+        Reads entry 0 from ``blocks.0.hook_resid_pre`` and entry l from
+        ``blocks.{l-1}.hook_resid_post`` (the hook points :func:`~homoglens.homogenization_profile`
+        reads) and reduces them with the same sums, so ``HomogenizationProfile.from_cache(cache)``
+        of ``_, cache = model.run_with_cache(tokens)`` equals
+        ``homogenization_profile(model, tokens)`` (to float32 rounding of the activations).
+
+        Args:
+            cache: The ``ActivationCache`` of ``model.run_with_cache(tokens)`` (a
+                ``HookedTransformer`` or ``TransformerBridge``), or a dict of those hook names
+                to ``[batch pos d_model]`` tensors.
+            layers: Entries of the residual axis (0 = embeddings, l = output of block l - 1);
+                default: every entry the cache holds.
+            attention_mask: ``[batch pos]`` 0/1 mask of the cached tokens (left or right
+                padding); default: all real.
+            exclude_first: Leave position 0 out of every statistic.
+            effective_rank: Also compute the rank metrics.
+            batch_size: Sequences reduced at a time (memory, not results).
+
+        Returns:
+            A profile whose provenance names the cache's model and backend (when the cache
+            knows its model), the hook points and ``data="given activations: ..."``; its
+            ``weights`` are ``"unknown"`` and ``bos`` is ``None`` (no tokens are seen).
+
+        Raises:
+            InvalidInputError: not a cache, a missing hook point (the message says how to keep
+                it), tensors of the wrong shape, a bad mask, sequences with fewer than 2 counted
+                tokens.
+            NonFiniteActivationError: NaN/inf at a counted token.
+
+        References:
+            Yusupov et al. 2025, "Token Homogenization under Positional Bias", arXiv 2508.17126.
+
+        Examples:
+            >>> import torch
+            >>> from homoglens import HomogenizationProfile, load_model
+            >>> from homoglens.testing import tiny_model_folder
+            >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+            >>> _, cache = model.run_with_cache(torch.randint(0, 50000, (4, 12)))
+            >>> prof = HomogenizationProfile.from_cache(cache)
+            >>> prof.layers, tuple(prof.to_others.shape)
+            ((0, 1, 2), (3, 12))
+        """
+        from homoglens.validate import as_bool, positive_int
+
+        exclude_first = as_bool("exclude_first", exclude_first)
+        effective_rank = as_bool("effective_rank", effective_rank)
+        batch_size = positive_int("batch_size", batch_size)
+        read = cached_residuals(cache, layers, attention_mask, exclude_first=exclude_first)
+        mask = read.attention_mask
+        need = 3 if exclude_first else 2
+        short = torch.nonzero(mask.sum(1) < need).flatten().tolist()
+        if short:
+            raise InvalidInputError(
+                f"sequences {short[:10]} have fewer than {need} tokens; homogenization compares "
+                f"tokens with each other, so each sequence needs at least {need}"
+            )
+        pos_index = positions_from_mask(mask, exclude_first=exclude_first)
+        n_pos = int(mask.sum(1).max())
+        x0 = read.resid[0]
+        acc = ProfileSums(len(read.layers), n_pos, int(x0.shape[-1]), x0.device, effective_rank)
+        for start in range(0, int(x0.shape[0]), batch_size):
+            rows = slice(start, start + batch_size)
+            width = int(mask[rows].sum(1).max())
+            for i, x in enumerate(read.resid):
+                try:
+                    sums = homogenization_sums(
+                        x[rows, :width],
+                        pos_index[rows, :width],
+                        n_pos,
+                        effective_rank=effective_rank,
+                    )
+                except NonFiniteActivationError as err:
+                    name = read.provenance.hook_points[i]
+                    raise NonFiniteActivationError(f"{name}: {err}") from None
+                acc.add(i, sums, first=(i == 0))
+        return acc.profile(read.layers, read.provenance)
 
     # ----------------------------------------------------------------- derived values
     @cached_property
@@ -287,6 +384,7 @@ class HomogenizationProfile:
             provenance=replace(
                 first.provenance,
                 data=" + ".join(datas) if len(datas) <= 3 else f"{len(profiles)} merged parts",
+                data_sha256=" + ".join(p.provenance.data_sha256 for p in profiles),
                 bos=bos_values.pop() if len(bos_values) == 1 else None,
             ),
         )
@@ -517,6 +615,57 @@ class HomogenizationProfile:
             f"weights={p.weights}, layers={len(self.layers)}, pos={self.n_pos}, "
             f"n_sequences={self.n_sequences}, n_tokens={self.n_tokens}, bos={p.bos}, "
             f"exclude_first={p.exclude_first})"
+        )
+
+
+class ProfileSums:
+    """Float64 running sums of a :class:`HomogenizationProfile`, on the activations' device:
+    what :func:`~homoglens.homogenization.homogenization_sums` returns for each batch and
+    entry of the layer axis, added up (the streamed model path and
+    :meth:`HomogenizationProfile.from_cache` share it)."""
+
+    def __init__(
+        self, n_layer: int, n_pos: int, d_model: int, device: torch.device, effective_rank: bool
+    ) -> None:
+        f64 = {"dtype": torch.float64, "device": device}
+        self.layer_pos = {
+            name: torch.zeros(n_layer, n_pos, **f64)
+            for name in ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")
+        }
+        self.layer = {
+            name: torch.zeros(n_layer, **f64)
+            for name in ("mean_pairwise_sum", "relative_residual_sum", "unit_sum_sq")
+            + (RANK_FIELDS if effective_rank else ())
+        }
+        self.unit_sum = torch.zeros(n_layer, d_model, **f64)
+        self.pos = {name: torch.zeros(n_pos, **f64) for name in ("count", "prefix_count")}
+        self.scalars = {"n_sequences": 0, "n_tokens": 0, "n_tokens_sq": 0}
+
+    def add(self, i: int, sums: dict[str, torch.Tensor], first: bool) -> None:
+        """Add one batch's sums of layer-axis entry ``i``; ``first``: the batch's first entry
+        (the layer-independent counts are added once per batch)."""
+        # .to(): with a model split over devices, later blocks run on other devices
+        for name, acc in self.layer_pos.items():
+            acc[i] += sums[name].to(acc.device)
+        for name, acc in self.layer.items():
+            acc[i] += sums[name].to(acc.device)
+        self.unit_sum[i] += sums["unit_sum"].to(self.unit_sum.device)
+        if first:  # layer-independent quantities, counted once per batch
+            for name, acc in self.pos.items():
+                acc += sums[name].to(acc.device)
+            for name in self.scalars:
+                self.scalars[name] += int(round(float(sums[name])))
+
+    def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
+        """The finished profile of the sums (CPU tensors, exact integer counts)."""
+        cpu: dict[str, Any] = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer}.items()}
+        cpu.update({k: v.round().long().cpu() for k, v in self.pos.items()})  # exact counts
+        return HomogenizationProfile(
+            layers=layers,
+            unit_sum=self.unit_sum.cpu(),
+            provenance=provenance,
+            **self.scalars,
+            **cpu,
         )
 
 

@@ -22,6 +22,7 @@ from homoglens.assets import package_version
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import Provenance, SavedResult
 from homoglens.results.base import merge_parts
+from homoglens.results.cache import cached_residuals
 from homoglens.similarity_math import (
     SIMILARITY_STATISTICS,
     activation_fields,
@@ -29,7 +30,7 @@ from homoglens.similarity_math import (
     similarity_coefficients,
 )
 from homoglens.stats import estimate, window_resamples
-from homoglens.types import CENTRES, SPACES
+from homoglens.types import CENTRES, SPACES, Centring
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -161,6 +162,78 @@ class PositionalSimilarity(SavedResult):
         )
         return cls(**fields, provenance=provenance)
 
+    @classmethod
+    def from_cache(
+        cls,
+        cache: Any,
+        *,
+        layers: list[int] | tuple[int, ...] | int | None = None,
+        attention_mask: Any = None,
+        centre: Centring | None = None,
+        standardize: bool = False,
+        exclude_first: bool = False,
+        edge_k: int = 8,
+        massive_threshold: float = 100.0,
+        pseudo_values: bool = False,
+        batch_size: int = 64,
+    ) -> PositionalSimilarity:
+        """Position x position similarity of activations you already have: the residual stream
+        held by a TransformerLens ``ActivationCache``, with no second forward pass.
+
+        Reads entry 0 from ``blocks.0.hook_resid_pre`` and entry l from
+        ``blocks.{l-1}.hook_resid_post`` (the hook points :func:`~homoglens.positional_similarity`
+        reads with ``space="resid"``) and runs the same passes over them, so
+        ``PositionalSimilarity.from_cache(cache)`` of ``_, cache = model.run_with_cache(tokens)``
+        equals ``positional_similarity(model, tokens, exclude_first=False)``.
+
+        Args:
+            cache: The ``ActivationCache`` of ``model.run_with_cache(tokens)``, or a dict of
+                those hook names to ``[batch pos d_model]`` tensors.
+            layers: Entries of the residual axis; default: every entry the cache holds.
+            attention_mask: ``[batch pos]`` 0/1 (left or right padding); every row must hold the
+                same number of real tokens. Default: all real.
+            centre: As in :func:`~homoglens.positional_similarity`.
+            standardize: As there.
+            exclude_first: Leave position 0 out (a bool: the cache has no BOS record).
+            edge_k: As there.
+            massive_threshold: As there.
+            pseudo_values: As there.
+            batch_size: Windows reduced at a time (memory, not results).
+
+        Returns:
+            A :class:`PositionalSimilarity` (``space="resid"``) whose provenance names the
+            cache's model and backend (when the cache knows its model) and the hook points.
+
+        Raises:
+            InvalidInputError: not a cache, a missing hook point (the message says how to keep
+                it), rows of different lengths, bad options.
+            NonFiniteActivationError: NaN/inf in a counted vector.
+
+        Examples:
+            >>> import torch
+            >>> from homoglens import PositionalSimilarity, load_model
+            >>> from homoglens.testing import tiny_model_folder
+            >>> model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+            >>> _, cache = model.run_with_cache(torch.randint(0, 50000, (6, 24)))
+            >>> sim = PositionalSimilarity.from_cache(cache, edge_k=4)
+            >>> sim.layers, tuple(sim.M.shape)
+            ((0, 1, 2), (3, 24, 24))
+        """
+        read = cached_residuals(cache, layers, attention_mask, exclude_first=bool(exclude_first))
+        fields = activation_fields(
+            torch.stack(read.resid),
+            read.attention_mask,
+            centre=centre,
+            standardize=standardize,
+            exclude_first=exclude_first,
+            edge_k=edge_k,
+            massive_threshold=massive_threshold,
+            pseudo_values=pseudo_values,
+            batch_size=batch_size,
+        )
+        provenance = replace(read.provenance, exclude_first=bool(fields["first_position"]))
+        return cls(**{**fields, "layers": read.layers}, provenance=provenance)
+
     # ------------------------------------------------------------------ shape
     @property
     def n_pos(self) -> int:
@@ -261,7 +334,7 @@ class PositionalSimilarity(SavedResult):
         pseudo-value ``stat(M_s) - (2 h_s - stat(C))``, h_s being the window's mean share of
         the cross-window term (its variance over windows gives the standard error including
         ``C``'s own sampling noise; the exact jackknife differs by a factor (n-1)/(n-2));
-        without it, ``stat(M_s - C)`` with ``C`` held fixed (SCIENCE.md; the
+        without it, ``stat(M_s - C)`` with ``C`` held fixed (docs/similarity.md; the
         standard error then ignores ``C``'s noise and can be off either way: 0.0017 against a
         true 0.0013 on the AR(1) null of 400 x 128 x 128, 0.85-0.88 of the true spread on
         smaller ones, where the pseudo-values give 1.00 and 0.83-0.94). ``sp_first`` /
@@ -534,6 +607,7 @@ class PositionalSimilarity(SavedResult):
             provenance=replace(
                 first.provenance,
                 data=" + ".join(datas) if len(datas) <= 3 else f"{len(parts)} merged parts",
+                data_sha256=" + ".join(p.provenance.data_sha256 for p in parts),
             ),
         )
 

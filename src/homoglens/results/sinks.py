@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 from homoglens.errors import InvalidInputError
+from homoglens.homogenization import massive_sums, nan_div
 from homoglens.results import Provenance, SavedResult, prepare_folder
-from homoglens.types import ATTRIBUTION_METRICS
+from homoglens.results.cache import cached_residuals
+from homoglens.types import ATTRIBUTION_METRICS, MASSIVE_MEDIANS, MassiveMedian
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,7 +77,8 @@ class SinkScores(SavedResult):
 
     @property
     def sink_rate(self) -> float:
-        """Sink_k^eps in percent: share of (sequence, layer, head) with alpha_k > eps."""
+        """Gu et al.'s Sink_{key+1}^eps in percent (they count keys from 1: ``key=0`` is their
+        Sink_1): share of (sequence, layer, head) with alpha > eps on ``key``."""
         return float(self.sink_rate_by_head.mean() * 100)
 
     def top_heads(self, k: int = 10, *, by: str = "mass") -> pd.DataFrame:
@@ -148,21 +151,36 @@ class MassiveActivations(SavedResult):
 
     Attributes:
         layers: Entries of the ``n_layers + 1`` residual axis (0 = embeddings).
-        ratio_mean: ``[layer pos]`` mean over sequences of max_d |x| / median_d |x|.
+        ratio_mean: ``[layer pos]`` mean over sequences of max_d |x| / m, where m is the
+            token's median_d |x| (``median="token"``) or the median |x| over every real token
+            and dimension of its sequence at that layer (``median="layer"``, Sun et al.).
         ratio_max: ``[layer pos]`` max over sequences of the same ratio.
         top_value: ``[layer pos]`` mean over sequences of max_d |x| (model units).
         dim_counts: ``[layer d_model]`` how often each dimension held a token's largest |x|
-            among tokens whose ratio exceeds ``threshold``.
+            among tokens whose ratio exceeds ``threshold`` and whose |x| exceeds
+            ``min_magnitude``.
         threshold: Ratio above which a token counts as carrying a massive activation.
         n_sequences: Number of sequences.
+        median: ``"token"`` or ``"layer"``: the median of ``ratio_mean`` / ``ratio_max``.
+        min_magnitude: Smallest |x| (model units) that counts in ``dim_counts``.
         provenance: Model, backend, weights, BOS, data.
+        layer_top: ``[layer k]`` mean over sequences of the k = 3 largest |x| over all real
+            tokens and dimensions of the sequence (model units; Sun et al.'s "Top 1-3");
+            ``None`` in results saved before it existed.
+        layer_median: ``[layer]`` mean over sequences of the median |x| over all real tokens
+            and dimensions of the sequence (model units; Sun et al.'s "Median"); ``None``
+            likewise.
 
     References:
         Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
     """
 
     _stem: ClassVar[str] = "massive"
-    _ranges: ClassVar[dict[str, tuple[float, float]]] = {"threshold": (1.0, math.inf)}
+    _ranges: ClassVar[dict[str, tuple[float, float]]] = {
+        "threshold": (1.0, math.inf),
+        "min_magnitude": (-1e-300, math.inf),
+    }
+    _choices: ClassVar[dict[str, tuple[str, ...]]] = {"median": MASSIVE_MEDIANS}
 
     layers: tuple[int, ...]
     ratio_mean: Float[torch.Tensor, "layer pos"]
@@ -171,7 +189,153 @@ class MassiveActivations(SavedResult):
     dim_counts: Float[torch.Tensor, "layer d_model"]
     threshold: float
     n_sequences: int
+    median: str = "token"
+    min_magnitude: float = 0.0
     provenance: Provenance = field(default_factory=Provenance)
+    layer_top: Float[torch.Tensor, "layer k"] | None = None
+    layer_median: Float[torch.Tensor, " layer"] | None = None
+
+    @classmethod
+    def from_sums(
+        cls,
+        layers: tuple[int, ...],
+        sums: dict[str, torch.Tensor],
+        *,
+        threshold: float,
+        n_sequences: int,
+        median: str,
+        min_magnitude: float,
+        provenance: Provenance,
+    ) -> MassiveActivations:
+        """The result of accumulated :func:`~homoglens.homogenization.massive_sums` (one row
+        per layer entry of each; ``ratio_max`` maximised, the rest added), as the streamed
+        model path and :meth:`from_cache` finish them."""
+        count, n_seq = sums["count"], sums["n_seq"]
+        ratio_max = sums["ratio_max"]
+        ratio_max = torch.where(count > 0, ratio_max, torch.full_like(ratio_max, float("nan")))
+        return cls(
+            layers=layers,
+            ratio_mean=nan_div(sums["ratio_sum"], count).cpu(),
+            ratio_max=ratio_max.cpu(),
+            top_value=nan_div(sums["top_sum"], count).cpu(),
+            dim_counts=sums["dim_counts"].cpu(),
+            layer_top=nan_div(sums["layer_top_sum"], n_seq).cpu(),
+            layer_median=nan_div(sums["layer_median_sum"], n_seq).cpu(),
+            threshold=float(threshold),
+            n_sequences=int(n_sequences),
+            median=median,
+            min_magnitude=float(min_magnitude),
+            provenance=provenance,
+        )
+
+    @classmethod
+    def from_cache(
+        cls,
+        cache: Any,
+        *,
+        layers: list[int] | tuple[int, ...] | int | None = None,
+        attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+        median: MassiveMedian = "token",
+        threshold: float | None = None,
+        min_magnitude: float | None = None,
+        batch_size: int = 8,
+    ) -> MassiveActivations:
+        """Massive activations of activations you already have: the residual stream held by a
+        TransformerLens ``ActivationCache``, with no second forward pass.
+
+        Reads entry 0 from ``blocks.0.hook_resid_pre`` and entry l from
+        ``blocks.{l-1}.hook_resid_post`` (the hook points :func:`~homoglens.massive_activations`
+        reads) and reduces them with the same sums, so ``MassiveActivations.from_cache(cache)``
+        of ``_, cache = model.run_with_cache(tokens)`` equals ``massive_activations(model,
+        tokens)``.
+
+        Args:
+            cache: The ``ActivationCache`` of ``model.run_with_cache(tokens)``, or a dict of
+                those hook names to ``[batch pos d_model]`` tensors.
+            layers: Entries of the residual axis; default: every entry the cache holds.
+            attention_mask: ``[batch pos]`` 0/1 of the cached tokens (left or right padding);
+                default: all real.
+            median: ``"token"`` or ``"layer"`` (Sun et al.), as in
+                :func:`~homoglens.massive_activations`.
+            threshold: As there (default 100 for ``"token"``, 1000 for ``"layer"``).
+            min_magnitude: As there (default 0 for ``"token"``, 100 for ``"layer"``).
+            batch_size: Sequences reduced at a time (memory, not results).
+
+        Returns:
+            :class:`MassiveActivations` whose provenance names the cache's model and backend
+            (when the cache knows its model) and the hook points.
+
+        Raises:
+            InvalidInputError: not a cache, a missing hook point (the message says how to keep
+                it), tensors of the wrong shape, a bad mask, bad options.
+            NonFiniteActivationError: NaN/inf at a real token.
+
+        References:
+            Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
+
+        Examples:
+            >>> import torch
+            >>> from homoglens import MassiveActivations, load_model
+            >>> from homoglens.testing import tiny_model_folder
+            >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+            >>> _, cache = model.run_with_cache(torch.randint(0, 1000, (2, 5)))
+            >>> acts = MassiveActivations.from_cache(cache)
+            >>> acts.layers, tuple(acts.ratio_mean.shape)
+            ((0, 1, 2), (3, 5))
+        """
+        from homoglens.validate import as_float, positive_int
+
+        if not isinstance(median, str) or median not in MASSIVE_MEDIANS:
+            raise InvalidInputError(f"median={median!r} must be one of {list(MASSIVE_MEDIANS)}")
+        sun = median == "layer"
+        if threshold is None:  # the defaults of massive_activations
+            threshold = 1000.0 if sun else 100.0
+        if min_magnitude is None:
+            min_magnitude = 100.0 if sun else 0.0
+        threshold = as_float("threshold", threshold, low=1.0, high=math.inf)
+        min_magnitude = as_float("min_magnitude", min_magnitude, low=-math.inf, high=math.inf)
+        if min_magnitude < 0:
+            raise InvalidInputError(f"min_magnitude={min_magnitude} must be >= 0 (0: no rule)")
+        batch_size = positive_int("batch_size", batch_size)
+        read = cached_residuals(cache, layers, attention_mask)
+        mask, n_all = read.attention_mask, int(read.attention_mask.shape[0])
+        rows: dict[str, list[torch.Tensor]] = {}  # one row per layer entry
+        for i, x in enumerate(read.resid):
+            parts = [
+                massive_sums(
+                    x[start : start + batch_size],
+                    mask[start : start + batch_size],
+                    threshold=threshold,
+                    median=median,
+                    min_magnitude=min_magnitude,
+                    where=read.provenance.hook_points[i],
+                )
+                for start in range(0, n_all, batch_size)
+            ]
+            for name in parts[0]:
+                stacked = torch.stack([part[name] for part in parts])
+                row = stacked.amax(0) if name == "ratio_max" else stacked.sum(0)
+                rows.setdefault(name, []).append(row)
+        sums = {name: torch.stack(row) for name, row in rows.items()}
+        sums["count"], sums["n_seq"] = sums["count"][0], sums["n_seq"][0]
+        sums["layer_median_sum"] = sums["layer_median_sum"][:, 0]
+        return cls.from_sums(
+            read.layers,
+            sums,
+            threshold=threshold,
+            n_sequences=n_all,
+            median=median,
+            min_magnitude=min_magnitude,
+            provenance=read.provenance,
+        )
+
+    @property
+    def layer_ratio(self) -> Float[torch.Tensor, " layer"]:
+        """Sun et al.'s layer-wise ratio: ``layer_top[:, 0] / layer_median``, the mean largest
+        |x| over the mean median |x| (their ``main_llm.py --exp2`` figure, as a ratio)."""
+        if self.layer_top is None or self.layer_median is None:  # saved before they existed
+            return torch.full((len(self.layers),), math.nan, dtype=torch.float64)
+        return self.layer_top[:, 0] / self.layer_median
 
     def top_dims(self, k: int = 3) -> pd.DataFrame:
         """Per layer, the ``k`` dimensions that most often hold a massive activation."""
@@ -218,7 +382,7 @@ class MassiveActivations(SavedResult):
     def __repr__(self) -> str:
         return (
             f"MassiveActivations(model={self.provenance.model!r}, layers={len(self.layers)}, "
-            f"max_ratio={float(self.ratio_max.nan_to_num().max()):.1f}, "
+            f"median={self.median!r}, max_ratio={float(self.ratio_max.nan_to_num().max()):.1f}, "
             f"n_sequences={self.n_sequences})"
         )
 

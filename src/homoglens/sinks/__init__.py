@@ -3,8 +3,9 @@
 * Sink mass of head (layer, head) on key k: the mean over query positions q > k of A[q, k]
   (k = 0, the first token or BOS, by default), averaged over sequences.
 * Gu et al. 2024 importance: alpha_k = (1 / (T - k + 1)) sum_{i >= k} A[i, k] with 1-indexed k;
-  here ``key`` is 0-indexed, so ``key=0`` is their alpha_1. Sink_k^eps is the percentage of
-  (sequence, layer, head) with alpha_k > eps (eps = 0.3 in the paper).
+  here ``key`` is 0-indexed, so ``key=0`` is their alpha_1. Their sink rate Sink_k^eps (k
+  1-indexed) is the percentage of (sequence, layer, head) with alpha_k > eps (eps = 0.3 in the
+  paper); homoglens labels it as they write it with its 0-indexed key, ``"Sink_1^0.3 (key 0)"``.
 * Massive activations (Sun et al. 2024): per token, max_d |x_d| / median_d |x_d| over its
   ``d_model`` entries.
 
@@ -24,7 +25,7 @@ from homoglens.results.sinks import (
 )
 from homoglens.sinks.analysis import attention_view, sink_analysis
 from homoglens.sinks.attribution import sink_attribution
-from homoglens.sinks.massive import massive_activations
+from homoglens.sinks.massive import massive_activation_means, massive_activations
 from homoglens.sinks.received import attention_received
 from homoglens.sinks.scores import sink_pass, sink_scores, sink_sums
 from homoglens.types import ATTRIBUTION_METRICS
@@ -38,6 +39,7 @@ __all__ = [
     "SinkScores",
     "attention_received",
     "attention_view",
+    "massive_activation_means",
     "massive_activations",
     "sink_analysis",
     "sink_attribution",

@@ -1,63 +1,127 @@
 """Massive activations (Sun et al. 2024, arXiv 2402.17762): per token, the largest
-``|x_d|`` of the residual stream over the median ``|x_d|``.
+``|x_d|`` of the residual stream over a median ``|x|``, either the token's own (over its d_model
+entries) or the layer's (over every token and dimension of the sequence, Sun et al.'s
+definition); and the corpus means that :func:`~homoglens.ablated_massive_activations` sets them
+to.
+
+Sun et al.'s reference code (locuslab/massive-activations): ``main_llm.py --exp2`` reads the
+output of every decoder layer (``monkey_patch/modify_llama.py``: ``layer.feat``), and per
+sequence takes the three largest |x| over all tokens and dimensions and ``torch.median`` of |x|
+over all of them; their figure plots the means over sequences. ``main_llm.py --exp3`` with
+``lib/hook.py`` sets the massive dimensions of the first token (and of the delimiter token that
+carries them) to 0 (``set_zero``) or to their mean over a reference corpus (``set_mean``).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 
 from homoglens.architectures import resid_hook_name
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, stream
-from homoglens.homogenization import nan_div
+from homoglens.errors import InvalidInputError
+from homoglens.homogenization import massive_sums
+from homoglens.interventions import massive_activation_sites
 from homoglens.models import model_info
 from homoglens.results.sinks import MassiveActivations
-from homoglens.types import BosPolicy, HookedModel, HookFn
+from homoglens.types import MASSIVE_MEDIANS, BosPolicy, HookedModel, HookFn, MassiveMedian
 from homoglens.validate import as_float, positive_int, require_finite
+
+SUN_THRESHOLD = 1000.0
+"""Sun et al.'s ratio rule: about 1000 x the median magnitude of the hidden state."""
+
+SUN_MIN_MAGNITUDE = 100.0
+"""Sun et al.'s magnitude rule: |x| > 100."""
+
+LAYER_TOP_K = 3
+"""How many of a layer's largest |x| are kept (Sun et al.'s ``--exp2`` plots the top 3)."""
 
 
 def massive_activations(
     model: HookedModel,
     data: DataInput,
     *,
-    threshold: float = 100.0,
+    median: MassiveMedian = "token",
+    threshold: float | None = None,
+    min_magnitude: float | None = None,
     batch_size: int = 8,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
     progress: bool = True,
+    text_column: str = "text",
 ) -> MassiveActivations:
-    """Find massive activations: per layer and token, max_d |x| / median_d |x|.
+    """Find massive activations: per layer and token, max_d |x| over a median |x|.
 
     Streamed over the residual axis of :func:`homogenization_profile` (0 = embeddings,
-    l = output of block l - 1); pads never count.
+    l = output of block l - 1, i.e. of Sun et al.'s decoder layer l); pads never count.
+    The ratio of token t at layer l is max_d |x_{t,d}| / m, where m is
+
+    * ``median="token"`` (default): median_d |x_{t,d}|, the token's own median over its
+      d_model entries;
+    * ``median="layer"`` (Sun et al.'s definition): the median of |x| over every real token
+      and dimension of the sequence at layer l (``torch.median``: the lower middle value).
+
+    Whatever ``median``, the result also holds Sun et al.'s layer-wise statistics
+    (``layer_top``, ``layer_median``, ``layer_ratio``: their ``main_llm.py --exp2``). A token
+    counts in ``dim_counts`` when its largest entry passes the magnitude rule: ratio >
+    ``threshold`` and |x| > ``min_magnitude`` (Sun et al.: > 1000 x the median and > 100).
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
-        data: As for :func:`homogenization_profile`.
-        threshold: Ratio above which a token's largest entry counts in ``dim_counts`` (> 1).
+        data: As for :func:`homogenization_profile` (a Hugging Face dataset too). For
+            activations you already have, see :meth:`MassiveActivations.from_cache`.
+        median: ``"token"`` or ``"layer"`` (see above); recorded in the result.
+        threshold: Ratio above which a token's largest entry counts in ``dim_counts`` (> 1;
+            default 100 for ``"token"``, Sun et al.'s 1000 for ``"layer"``).
+        min_magnitude: Smallest |x| that counts, in model units (>= 0; default 0 for
+            ``"token"``, Sun et al.'s 100 for ``"layer"``).
         batch_size: Sequences per forward pass.
         attention_mask: For token input.
         bos: For text input.
         progress: Show a progress bar.
+        text_column: The column that holds the text, for a Hugging Face dataset.
 
     Returns:
         :class:`MassiveActivations`.
 
     Raises:
-        InvalidInputError: ``threshold`` <= 1 or bad data.
+        InvalidInputError: unknown ``median``, ``threshold`` <= 1, ``min_magnitude`` < 0, or
+            bad data.
 
     References:
-        Sun et al. 2024, arXiv 2402.17762.
+        Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
+
+    Examples:
+        >>> from homoglens import load_model, massive_activations
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+        >>> acts = massive_activations(model, ["Hello world", "Hi"], median="layer", progress=False)
+        >>> acts.median, tuple(acts.ratio_mean.shape), tuple(acts.layer_top.shape)
+        ('layer', (3, 3), (3, 3))
     """
+    if not isinstance(median, str) or median not in MASSIVE_MEDIANS:
+        raise InvalidInputError(f"median={median!r} must be one of {list(MASSIVE_MEDIANS)}")
+    sun = median == "layer"
+    if threshold is None:
+        threshold = SUN_THRESHOLD if sun else 100.0
+    if min_magnitude is None:
+        min_magnitude = SUN_MIN_MAGNITUDE if sun else 0.0
     threshold = as_float("threshold", threshold, low=1.0, high=float("inf"))
+    min_magnitude = as_float("min_magnitude", min_magnitude, low=-float("inf"), high=float("inf"))
+    if min_magnitude < 0:
+        raise InvalidInputError(f"min_magnitude={min_magnitude} must be >= 0 (0: no rule)")
     batch_size = positive_int("batch_size", batch_size)
-    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
-    red, finish = massive_reducer(model, batch, threshold)
+    batch = to_token_batch(
+        model, data, attention_mask=attention_mask, bos=bos, text_column=text_column
+    )
+    red, finish = massive_reducer(
+        model, batch, threshold, median=median, min_magnitude=min_magnitude
+    )
     stream(
         model, batch, [red], batch_size=batch_size, desc="massive activations", progress=progress
     )
@@ -65,7 +129,12 @@ def massive_activations(
 
 
 def massive_reducer(
-    model: HookedModel, batch: TokenBatch, threshold: float
+    model: HookedModel,
+    batch: TokenBatch,
+    threshold: float,
+    *,
+    median: MassiveMedian = "token",
+    min_magnitude: float = 0.0,
 ) -> tuple[Sums, Callable[[], MassiveActivations]]:
     """The reducer of :func:`massive_activations` (checked arguments) and the function that
     finishes it once the batches are streamed; to share a pass with other reducers."""
@@ -80,7 +149,10 @@ def massive_reducer(
             "ratio_sum": torch.zeros(len(layers), n_pos, **f64),
             "top_sum": torch.zeros(len(layers), n_pos, **f64),
             "dim_counts": torch.zeros(len(layers), d_model, **f64),
+            "layer_top_sum": torch.zeros(len(layers), LAYER_TOP_K, **f64),
+            "layer_median_sum": torch.zeros(len(layers), **f64),
             "count": torch.zeros(n_pos, **f64),
+            "n_seq": torch.zeros(1, **f64),
         },
         maxima={"ratio_max": torch.full((len(layers), n_pos), float("-inf"), **f64)},
     )
@@ -88,41 +160,127 @@ def massive_reducer(
 
     def make_hook(i: int) -> HookFn:
         def hook(resid: torch.Tensor, hook: Any) -> None:
-            a = resid.detach().abs().float()
-            real = red.batch["mask"].bool()[:, : a.shape[1]]
-            require_finite(a[real], hook.name, "residual-stream entries")
-            top, arg = a.max(-1)
-            median = a.median(-1).values
-            ratio = (top / median.clamp_min(torch.finfo(torch.float32).tiny)).to(torch.float64)
-            width = a.shape[1]
-            acc["ratio_sum"][i, :width] += (ratio * real).sum(0)
-            acc["top_sum"][i, :width] += (top.to(torch.float64) * real).sum(0)
-            col_max = torch.where(real, ratio, torch.full_like(ratio, float("-inf"))).max(0).values
-            ratio_max[i, :width] = torch.maximum(ratio_max[i, :width], col_max)
-            big = real & (ratio > threshold)
-            acc["dim_counts"][i].index_add_(0, arg[big], torch.ones(int(big.sum()), **f64))
+            part = massive_sums(
+                resid,
+                red.batch["mask"],
+                threshold=threshold,
+                median=median,
+                min_magnitude=min_magnitude,
+                top_k=LAYER_TOP_K,
+                where=hook.name,
+            )
+            width = int(part["count"].shape[0])
+            for name in ("ratio_sum", "top_sum"):
+                acc[name][i, :width] += part[name]
+            ratio_max[i, :width] = torch.maximum(ratio_max[i, :width], part["ratio_max"])
+            acc["dim_counts"][i] += part["dim_counts"]
+            acc["layer_top_sum"][i] += part["layer_top_sum"]
+            acc["layer_median_sum"][i : i + 1] += part["layer_median_sum"]
             if i == 0:
-                acc["count"][:width] += real.to(torch.float64).sum(0)
+                acc["count"][:width] += part["count"]
+                acc["n_seq"] += part["n_seq"]
 
         return hook
 
     red.add_hooks([(resid_hook_name(layer), make_hook(i)) for i, layer in enumerate(layers)])
-    return red, functools.partial(_finish_massive, red, info, batch, layers, threshold)
+    return red, functools.partial(
+        _finish_massive, red, info, batch, layers, threshold, median, min_magnitude
+    )
 
 
 def _finish_massive(
-    red: Sums, info: Any, batch: TokenBatch, layers: tuple[int, ...], threshold: float
+    red: Sums,
+    info: Any,
+    batch: TokenBatch,
+    layers: tuple[int, ...],
+    threshold: float,
+    median: MassiveMedian,
+    min_magnitude: float,
 ) -> MassiveActivations:
-    acc, ratio_max = red.sums, red.maxima["ratio_max"]
-    count = acc["count"]
-    ratio_max = torch.where(count > 0, ratio_max, torch.full_like(ratio_max, float("nan")))
-    return MassiveActivations(
-        layers=layers,
-        ratio_mean=nan_div(acc["ratio_sum"], count).cpu(),
-        ratio_max=ratio_max.cpu(),
-        top_value=nan_div(acc["top_sum"], count).cpu(),
-        dim_counts=acc["dim_counts"].cpu(),
-        threshold=float(threshold),
+    return MassiveActivations.from_sums(
+        layers,
+        {**red.sums, **red.maxima},
+        threshold=threshold,
         n_sequences=len(batch),
+        median=median,
+        min_magnitude=min_magnitude,
         provenance=provenance_of(info, batch, layers, False),
     )
+
+
+def massive_activation_means(
+    model: HookedModel,
+    data: DataInput,
+    *,
+    layer: int,
+    dims: Sequence[int] | int,
+    positions: Sequence[int] | int = 0,
+    batch_size: int = 8,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+    progress: bool = True,
+) -> Float[torch.Tensor, "position dim"]:
+    """Mean of the chosen residual dimensions at the chosen positions over a reference corpus:
+    the values :func:`~homoglens.ablated_massive_activations` sets with ``how="mean"`` (Sun et
+    al.'s ``set_mean``).
+
+    Reads the output of decoder layer ``layer`` (``blocks.{layer-1}.hook_resid_post``); a
+    sequence counts at a position only where it has a real token there.
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        data: The reference corpus, as for :func:`homogenization_profile`.
+        layer: Decoder layer in [1, n_layers].
+        dims: Residual dimensions (one int or a list; in [0, d_model), distinct).
+        positions: Positions (one int or a list; in [0, n_ctx), distinct); default 0.
+        batch_size: Sequences per forward pass.
+        attention_mask: For token input.
+        bos: For text input.
+        progress: Show a progress bar.
+
+    Returns:
+        ``[len(positions) len(dims)]`` float32 means in the model's units, rows and columns in
+        sorted ``positions`` / ``dims`` order.
+
+    Raises:
+        InvalidInputError: bad ``layer`` / ``dims`` / ``positions``, bad data, or a position
+            where no sequence holds a real token.
+
+    References:
+        Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
+    """
+    layer, chosen_dims, chosen_pos = massive_activation_sites(
+        model, layer=layer, dims=dims, positions=positions
+    )
+    batch_size = positive_int("batch_size", batch_size)
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    device = model_device(model)
+    f64 = {"dtype": torch.float64, "device": device}
+    red = Sums(
+        sums={
+            "total": torch.zeros(len(chosen_pos), len(chosen_dims), **f64),
+            "count": torch.zeros(len(chosen_pos), **f64),
+        }
+    )
+    pos_index = torch.tensor(chosen_pos, device=device)
+    dim_index = torch.tensor(chosen_dims, device=device)
+
+    def hook(resid: torch.Tensor, hook: Any) -> None:
+        inside = pos_index < resid.shape[1]
+        pos = pos_index[inside]
+        real = red.batch["mask"].bool()[:, pos].to(torch.float64)  # [batch n_pos]
+        x = resid.detach()[:, pos][:, :, dim_index].to(torch.float64)  # [batch n_pos n_dim]
+        require_finite(x[real.bool()], hook.name)
+        red.sums["total"][inside] += (x * real[..., None]).sum(0)
+        red.sums["count"][inside] += real.sum(0)
+
+    red.add_hooks([(resid_hook_name(layer), hook)])
+    stream(model, batch, [red], batch_size=batch_size, desc="massive means", progress=progress)
+    count = red.sums["count"]
+    empty = [p for p, c in zip(chosen_pos, count.tolist(), strict=True) if c == 0]
+    if empty:
+        raise InvalidInputError(
+            f"positions {empty} hold no real token in any sequence of the data; choose positions "
+            "below the sequences' length, or give longer sequences"
+        )
+    return (red.sums["total"] / count[:, None]).float().cpu()
