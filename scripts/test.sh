@@ -2,9 +2,10 @@
 # README command 2: set up both environments and run the whole suite on each
 # TransformerLens line: 4.3 (TransformerBridge) and 3.9 (HookedTransformer and bridge).
 # On the default line (4.3) it also lints (ruff: style, imports, Google docstrings), type-checks
-# src/ (pyright, pinned), executes every tutorial notebook (nbmake) and builds the docs site with
-# `mkdocs build --strict`. The layer contract is a test (tests/contracts/test_layers.py), and
-# jaxtyping checks the shapes of every annotated homoglens function at run time under pytest.
+# src/ (pyright, pinned), executes every tutorial notebook (nbclient: each `.plot(` cell must show
+# its figure) and builds the docs site with `mkdocs build --strict`. The layer contract is a test
+# (tests/contracts/test_layers.py), and jaxtyping checks the shapes of every annotated homoglens
+# function at run time under pytest.
 #   bash scripts/test.sh [extra pytest options]
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,10 +25,10 @@ for pair in ".venv:4.3.0" ".venv-tl39:3.9.0"; do
   rc=$?
   [ $rc -eq 0 ] || status=$rc
   if [ "$venv" = ".venv" ]; then
-    echo "=== tutorials (nbmake) and docs (mkdocs --strict) ==="
+    echo "=== tutorials (nbclient: every .plot( cell shows its figure) and docs (mkdocs --strict) ==="
     start=$SECONDS
-    (cd "$(mktemp -d)" && "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider --nbmake \
-      --rootdir=. "$root"/tutorials/*.ipynb) || status=1
+    HOMOGLENS_RUN_TUTORIALS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+      tests/docs/test_tutorials.py -k test_tutorial_runs_and_shows_its_figures || status=1
     echo "[homoglens] tutorials ran in $((SECONDS - start)) s"
     NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet -d "$(mktemp -d)/site" \
       || status=1

@@ -3,7 +3,7 @@
 Yusupov et al. 2025 (arXiv 2508.17126) claim that homogenization exists in every layer and
 grows with depth (C1), that positional bias amplifies it most at the extremal positions (C2),
 and that removing positional features lowers it but costs the model (C3). homoglens reads each
-claim in several ways (SCIENCE.md, "Readings of the claims"); every reading is one row, with a
+claim in several ways (docs/findings.md); every reading is one row, with a
 predicted sign, a smallest effect size of interest (SESOI), and one *primary* test per reading
 and model. Primary tests form one family, Holm-adjusted; every other row is *secondary*
 (unadjusted, exploratory). Verdicts (:func:`homoglens.stats.verdict`): ``holds`` (significant

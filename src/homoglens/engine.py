@@ -454,7 +454,8 @@ def provenance_of(
     info: Any, batch: TokenBatch, chosen: Sequence[int], exclude_first: bool
 ) -> Provenance:
     """The :class:`~homoglens.results.Provenance` of a measurement of ``model_info`` ``info``
-    on ``batch`` at the residual-axis entries ``chosen``."""
+    on ``batch`` at the residual-axis entries ``chosen``: the model, the data and its
+    :func:`token_sha256`, and the homoglens, TransformerLens, torch and transformers versions."""
     return Provenance(
         model=info.name,
         family=info.family,
@@ -468,4 +469,30 @@ def provenance_of(
         exclude_first=exclude_first,
         homoglens_version=package_version("homoglens"),
         transformer_lens_version=package_version("transformer-lens"),
+        torch_version=torch.__version__,
+        transformers_version=package_version("transformers"),
+        model_revision=info.revision,
+        data_sha256=token_sha256(batch),
     )
+
+
+def token_sha256(batch: TokenBatch) -> str:
+    """The content hash of a batch's tokens: sha256 of the row lengths, then of the real token
+    ids row by row (pads left out, so the padding side and pad ids do not matter), both as
+    little-endian int64.
+
+    Examples:
+        >>> import torch
+        >>> from homoglens.data import TokenBatch
+        >>> ids = torch.tensor([[5, 6, 7]])
+        >>> batch = TokenBatch(ids, torch.ones_like(ids), bos=False, description="ids")
+        >>> len(token_sha256(batch))
+        64
+    """
+    import hashlib
+
+    mask = batch.attention_mask.detach().cpu().bool()
+    tokens = batch.tokens.detach().cpu()
+    digest = hashlib.sha256(mask.sum(1).numpy().astype("<i8").tobytes())
+    digest.update(tokens[mask].numpy().astype("<i8").tobytes())
+    return digest.hexdigest()

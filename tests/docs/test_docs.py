@@ -27,3 +27,18 @@ def test_nav_entries_exist() -> None:
     config = (ROOT / "mkdocs.yml").read_text()
     for page in re.findall(r":\s+([\w/.-]+\.(?:md|ipynb))\s*$", config, re.M):
         assert (ROOT / "docs" / page).is_file(), page
+
+
+def test_docstrings_point_only_to_docs_a_user_has() -> None:
+    """SCIENCE.md is a development note users do not get: docstrings (and comments) point to
+    the docs pages instead, and every ``docs/<page>.md`` they name exists."""
+    import ast
+
+    for path in sorted((ROOT / "src" / "homoglens").rglob("*.py")):
+        text = path.read_text()
+        assert "SCIENCE" not in text, f"{path.relative_to(ROOT)} points to SCIENCE.md"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                doc = ast.get_docstring(node) or ""
+                for page in re.findall(r"docs/([\w-]+\.md)", doc):
+                    assert (ROOT / "docs" / page).is_file(), f"{path.name}: docs/{page} is missing"

@@ -1,10 +1,19 @@
 """The tutorials are notebooks stored without outputs and paired with jupytext percent files that
-hold the same cells (the .py files keep diffs readable). Executing them is nbmake's job: CI runs
-``pytest --nbmake tutorials`` (scripts/test.sh)."""
+hold the same cells (the .py files keep diffs readable).
+
+What a notebook user sees: a cell that ends with ``.plot(...)`` shows the figure (an ``image/png``
+output) in a fresh kernel with no ``%matplotlib`` magic. Checked by executing notebooks with
+nbclient: a tiny one here, the README quickstart on SmolLM2, and every tutorial, which runs only
+when ``HOMOGLENS_RUN_TUTORIALS=1`` (scripts/test.sh sets it in its tutorial step, once, on the
+default TransformerLens line, in place of a plain ``pytest --nbmake`` run that only checked that
+cells run)."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +22,87 @@ nbformat = pytest.importorskip("nbformat")
 
 ROOT = Path(__file__).resolve().parents[2] / "tutorials"
 NOTEBOOKS = sorted(ROOT.glob("*.ipynb"))
+README = ROOT.parent / "README.md"
+PLOT_CALL = re.compile(r"\.plot\(")
+
+
+def execute(cells: list[str], cwd: Path, *, timeout: int = 600) -> Any:
+    """Run code cells in a fresh kernel (the python3 kernel of this interpreter), as Jupyter does:
+    no ``%matplotlib`` magic, nothing imported beforehand. Returns the executed notebook."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    return run(nb, cwd, timeout=timeout)
+
+
+def run(nb: Any, cwd: Path, *, timeout: int = 600) -> Any:
+    from nbclient import NotebookClient
+
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}
+    )
+    client.execute()
+    return nb
+
+
+def images(cell: Any) -> int:
+    """The number of PNG images a code cell displayed."""
+    return sum("image/png" in out.get("data", {}) for out in cell.outputs)
+
+
+def assert_plot_cells_show_figures(nb: Any, name: str) -> int:
+    """Every code cell whose source calls ``.plot(`` displayed exactly one figure (PNG) per
+    call; returns the number of such cells."""
+    plot_cells = [c for c in nb.cells if c.cell_type == "code" and PLOT_CALL.search(c.source)]
+    for cell in plot_cells:
+        assert images(cell) == len(PLOT_CALL.findall(cell.source)), (
+            f"{name}: this cell shows {images(cell)} figures, outputs "
+            f"{[o.get('data', {}).keys() or o.get('text') for o in cell.outputs]}:\n{cell.source}"
+        )
+    return len(plot_cells)
+
+
+def readme_quickstart() -> list[str]:
+    """The code blocks of the README's "Jupyter quickstart" section, one cell each."""
+    section = README.read_text().split("## Jupyter quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+TINY_PLOT = """\
+import torch
+from homoglens import PositionalSimilarity
+sim = PositionalSimilarity.from_activations(torch.randn(2, 6, 20, 8), edge_k=2)
+sim.plot(layers=1)
+"""
+
+
+def test_plot_displays_inline_in_a_fresh_kernel(tmp_path: Path) -> None:
+    nb = execute([TINY_PLOT, "import sys; print(sys.executable)"], tmp_path, timeout=120)
+    assert assert_plot_cells_show_figures(nb, "tiny notebook") == 1
+    assert "image/png" in nb.cells[0].outputs[-1]["data"]
+
+
+def test_plot_shows_once_after_pyplot_is_imported(tmp_path: Path) -> None:
+    # pyplot under the inline backend registers its own Figure formatter: still one image, and
+    # the figure (made without pyplot) is not shown again when the cell ends.
+    nb = execute(["import matplotlib.pyplot as plt\n" + TINY_PLOT], tmp_path, timeout=120)
+    assert assert_plot_cells_show_figures(nb, "pyplot notebook") == 1
+
+
+@pytest.mark.smollm2
+def test_readme_quickstart_shows_its_figure(tmp_path: Path) -> None:
+    cells = readme_quickstart()
+    assert cells and any(PLOT_CALL.search(c) for c in cells)
+    nb = execute(cells, tmp_path)
+    assert assert_plot_cells_show_figures(nb, "README quickstart") >= 1
+
+
+@pytest.mark.skipif(
+    os.environ.get("HOMOGLENS_RUN_TUTORIALS") != "1",
+    reason="executes every tutorial (minutes): HOMOGLENS_RUN_TUTORIALS=1, as scripts/test.sh does",
+)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_tutorial_runs_and_shows_its_figures(path: Path, tmp_path: Path) -> None:
+    nb = run(nbformat.read(path, as_version=4), tmp_path)
+    assert assert_plot_cells_show_figures(nb, path.name) >= 1
 
 
 def test_every_tutorial_is_a_paired_notebook() -> None:

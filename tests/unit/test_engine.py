@@ -119,3 +119,65 @@ def test_an_error_inside_a_reducer_leaves_no_hook(get_model) -> None:
             progress=False, extra_hooks=[("blocks.0.hook_resid_post", lambda x, hook: x)],
         )  # fmt: skip
     assert hook_count(model) == 0
+
+
+def test_provenance_records_versions_revision_and_the_data_hash(get_model, tmp_path) -> None:
+    import json
+    from importlib.metadata import version
+
+    from homoglens import HomogenizationProfile, corpus_windows, homogenization_profile
+    from homoglens.engine import token_sha256
+
+    model = get_model("gpt2", "bridge")
+    batch = corpus_windows(model, n_seq=2, seq_len=12)
+    prov = homogenization_profile(model, batch, progress=False).provenance
+    assert prov.torch_version == torch.__version__
+    assert prov.transformers_version == version("transformers")
+    assert prov.transformer_lens_version == version("transformer-lens")
+    assert prov.model_revision == ""  # a local folder: no Hub revision
+    assert prov.data_sha256 == token_sha256(batch) and len(prov.data_sha256) == 64
+    # save/load round-trips the new fields; a result saved before them loads with defaults
+    profile = homogenization_profile(model, batch, progress=False)
+    assert HomogenizationProfile.load(profile.save(tmp_path / "new")).provenance == prov
+    folder = profile.save(tmp_path / "old")
+    meta = json.loads((folder / "profile.json").read_text())
+    for key in ("torch_version", "transformers_version", "model_revision", "data_sha256"):
+        del meta["provenance"][key]
+    (folder / "profile.json").write_text(json.dumps(meta))
+    old = HomogenizationProfile.load(folder).provenance
+    assert (old.torch_version, old.data_sha256, old.model_revision) == ("", "", "")
+
+
+def test_the_data_hash_reads_real_tokens_only() -> None:
+    from homoglens.data import TokenBatch
+    from homoglens.engine import token_sha256
+
+    right = TokenBatch(
+        torch.tensor([[5, 6, 7], [8, 9, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]]), False, "r"
+    )
+    left = TokenBatch(
+        torch.tensor([[5, 6, 7], [3, 8, 9]]), torch.tensor([[1, 1, 1], [0, 1, 1]]), False, "l"
+    )
+    assert token_sha256(right) == token_sha256(left)  # padding side and pad ids do not count
+    moved = TokenBatch(  # same ids, other row boundaries
+        torch.tensor([[5, 6, 0], [7, 8, 9]]), torch.tensor([[1, 1, 0], [1, 1, 1]]), False, "m"
+    )
+    assert token_sha256(moved) != token_sha256(right)
+
+
+def test_a_hub_revision_names_the_cached_commit(tmp_path, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    from homoglens.models import _hub_revision
+
+    commit = "ab" * 20
+    snapshot = tmp_path / "models--gpt2" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--gpt2" / "refs").mkdir()
+    (tmp_path / "models--gpt2" / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    assert _hub_revision("gpt2", {}, "") == f"main @ {commit}"
+    assert _hub_revision("nobody/nothing", {"revision": "step1"}, "revision step1") == (
+        "revision step1"
+    )

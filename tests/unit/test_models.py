@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -270,3 +271,21 @@ def test_dtype_is_recorded_at_call_time(backend) -> None:
     assert model_info(model).dtype == "float64"
     result = positional_patching(model, SHORT_TEXTS, metric="loss", layers=[0], progress=False)
     assert result.provenance.dtype == "float64"
+
+
+def test_hub_name_offline_fails_fast_and_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine has no network: a Hub name fails in seconds (one bounded connection
+    attempt), not after huggingface_hub's retries (~40 s), and the message says what to do."""
+    from huggingface_hub import constants
+
+    from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # offline even where there is a net
+    start = time.perf_counter()
+    with pytest.raises(UnknownModelError, match="not reachable") as caught:
+        load_model("gpt2", backend=BACKENDS[-1])
+    assert time.perf_counter() - start < 15.0
+    message = str(caught.value)
+    assert "HF_HUB_OFFLINE=1" in message and "local folder" in message
+    assert all(name in message for name in [*EMBEDDED_MODELS, *SHIPPED_MODELS])

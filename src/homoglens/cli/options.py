@@ -12,8 +12,23 @@ import click
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-def count(name: str, default: int, help: str | None = None, *, min: int = 1) -> Decorator:
-    """An integer option with a lower bound and its default shown in ``--help``."""
+class Command(click.Command):
+    """A command whose line in ``homoglens --help`` is the full first sentence of its docstring
+    (click cuts it at about 45 characters otherwise, mid-sentence)."""
+
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The first sentence of the help, whole (``limit`` is ignored)."""
+        return super().get_short_help_str(limit=10_000)
+
+
+class Group(click.Group):
+    """The ``homoglens`` group: its subcommands are :class:`Command` s."""
+
+    command_class = Command
+
+
+def count(name: str, default: int, help: str, *, min: int = 1) -> Decorator:
+    """An integer option with a lower bound, its help text and its default shown in ``--help``."""
     return click.option(
         name, type=click.IntRange(min=min), default=default, show_default=True, help=help
     )
@@ -89,7 +104,7 @@ data_options = group(
     choice(
         "--bos", ["auto", "always", "never"], "BOS at position 0 ('auto': the model's default)."
     ),
-    count("--batch-size", 8),
+    count("--batch-size", 8, "Windows per forward pass (memory and speed, not results)."),
     click.option(
         "--process-weights",
         is_flag=True,

@@ -177,9 +177,9 @@ def sinks_section(analysis: SinkAnalysis, out: Path) -> str:
 <h2>Attention sinks</h2>
 <p class="note">Key position {scores.key} holds {bos}. Sink mass: mean attention of each head
 on the key over later queries; importance: Gu et al. 2024 alpha (arXiv 2410.10781); sink rate
-Sink<sub>{scores.key}</sub><sup>{scores.eps}</sup> = share of (sequence, layer, head) with
-alpha &gt; {scores.eps}: <strong>{scores.sink_rate:.1f} %</strong> over {scores.n_sequences}
-sequences.</p>
+Sink<sub>{scores.key + 1}</sub><sup>{scores.eps:g}</sup> (Gu et al. count keys from 1: key
+{scores.key} here) = share of (sequence, layer, head) with alpha &gt; {scores.eps:g}:
+<strong>{scores.sink_rate:.1f} %</strong> over {scores.n_sequences} sequences.</p>
 <img alt="sink scores" src="data:image/png;base64,{scores_png}">
 <h3>Strongest sink heads</h3>
 {table_html(top)}

@@ -39,6 +39,15 @@ class Provenance:
         exclude_first: Whether position 0 was left out of every statistic.
         homoglens_version: Package version that computed the result.
         transformer_lens_version: TransformerLens version used (``""`` if none).
+        torch_version: torch version used (``""`` if not recorded: results saved before it was).
+        transformers_version: Hugging Face transformers version used (``""`` if not recorded).
+        model_revision: The model's version: for a Hub name, the ``revision`` or training
+            checkpoint asked for (``"revision step1000"``, ``"checkpoint_value 1000"``) and the
+            commit of the cached snapshot when known (``"main @ 0123abcd..."``); ``""`` when not
+            known (local folders: see ``model_source``).
+        data_sha256: Content hash of the data measured: sha256 of the row lengths then the real
+            token ids (pads left out), row by row, as little-endian int64 (``""`` if not
+            recorded; merged parts join their hashes with ``" + "``).
     """
 
     model: str = "none"
@@ -53,6 +62,10 @@ class Provenance:
     exclude_first: bool = False
     homoglens_version: str = ""
     transformer_lens_version: str = ""
+    torch_version: str = ""
+    transformers_version: str = ""
+    model_revision: str = ""
+    data_sha256: str = ""
 
 
 def read_saved(folder: Path, stem: str) -> tuple[Any, dict[str, torch.Tensor]]:

@@ -83,8 +83,8 @@ class AttentionBiasStudy(SavedResult):
     """Homogenization, loss and attention under an attention bias, at each strength, paired.
 
     At ``attn.hook_pattern`` of the biased blocks and heads each row becomes
-    A'[q, k] = softmax_k(beta log A[q, k] + b phi[q, k]) (SCIENCE.md, "Positional attention
-    bias"); b = strength and beta = 1, or b = 0 and beta = strength for ``"temperature"``. The
+    A'[q, k] = softmax_k(beta log A[q, k] + b phi[q, k]) (docs/bias.md, "The intervention");
+    b = strength and beta = 1, or b = 0 and beta = strength for ``"temperature"``. The
     residual stream of every window is read at every entry of ``layers``, as
     :func:`~homoglens.positional_similarity` reads it (``W = M - C`` without centring), at each
     strength, on the same windows.

@@ -32,6 +32,12 @@ if TYPE_CHECKING:
 LAYER_AXIS = "layer (0 = embeddings, l = output of block l-1)"
 
 
+def sink_rate_label(key: int, eps: float) -> str:
+    """Gu et al.'s name of the sink rate on 0-indexed ``key``: they count keys from 1, so key 0
+    is their Sink_1 (``sink_rate_label(0, 0.3) == "Sink_1^0.3 (key 0)"``)."""
+    return f"Sink_{key + 1}^{eps:g} (key {key})"
+
+
 def _panel(ax: Axes | None, width: float, height: float) -> tuple[Figure, Axes]:
     if ax is not None:
         return cast("Figure", ax.figure), ax
@@ -147,9 +153,10 @@ def similarity_figure(
         heatmap(m_ax, result.M[li].numpy(), title=f"M, layer {layer}", **common)
         w = result.W[li].numpy()
         bound = float(np.nanmax(np.abs(w - np.diag(np.diag(w))))) or 1.0
-        heatmap(
-            w_ax, w, title=f"W, layer {layer}", cmap="RdBu_r", vmin=-bound, vmax=bound, **common
-        )
+        heatmap(  # centred on 0, scaled to the off-diagonal (the diagonal is 1 - C)
+            w_ax, w, title=f"W, layer {layer}", cmap="RdBu_r", vmin=-bound, vmax=bound,
+            **{**common, "label": "W = M - C (cosine)"},
+        )  # fmt: skip
     series = {}
     styles = {}
     for layer in layers:
@@ -180,14 +187,18 @@ def similarity_figure(
 def sink_scores_figure(scores: SinkScores) -> Figure:
     """Heatmaps of sink mass and importance per (layer, head)."""
     fig, axes = new_figure(11, 4, ncols=2)
-    for ax, (name, values) in zip(
-        axes, (("sink mass", scores.mass), ("importance alpha", scores.importance)), strict=True
-    ):
+    panels = (
+        ("sink mass", scores.mass, f"mean attention on key {scores.key} (fraction, 0-1)"),
+        ("importance alpha", scores.importance, f"Gu et al. alpha_{scores.key + 1} (0-1)"),
+    )
+    for ax, (name, values, label) in zip(axes, panels, strict=True):
         heatmap(
             ax, values.numpy(), cmap="magma", vmin=0, vmax=1, xlabel="head", ylabel="layer",
-            title=f"{name} on key {scores.key}",
+            title=f"{name} on key {scores.key}", label=label,
         )  # fmt: skip
-    fig.suptitle(f"Attention sinks: Sink_{scores.key}^{scores.eps} = {scores.sink_rate:.1f} %")
+    fig.suptitle(
+        f"Attention sinks: {sink_rate_label(scores.key, scores.eps)} = {scores.sink_rate:.1f} %"
+    )
     return fig
 
 
@@ -198,6 +209,7 @@ def massive_figure(massive: MassiveActivations) -> Figure:
         ax, massive.ratio_mean.clamp_min(1).log10().numpy(), xlabel="position",
         ylabel="layer (0 = embeddings)",
         title="Massive activations: log10 mean(max |x| / median |x|)",
+        label="log10 of max |x| / median |x| (ratio, no unit)",
     )  # fmt: skip
     return fig
 
@@ -209,11 +221,10 @@ def attribution_figure(result: SinkAttribution, metric: str, j: int) -> Figure:
     fig, axes = new_figure(11 if exact else 6, 4, ncols=2 if exact else 1)
     title = f"{result.method} attribution, {result.ablation} ablation, layer {result.layer}"
     values = result.delta[:, j].numpy()
-    if len(result.heads) > 12:
-        lim = max(float(abs(values).max()), 1e-12)
+    if len(result.heads) > 12:  # RdBu_r: centred on 0, scaled to the data by heatmap
         heatmap(
-            axes[0], result.grid(metric).numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim,
-            xlabel="head", ylabel="layer", title=title, label=f"delta {metric}",
+            axes[0], result.grid(metric).numpy(), cmap="RdBu_r", xlabel="head", ylabel="layer",
+            title=title, label=f"delta {metric} (cosine)",
         )  # fmt: skip
     else:
         labels = [f"L{lay}H{h}" for lay, h in result.heads]
@@ -253,11 +264,11 @@ def patching_figure(result: PositionalPatchingResult, m: int) -> Figure:
         labels = [f"{a}" if b - a == 1 else f"{a}-{b - 1}" for a, b in result.cells]
     else:
         labels = [str(a) for a, _ in result.cells]
-    heatmap(
-        ax, result.effect[m].numpy(), cmap="RdBu_r", vmin=-1, vmax=1, xticklabels=labels,
+    heatmap(  # RdBu_r: centred on 0 and scaled to max |effect| (effects are often << 1)
+        ax, result.effect[m].numpy(), cmap="RdBu_r", xticklabels=labels,
         yticklabels=[str(x) for x in result.layers],
         xlabel="position" if result.cell_axis == "pos" else "head", ylabel="block", title=title,
-        label="normalised effect",
+        label="normalised effect (fraction of the gap, 1 = source run)",
     )  # fmt: skip
     ax.title.set_fontsize(10)
     return fig

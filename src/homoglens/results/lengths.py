@@ -51,8 +51,8 @@ class LengthStudy(SavedResult):
 
     References:
         Yusupov et al. 2025, arXiv 2508.17126; Barbero et al. 2024, arXiv 2406.04267 (SP);
-        Hsieh et al. 2024, arXiv 2406.16008 (U-shaped attention); SCIENCE.md,
-        "Position-resolved similarity".
+        Hsieh et al. 2024, arXiv 2406.16008 (U-shaped attention); docs/bias.md, "Over
+        sequence length"; docs/similarity.md.
     """
 
     _stem: ClassVar[str] = "lengths"

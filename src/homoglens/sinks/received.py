@@ -1,5 +1,6 @@
 """Homogenization by attention received: per key position, the attention it gets and the
-attractor shift of the tokens that attend it (SCIENCE.md, C2 attention reading)."""
+attractor shift of the tokens that attend it (docs/bias.md, "Homogenization by attention
+received")."""
 
 from __future__ import annotations
 
