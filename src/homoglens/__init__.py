@@ -14,7 +14,7 @@ from homoglens.architectures import (
     family_of,
     resid_hook_name,
 )
-from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS
+from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS, checkpoint_folders
 from homoglens.bias import attention_bias_study
 from homoglens.comparison import REPLICATED_MODELS, compare_models
 from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
@@ -36,9 +36,11 @@ from homoglens.errors import (
 from homoglens.fast_attention import fast_attention_status
 from homoglens.hooks import PositionPlan
 from homoglens.interventions import (
+    ablated_massive_activations,
     ablated_positions,
     attention_bias_hooks,
     biased_attention,
+    massive_activation_hooks,
     position_ablation_hooks,
 )
 from homoglens.lengths import length_study
@@ -51,6 +53,7 @@ from homoglens.results.comparison import ModelComparison
 from homoglens.results.lengths import LengthStudy
 from homoglens.results.patching import PositionalPatchingResult
 from homoglens.results.similarity import PositionalSimilarity
+from homoglens.results.sweeps import CheckpointSweep
 from homoglens.similarity import positional_similarity, similarity_from_activations
 from homoglens.sinks import (
     ATTRIBUTION_METRICS,
@@ -61,12 +64,14 @@ from homoglens.sinks import (
     SinkScores,
     attention_received,
     attention_view,
+    massive_activation_means,
     massive_activations,
     sink_analysis,
     sink_attribution,
     sink_scores,
 )
 from homoglens.studies import default_ablation_modes, position_ablation_study
+from homoglens.sweeps import SWEEP_MEASURES, over_checkpoints
 from homoglens.types import (
     ATTENTION_BIAS_KINDS,
     PATCH_COMPONENTS,
@@ -84,6 +89,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - a source tree on sy
 __all__ = [
     "ARCHITECTURES",
     "ATTRIBUTION_METRICS",
+    "CheckpointSweep",
     "PATCH_COMPONENTS",
     "PATCH_METRICS",
     "PositionalPatchingResult",
@@ -91,6 +97,7 @@ __all__ = [
     "EMBEDDED_MODELS",
     "DistributedError",
     "SHIPPED_MODELS",
+    "SWEEP_MEASURES",
     "HomogenizationProfile",
     "HomoglensError",
     "IncompatibleResultsError",
@@ -124,10 +131,12 @@ __all__ = [
     "AttentionReceived",
     "attention_received",
     "SlopeAtZero",
+    "ablated_massive_activations",
     "ablated_positions",
     "attention_bias_hooks",
     "attention_bias_study",
     "biased_attention",
+    "checkpoint_folders",
     "architecture_of",
     "family_of",
     "fast_attention_status",
@@ -141,8 +150,11 @@ __all__ = [
     "length_study",
     "load_corpus",
     "load_model",
+    "massive_activation_hooks",
+    "massive_activation_means",
     "massive_activations",
     "model_info",
+    "over_checkpoints",
     "position_ablation_hooks",
     "position_ablation_study",
     "positional_patching",

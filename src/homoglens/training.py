@@ -33,7 +33,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -349,13 +349,24 @@ def unigram_entropy(tokens: torch.Tensor, vocab_size: int) -> float:
 
 
 def train_model(
-    config: TrainingConfig, out: str | Path, *, log_every: int = 50, progress: bool = True
+    config: TrainingConfig,
+    out: str | Path,
+    *,
+    log_every: int = 50,
+    save_every: int = 0,
+    save_steps: Sequence[int] = (),
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Train one variant deterministically and save it as a Hugging Face folder.
 
     Writes into ``out``: ``config.json`` + ``model.safetensors`` (standard Hugging Face),
     the tokenizer, ``training.json`` (the config, the loss curve every ``log_every`` steps,
-    held-out loss, unigram entropy of the held-out text, wall time, versions).
+    held-out loss, unigram entropy of the held-out text, wall time, versions), and, when
+    checkpoints are asked for, ``checkpoints/step<N>/`` after N optimiser steps (N = 0: the
+    initialisation), each a loadable Hugging Face folder of its own (weights, config,
+    tokenizer, ``checkpoint.json`` with the step and the loss curve so far), named as Pythia
+    names its revisions. Saving checkpoints does not change the training run: the final
+    weights are the same bit for bit.
 
     Args:
         config: The run.
@@ -365,17 +376,43 @@ def train_model(
             nothing otherwise. Torch's thread count, deterministic-algorithms flag and global
             RNG state are restored on exit, normally or not.
         log_every: Steps between logged training losses.
+        save_every: Also keep a checkpoint every this many steps, and one of the
+            initialisation (0: none).
+        save_steps: Also keep checkpoints after exactly these steps (0..``config.steps``), e.g.
+            log-spaced ones, where sinks emerge early.
         progress: Show a progress bar.
 
     Returns:
         The ``training.json`` content.
 
+    Raises:
+        InvalidInputError: ``save_every`` negative, or a step in ``save_steps`` outside
+            0..``config.steps``.
+
     References:
         Yusupov et al. 2025, arXiv 2508.17126.
     """
     out = Path(out).expanduser()
+    steps = checkpoint_steps(config.steps, save_every, save_steps)
     with _torch_globals(config.threads), staged_output(out) as tmp:
-        return _train(config, tmp, log_every, progress)
+        return _train(config, tmp, log_every, progress, steps)
+
+
+def checkpoint_steps(total: int, save_every: int, save_steps: Sequence[int]) -> tuple[int, ...]:
+    """The sorted optimiser steps after which :func:`train_model` keeps a checkpoint.
+
+    Raises:
+        InvalidInputError: ``save_every`` negative, or a step outside 0..``total``.
+    """
+    every = as_int("save_every", save_every, low=0)
+    steps = {as_int("save_steps", s, low=0) for s in save_steps}
+    if any(s > total for s in steps):
+        raise InvalidInputError(
+            f"save_steps={sorted(steps)} must lie in 0..{total} (the run's steps)"
+        )
+    if every:
+        steps |= set(range(0, total + 1, every))
+    return tuple(sorted(steps))
 
 
 @contextlib.contextmanager
@@ -399,7 +436,13 @@ def _torch_globals(threads: int) -> Iterator[None]:
         torch.set_rng_state(saved[3])
 
 
-def _train(config: TrainingConfig, out: Path, log_every: int, progress: bool) -> dict[str, Any]:
+def _train(
+    config: TrainingConfig,
+    out: Path,
+    log_every: int,
+    progress: bool,
+    checkpoints: tuple[int, ...] = (),
+) -> dict[str, Any]:
     from importlib.metadata import version
 
     from tqdm.auto import tqdm
@@ -432,6 +475,16 @@ def _train(config: TrainingConfig, out: Path, log_every: int, progress: bool) ->
     start = time.perf_counter()
     running = 0.0
     text_len = config.n_ctx - 1 if config.bos else config.n_ctx
+
+    def keep(step: int) -> None:
+        folder = out / "checkpoints" / f"step{step}"
+        model.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+        record = {"step": step, "config": asdict(config), "loss_curve": curve}
+        (folder / "checkpoint.json").write_text(json.dumps(record, indent=2))
+
+    if 0 in checkpoints:
+        keep(0)
     for step in tqdm(range(config.steps), desc=f"train {config.name}", disable=not progress):
         starts = torch.randint(0, n_start, (config.batch_size,), generator=gen)
         batch = torch.stack([train_ids[s : s + text_len] for s in starts.tolist()])
@@ -449,6 +502,8 @@ def _train(config: TrainingConfig, out: Path, log_every: int, progress: bool) ->
             count = (step % log_every) + 1
             curve.append((step + 1, running / count))
             running = 0.0
+        if step + 1 in checkpoints:
+            keep(step + 1)
     wall = time.perf_counter() - start
     model.eval()
     record = {

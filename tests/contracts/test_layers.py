@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine", "interventions"),
     ("profile", "similarity", "sinks", "bias", "lengths"),
     ("studies", "patching"),
-    ("comparison",),
+    ("comparison", "sweeps"),
     ("report", "testing"),
     ("cli",),
 )

@@ -68,3 +68,27 @@ def test_replicate_seeds_name_their_training_command() -> None:
         load_model("homoglens/tiny-rotary-s2")
     with pytest.raises(UnknownModelError, match="--variant none --bos --seed 1"):
         load_model("homoglens/tiny-none-bos-s1")
+
+
+def test_the_shipped_checkpoints_sweep_offline() -> None:
+    """homoglens/tiny-rotary-bos ships the checkpoints of a re-run of its recipe (--save-steps
+    0,25,50,100,200,400,800,1600 and its final, step 3000): each checkpoint's recorded loss
+    curve is the prefix of the run's, and the sweep runs offline over them."""
+    from homoglens import checkpoint_folders, corpus_windows, over_checkpoints
+
+    name = "homoglens/tiny-rotary-bos"
+    folders = checkpoint_folders(name)
+    steps = [0, 25, 50, 100, 200, 400, 800, 1600, 3000]
+    assert [f.name for f in folders] == [f"step{s}" for s in steps]
+    final = json.loads((folders[-1] / "checkpoint.json").read_text())
+    shipped = json.loads((shipped_model_folder(name) / "training.json").read_text())
+    assert final["config"] == shipped["config"]  # the same recipe
+    for folder in folders[1:-1]:
+        curve = json.loads((folder / "checkpoint.json").read_text())["loss_curve"]
+        assert curve == final["loss_curve"][: len(curve)]
+    model = load_model(name, backend="bridge")
+    windows = corpus_windows(model, "austen", n_seq=8, seq_len=64, bos="always")
+    sweep = over_checkpoints(["sinks", "loss"], name, windows, backend="bridge", progress=False)
+    assert sweep.steps.tolist() == steps
+    loss = sweep.metric("loss")
+    assert loss[0] > loss[-1] + 2.0  # an untrained model predicts far worse

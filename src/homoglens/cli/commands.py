@@ -29,6 +29,7 @@ from homoglens.cli.jobs import (
 )
 from homoglens.cli.options import (
     BACKEND,
+    Group,
     choice,
     count,
     data_options,
@@ -52,7 +53,7 @@ from homoglens.types import (
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="homoglens")
 def main() -> None:
     """Measure token homogenization under positional bias on TransformerLens models."""
@@ -319,12 +320,12 @@ def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **op
     "Positional scheme (all: the three, one after the other).",
 )
 @count("--steps", 3000, "Optimizer steps.")
-@count("--n-layers", 4)
-@count("--d-model", 128, min=8)
-@count("--n-heads", 4)
+@count("--n-layers", 4, "Transformer blocks.")
+@count("--d-model", 128, "Residual stream width (d_model).", min=8)
+@count("--n-heads", 4, "Attention heads per block (must divide --d-model).")
 @count("--n-ctx", 128, "Context length (tokens per training window).", min=8)
 @count("--vocab-size", 4096, "BPE vocabulary trained on the training novels.", min=260)
-@count("--batch-size", 16)
+@count("--batch-size", 16, "Training windows per optimizer step.")
 @count(
     "--seed", 0, "Seed of initialisation and data order (one training seed = one replicate).", min=0
 )
@@ -340,23 +341,61 @@ def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **op
     show_default=True,
     help="Parent folder; each run goes into tiny-<variant>[-bos][-s<seed>]/.",
 )
+@count(
+    "--save-every",
+    0,
+    "Also keep a checkpoint every N steps and one of the initialisation, in "
+    "<run>/checkpoints/step<N>/ (0: none).",
+    min=0,
+)
+@click.option(
+    "--save-steps",
+    default=None,
+    metavar="N,N,...",
+    help="Also keep checkpoints after exactly these steps (e.g. log-spaced: 0,30,100,300,1000).",
+)
 @switch("--progress/--no-progress", "Show progress bars on stderr.")
-def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
+def train(
+    variant: str,
+    out: Path,
+    progress: bool,
+    save_every: int,
+    save_steps: str | None,
+    **sizes: Any,
+) -> None:
     """Train small causal LMs on Austen (Sense and Sensibility held out) that differ only in
     their positional scheme: learned (GPT-2), rotary (GPT-NeoX, sequential), none (GPT-2, no
     positions). Deterministic from --seed; each folder is a standard Hugging Face model."""
     from homoglens.results import prepare_folder
-    from homoglens.training import POSITIONAL_VARIANTS, TrainingConfig, train_model
+    from homoglens.training import (
+        POSITIONAL_VARIANTS,
+        TrainingConfig,
+        checkpoint_steps,
+        train_model,
+    )
 
     existed = True
     try:
         with cli_errors():
             variants = POSITIONAL_VARIANTS if variant == "all" else (variant,)
             configs = [TrainingConfig(variant=v, **sizes) for v in variants]  # bad sizes
+            try:
+                steps = [int(v) for v in (save_steps or "").split(",") if v.strip()]
+            except ValueError as err:
+                raise click.BadParameter(
+                    f"--save-steps must be comma-separated step numbers ({err})"
+                ) from err
+            checkpoint_steps(configs[0].steps, save_every, steps)  # bad steps, before training
             existed = out.exists()
             prepare_folder(out)  # a file in the way is an error before any training
             for config in configs:
-                record = train_model(config, out / config.name, progress=progress)
+                record = train_model(
+                    config,
+                    out / config.name,
+                    save_every=save_every,
+                    save_steps=steps,
+                    progress=progress,
+                )
                 click.echo(
                     f"{config.name}: held-out loss {record['heldout_loss']:.3f} nats/token "
                     f"(unigram entropy {record['heldout_unigram_entropy']:.3f}) in "
@@ -419,7 +458,7 @@ def train(variant: str, out: Path, progress: bool, **sizes: Any) -> None:
     help="Smallest effect size of interest (cosine).",
 )
 @seed_option("Bootstrap seed.")
-@count("--batch-size", 16)
+@count("--batch-size", 16, "Windows per forward pass (memory, not results).")
 @group(*output_options(Path("homoglens-comparison")))
 @switch("--progress/--no-progress", "Show progress bars on stderr.")
 def compare(
@@ -471,3 +510,108 @@ def compare(
             err=True,
         )
     click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
+
+
+@main.command()
+@click.option(
+    "--checkpoints",
+    default="homoglens/tiny-rotary-bos",
+    show_default=True,
+    help="A run folder written by `homoglens train --save-every` (or --save-steps), a shipped "
+    "model with checkpoints, or comma-separated model folders; with --hub-model, "
+    "comma-separated revisions (step1000,...) or TransformerLens checkpoint indices.",
+)
+@click.option(
+    "--hub-model",
+    default=None,
+    help="A Hub model whose training checkpoints --checkpoints names (EleutherAI/pythia-70m).",
+)
+@click.option(
+    "--measure",
+    default="homogenization,sinks,loss",
+    show_default=True,
+    help="Comma-separated measurements: homogenization, sinks, loss.",
+)
+@BACKEND
+@click.option("--corpus", default="austen", show_default=True, help="Vendored corpus name.")
+@click.option(
+    "--text",
+    "text_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Use this UTF-8 text file instead of --corpus.",
+)
+@count("--n-seq", 32, "Number of token windows (the same for every checkpoint).")
+@count("--seq-len", 128, "Tokens per window (a BOS counts inside it).", min=2)
+@choice("--bos", ["auto", "always", "never"], "BOS at position 0 ('auto': the model's default).")
+@count("--batch-size", 8, "Windows per forward pass (memory and speed, not results).")
+@click.option("--device", default=None, help="Torch device (default: cuda if available).")
+@group(*output_options(Path("homoglens-sweep")))
+@switch("--progress/--no-progress", "Show progress bars on stderr.")
+def sweep(
+    checkpoints: str,
+    hub_model: str | None,
+    measure: str,
+    out: Path,
+    overwrite: bool,
+    progress: bool,
+    **opts: Any,
+) -> None:
+    """Measure the same windows at each training checkpoint of one model (sink rate,
+    homogenization, loss against the training step); writes sweep.csv, sweep.png and the
+    result (CheckpointSweep.load)."""
+    from homoglens.assets import SHIPPED_MODELS, checkpoint_folders, staged_output
+    from homoglens.data import corpus_windows
+    from homoglens.models import load_model
+    from homoglens.report import check_output_dir
+    from homoglens.sweeps import over_checkpoints
+
+    names = [m.strip() for m in measure.split(",") if m.strip()]
+    items = [c.strip() for c in checkpoints.split(",") if c.strip()]
+    if not names or not items:
+        raise click.BadParameter("--measure and --checkpoints must name at least one entry each")
+    with cli_errors():
+        folder = check_output_dir(out, overwrite=overwrite)
+        start = time.perf_counter()
+        plan: Any
+        if hub_model is not None:
+            plan = [int(i) if i.lstrip("-").isdigit() else i for i in items]
+            first = load_model(
+                hub_model,
+                backend=opts["backend"],
+                device=opts["device"],
+                **(
+                    {"checkpoint_index": plan[0]}
+                    if isinstance(plan[0], int)
+                    else {"revision": plan[0]}
+                ),
+            )
+        else:
+            run = items[0] in SHIPPED_MODELS or (Path(items[0]) / "checkpoints").is_dir()
+            plan = items[0] if len(items) == 1 and run else items
+            firsts = checkpoint_folders(plan) if isinstance(plan, str) else items
+            first = load_model(firsts[0], backend=opts["backend"], device=opts["device"])
+        source = opts["text_file"] if opts["text_file"] is not None else opts["corpus"]
+        windows = corpus_windows(
+            first, source, n_seq=opts["n_seq"], seq_len=opts["seq_len"], bos=opts["bos"]
+        )
+        del first
+        result = over_checkpoints(
+            names,
+            plan,
+            windows,
+            model=hub_model,
+            backend=opts["backend"],
+            device=opts["device"],
+            batch_size=opts["batch_size"],
+            progress=progress,
+        )
+        with staged_output(folder) as tmp:
+            result.save(tmp)
+            result.to_pandas().to_csv(tmp / "sweep.csv", index=False)
+            result.plot().savefig(tmp / "sweep.png", dpi=120)
+    click.echo(repr(result), err=True)
+    frame = result.to_pandas()
+    table = frame[frame["layer"].isna()].pivot(index="step", columns="metric", values="value")
+    click.echo(table.to_string(float_format=lambda v: f"{v:.4g}"), err=True)
+    click.echo(f"wrote {folder} in {time.perf_counter() - start:.1f} s")

@@ -1,0 +1,158 @@
+"""``CheckpointSweep``: one measurement repeated over a model's training checkpoints."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from jaxtyping import Float
+
+from homoglens.errors import InvalidInputError
+from homoglens.results.base import Provenance, SavedResult
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True, eq=False)
+class CheckpointSweep(SavedResult):
+    """Measurements of the same windows at each training checkpoint of one model.
+
+    Attributes:
+        checkpoints: Label of each checkpoint, in training order (a folder name such as
+            ``step100``, a Hub revision, or ``index=<i>`` for a TransformerLens checkpoint index).
+        steps: ``[checkpoint]`` training step of each checkpoint (optimiser steps; NaN where
+            unknown).
+        metrics: Names of the scalar measurements (e.g. ``sink_rate`` in percent,
+            ``homogenization_adjusted`` at the last residual entry; see
+            :func:`homoglens.over_checkpoints`).
+        values: ``[checkpoint metric]`` the scalar measurements.
+        layer_metrics: Names of the measurements per residual entry.
+        layers: Residual-stream entries of ``layer_values`` (0 = ``blocks.0.hook_resid_pre``,
+            l >= 1 = ``blocks.{l-1}.hook_resid_post``).
+        layer_values: ``[checkpoint layer_metric layer]`` the per-entry measurements.
+        provenance: Of the first checkpoint's measurement; the data is the same windows for
+            every checkpoint, and ``model_source`` lists the checkpoints.
+
+    References:
+        Gu et al. 2024, arXiv 2410.10781 (when attention sinks emerge in training);
+        Biderman et al. 2023, arXiv 2304.01373 (Pythia's training checkpoints).
+    """
+
+    _stem: ClassVar[str] = "checkpoint_sweep"
+
+    checkpoints: tuple[str, ...]
+    steps: Float[torch.Tensor, " checkpoint"]
+    metrics: tuple[str, ...]
+    values: Float[torch.Tensor, "checkpoint metric"]
+    layer_metrics: tuple[str, ...]
+    layers: tuple[int, ...]
+    layer_values: Float[torch.Tensor, "checkpoint layer_metric layer"]
+    provenance: Provenance = field(default_factory=Provenance)
+
+    def __post_init__(self) -> None:
+        n = len(self.checkpoints)
+        want = {
+            "steps": (n,),
+            "values": (n, len(self.metrics)),
+            "layer_values": (n, len(self.layer_metrics), len(self.layers)),
+        }
+        for name, shape in want.items():
+            got = tuple(getattr(self, name).shape)
+            if got != shape:
+                raise ValueError(f"{name} has shape {got}, expected {shape}")
+        if len(set(self.checkpoints)) != n:
+            raise ValueError(f"checkpoints={list(self.checkpoints)} repeats a label")
+
+    def to_pandas(self) -> pd.DataFrame:
+        """Tidy rows: ``checkpoint, step, metric, layer, value`` (``layer`` is missing, <NA>,
+        for the scalar metrics)."""
+        import pandas as pd
+
+        rows = []
+        for c, label in enumerate(self.checkpoints):
+            step = float(self.steps[c])
+            for m, name in enumerate(self.metrics):
+                rows.append((label, step, name, None, float(self.values[c, m])))
+            for m, name in enumerate(self.layer_metrics):
+                for j, layer in enumerate(self.layers):
+                    rows.append((label, step, name, layer, float(self.layer_values[c, m, j])))
+        frame = pd.DataFrame(rows, columns=["checkpoint", "step", "metric", "layer", "value"])
+        frame["layer"] = frame["layer"].astype("Int64")
+        return frame
+
+    def metric(self, name: str) -> Float[torch.Tensor, " checkpoint"]:
+        """``[checkpoint]`` one scalar metric over the checkpoints.
+
+        Raises:
+            InvalidInputError: not one of :attr:`metrics`.
+        """
+        if name not in self.metrics:
+            raise InvalidInputError(f"metric {name!r} is not in this sweep: {list(self.metrics)}")
+        return self.values[:, self.metrics.index(name)]
+
+    def plot(self, *, title: str | None = None) -> Figure:
+        """Each scalar metric against the training step (symmetric-log axis when step 0 is
+        included), and the first per-entry metric as a heatmap (residual entry x checkpoint).
+
+        Returns:
+            A matplotlib figure (displays inline in Jupyter).
+        """
+        from homoglens.plotting import curves, heatmap, new_figure
+
+        n_panels = len(self.metrics) + (1 if self.layer_metrics else 0)
+        fig, axes = new_figure(4.2 * max(n_panels, 1), 3.4, ncols=max(n_panels, 1))
+        known = ~torch.isnan(self.steps)
+        x = self.steps if bool(known.all()) else torch.arange(len(self.checkpoints)).double()
+        xlabel = "training step" if bool(known.all()) else "checkpoint (training order)"
+        for ax, (m, name) in zip(axes, enumerate(self.metrics), strict=False):
+            curves(
+                ax,
+                x,
+                {name: self.values[:, m]},
+                xlabel=xlabel,
+                ylabel=name,
+                legend=None,
+                marker="o",
+                ms=3,
+            )
+            if bool(known.all()) and float(x.max()) > 10 * max(float(x[x > 0].min()), 1.0):
+                ax.set_xscale("symlog", linthresh=max(float(x[x > 0].min()), 1.0))
+            ax.set_title(_TITLES.get(name, name), fontsize=9)
+        if self.layer_metrics:
+            name = self.layer_metrics[0]
+            heatmap(
+                axes[-1],
+                self.layer_values[:, 0].T,
+                xlabel="checkpoint",
+                ylabel="residual entry",
+                title=f"{name} by residual entry",
+                label=name,
+                xticklabels=[_short(label) for label in self.checkpoints],
+                yticklabels=[str(layer) for layer in self.layers],
+            )
+        fig.suptitle(title or f"{self.provenance.model}: over {len(self.checkpoints)} checkpoints")
+        return fig
+
+    def __repr__(self) -> str:
+        steps = [("?" if math.isnan(s) else str(int(s))) for s in self.steps.tolist()]
+        return (
+            f"CheckpointSweep({self.provenance.model!r}, {len(self.checkpoints)} checkpoints "
+            f"(steps {', '.join(steps)}), metrics={list(self.metrics)}, "
+            f"layer_metrics={list(self.layer_metrics)})"
+        )
+
+
+_TITLES = {
+    "sink_rate": "Sink_1^0.3 (key 0), % of heads",
+    "homogenization": "homogenization, last entry (cosine)",
+    "homogenization_adjusted": "adjusted homogenization, last entry",
+    "loss": "next-token loss (nats)",
+}
+
+
+def _short(label: str) -> str:
+    return label.rsplit("/", 1)[-1]
