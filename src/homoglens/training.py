@@ -377,7 +377,7 @@ def train_model(
             RNG state are restored on exit, normally or not.
         log_every: Steps between logged training losses.
         save_every: Also keep a checkpoint every this many steps, and one of the
-            initialisation (0: none).
+            initialisation (0: none); the last step's is the run folder itself.
         save_steps: Also keep checkpoints after exactly these steps (0..``config.steps``), e.g.
             log-spaced ones, where sinks emerge early.
         progress: Show a progress bar.
@@ -410,8 +410,8 @@ def checkpoint_steps(total: int, save_every: int, save_steps: Sequence[int]) -> 
         raise InvalidInputError(
             f"save_steps={sorted(steps)} must lie in 0..{total} (the run's steps)"
         )
-    if every:
-        steps |= set(range(0, total + 1, every))
+    if every:  # the last step is the run's final model, saved in the run folder itself
+        steps |= set(range(0, total, every))
     return tuple(sorted(steps))
 
 
