@@ -308,6 +308,11 @@ def checkpoint_folders(folder: str | os.PathLike[str]) -> tuple[Path, ...]:
     Raises:
         UnknownModelError: a name that is neither a folder nor a shipped model.
         ModelFolderNotFoundError: the folder holds no checkpoints.
+
+    Examples:
+        >>> from homoglens import checkpoint_folders
+        >>> [folder.name for folder in checkpoint_folders("homoglens/tiny-rotary-bos")][:4]
+        ['step0', 'step25', 'step50', 'step100']
     """
     name = os.fspath(folder)
     path = shipped_model_folder(name) if name in SHIPPED_MODELS else Path(name).expanduser()

@@ -248,6 +248,15 @@ def massive_activation_means(
 
     References:
         Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
+
+    Examples:
+        >>> from homoglens import load_model, massive_activation_means
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+        >>> means = massive_activation_means(model, ["Hello world", "Hi there"], layer=1,
+        ...                                  dims=[0, 3], progress=False)
+        >>> tuple(means.shape)
+        (1, 2)
     """
     layer, chosen_dims, chosen_pos = massive_activation_sites(
         model, layer=layer, dims=dims, positions=positions
