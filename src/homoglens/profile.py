@@ -10,17 +10,27 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from jaxtyping import Float, Int
+from tqdm.auto import tqdm
 
 from homoglens.architectures import resid_hook_name
 from homoglens.assets import package_version
-from homoglens.data import DataInput, TokenBatch, require_min_tokens, to_token_batch
+from homoglens.data import (
+    DataInput,
+    DatasetStream,
+    TokenBatch,
+    dataset_kind,
+    require_min_tokens,
+    to_token_batch,
+)
 from homoglens.distributed import (
     all_reduce_sum,
     gather_rows,
+    world,
 )
 from homoglens.engine import (
     Reducer,
@@ -59,11 +69,15 @@ def homogenization_profile(
     bos: BosPolicy | bool = "auto",
     progress: bool = True,
     text_column: str = "text",
+    n_seq: int | None = None,
 ) -> HomogenizationProfile:
     """Measure how alike the residual-stream token vectors are, per layer and position.
 
     Streams ``data`` through ``model`` in batches; each batch is reduced inside forward hooks
     to sums per (layer, position), so memory does not grow with the number of sequences.
+    A Hugging Face dataset is streamed from its rows too: they are read and tokenized a batch
+    at a time as the passes need them and nothing of a batch is kept after its pass, so an
+    ``IterableDataset`` of any length (``n_seq`` bounds it) is measured with flat memory.
     Pads never enter any statistic; positions count from each sequence's first real token
     (left and right padding give the same result); statistics are accumulated in float64
     whatever the model dtype.
@@ -97,14 +111,19 @@ def homogenization_profile(
             ``"never"``.
         progress: Show a tqdm progress bar.
         text_column: The column that holds the text, for a Hugging Face dataset.
+        n_seq: Measure at most the first ``n_seq`` sequences of ``data`` (texts, dataset rows,
+            token rows); a dataset is read only that far. Required for an ``IterableDataset``,
+            which may never end.
 
     Returns:
         A :class:`HomogenizationProfile` with provenance (model, backend, raw or processed
-        weights, BOS, data, counts, versions).
+        weights, BOS, data, counts, versions). For a dataset, ``provenance.data_sha256`` is
+        the streamed hash ``"rows:<sha256>"`` (each row's length, then its token ids).
 
     Raises:
         InvalidInputError: empty input, empty strings, float tokens, a mask of the wrong shape,
-            sequences with fewer than 2 counted tokens, bad ``layers``/``batch_size``.
+            sequences with fewer than 2 counted tokens, bad ``layers``/``batch_size``/``n_seq``,
+            an ``IterableDataset`` without ``n_seq``.
         SequenceTooLongError: a sequence longer than ``cfg.n_ctx``.
         NonFiniteActivationError: NaN/inf in the residual stream (nothing is averaged in).
 
@@ -126,16 +145,36 @@ def homogenization_profile(
     batch_size = positive_int("batch_size", batch_size)
     exclude_first = as_bool("exclude_first", exclude_first)
     effective_rank = as_bool("effective_rank", effective_rank)
+    if dataset_kind(data) is not None:
+        if attention_mask is not None:
+            raise InvalidInputError(
+                "attention_mask is only for token input; text is padded and masked by homoglens"
+            )
+        # every rank reads the whole stream and takes its shard of each part
+        stream = DatasetStream(
+            model,
+            data,
+            rows=batch_size * world()[1],
+            n_seq=n_seq,
+            bos=bos,
+            text_column=text_column,
+        )
+        return _streamed_profile(
+            model,
+            info,
+            stream,
+            chosen,
+            batch_size=batch_size,
+            exclude_first=exclude_first,
+            effective_rank=effective_rank,
+            progress=progress,
+        )
     batch = to_token_batch(
-        model, data, attention_mask=attention_mask, bos=bos, text_column=text_column
+        model, data, attention_mask=attention_mask, bos=bos, text_column=text_column, n_seq=n_seq
     )
     require_min_tokens(batch, exclude_first)
     if len(batch) == 1:
-        warnings.warn(
-            "one sequence: the anisotropy baseline (mean cosine across sequences) and so "
-            "`adjusted` are NaN; pass several sequences (e.g. a list of texts) to get them",
-            stacklevel=2,
-        )
+        _warn_one_sequence()
     run = profile_pass(
         model,
         batch,
@@ -146,6 +185,82 @@ def homogenization_profile(
         progress=progress,
     )
     return run.accumulator.profile(chosen, provenance_of(info, batch, chosen, exclude_first))
+
+
+def _warn_one_sequence(stacklevel: int = 3) -> None:
+    """Warn that one sequence gives no anisotropy baseline (``stacklevel``: the user's call)."""
+    warnings.warn(
+        "one sequence: the anisotropy baseline (mean cosine across sequences) and so "
+        "`adjusted` are NaN; pass several sequences (e.g. a list of texts) to get them",
+        stacklevel=stacklevel,
+    )
+
+
+def _streamed_profile(
+    model: HookedModel,
+    info: Any,
+    stream: DatasetStream,
+    chosen: tuple[int, ...],
+    *,
+    batch_size: int,
+    exclude_first: bool,
+    effective_rank: bool,
+    progress: bool,
+) -> HomogenizationProfile:
+    """The profile of the parts of ``stream``, each run through :func:`profile_pass` as it is
+    read and added into running sums (whose position axis grows to the longest sequence
+    seen); no part outlives its pass. Equal to the profile of all parts as one batch."""
+    total: ProfileSums | None = None
+    last: TokenBatch | None = None
+    bar = tqdm(total=stream.n_seq, unit="seq", desc="homogenization", disable=not progress)
+    try:
+        for part in stream:
+            require_min_tokens(part, exclude_first, offset=stream.n_read - len(part))
+            run = profile_pass(
+                model,
+                part,
+                chosen,
+                batch_size=batch_size,
+                exclude_first=exclude_first,
+                effective_rank=effective_rank,
+                progress=False,
+            )
+            total = _added(total, run.accumulator)
+            last = part
+            bar.update(len(part))
+    finally:
+        bar.close()
+    if total is None or last is None:  # the stream refuses a dataset without text
+        raise InvalidInputError(f"the {stream.label} holds no text")
+    if stream.n_read == 1:
+        _warn_one_sequence(stacklevel=4)
+    provenance = replace(
+        provenance_of(info, last, chosen, exclude_first),
+        bos=stream.bos,
+        data=stream.description,
+        data_sha256=stream.sha256,
+    )
+    return total.profile(chosen, provenance)
+
+
+def _added(total: ProfileSums | None, part: ProfileSums) -> ProfileSums:
+    """``total + part`` (into ``total``), the position axis padded to the longer of the two."""
+    if total is None:
+        return part
+    width = max(len(total.pos["count"]), len(part.pos["count"]))
+
+    def grown(t: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[-1]))
+
+    for mine, theirs in ((total.layer_pos, part.layer_pos), (total.pos, part.pos)):
+        for name in mine:
+            mine[name] = grown(mine[name]) + grown(theirs[name]).to(mine[name].device)
+    for name, acc in total.layer.items():
+        acc += part.layer[name].to(acc.device)
+    total.unit_sum += part.unit_sum.to(total.unit_sum.device)
+    for name in total.scalars:
+        total.scalars[name] += part.scalars[name]
+    return total
 
 
 class ProfileReducer(Reducer):
