@@ -6,7 +6,9 @@ output) in a fresh kernel with no ``%matplotlib`` magic. Checked by executing no
 nbclient: a tiny one here, the README quickstart on SmolLM2, and every tutorial, which runs only
 when ``HOMOGLENS_RUN_TUTORIALS=1`` (scripts/test.sh sets it in its tutorial step, once, on the
 default TransformerLens line, in place of a plain ``pytest --nbmake`` run that only checked that
-cells run)."""
+cells run). That run writes each executed notebook to ``build/tutorials/`` (git-ignored), which
+the docs site renders with its outputs (scripts/docs_hooks.py, tests/docs/test_site.py), so the
+tutorials are executed once."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ nbformat = pytest.importorskip("nbformat")
 ROOT = Path(__file__).resolve().parents[2] / "tutorials"
 NOTEBOOKS = sorted(ROOT.glob("*.ipynb"))
 README = ROOT.parent / "README.md"
+EXECUTED = ROOT.parent / "build" / "tutorials"
+"""Where the tutorial run writes the executed notebooks; the docs site renders them
+(scripts/docs_hooks.py)."""
 PLOT_CALL = re.compile(r"\.plot\(")
 
 
@@ -101,8 +106,20 @@ def test_readme_quickstart_shows_its_figure(tmp_path: Path) -> None:
 )
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_tutorial_runs_and_shows_its_figures(path: Path, tmp_path: Path) -> None:
+    copy = EXECUTED / path.name
+    copy.unlink(missing_ok=True)  # a failed run leaves no stale copy for the docs site
     nb = run(nbformat.read(path, as_version=4), tmp_path)
+    write_executed(nb, copy)
     assert assert_plot_cells_show_figures(nb, path.name) >= 1
+
+
+def write_executed(nb: Any, path: Path) -> None:
+    """Write an executed notebook for the docs site (atomically: a half-written copy is never
+    rendered)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(".part")
+    nbformat.write(nb, part)
+    part.replace(path)
 
 
 def test_every_tutorial_is_a_paired_notebook() -> None:
