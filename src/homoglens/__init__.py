@@ -64,13 +64,18 @@ from homoglens.sinks import (
     SinkScores,
     attention_received,
     attention_view,
+    find_massive_sites,
     massive_activation_means,
     massive_activations,
     sink_analysis,
     sink_attribution,
     sink_scores,
 )
-from homoglens.studies import default_ablation_modes, position_ablation_study
+from homoglens.studies import (
+    default_ablation_modes,
+    massive_ablation_study,
+    position_ablation_study,
+)
 from homoglens.sweeps import SWEEP_MEASURES, over_checkpoints
 from homoglens.types import (
     ATTENTION_BIAS_KINDS,
@@ -132,6 +137,8 @@ __all__ = [
     "attention_received",
     "SlopeAtZero",
     "ablated_massive_activations",
+    "find_massive_sites",
+    "massive_ablation_study",
     "ablated_positions",
     "attention_bias_hooks",
     "attention_bias_study",

@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Int
 
 from homoglens.architectures import architecture_of
-from homoglens.data import DataInput, require_min_tokens, to_token_batch
+from homoglens.data import DataInput, TokenBatch, require_min_tokens, to_token_batch
 from homoglens.engine import (
     induction_loss,
     induction_tokens,
@@ -19,14 +19,18 @@ from homoglens.engine import (
     run_logits,
 )
 from homoglens.errors import InvalidInputError
-from homoglens.interventions import position_ablation_hooks
+from homoglens.interventions import (
+    massive_activation_hooks,
+    massive_activation_sites,
+    position_ablation_hooks,
+)
 from homoglens.models import model_info
 from homoglens.profile import profile_pass
 from homoglens.results import PositionAblationStudy
-from homoglens.types import POSITION_ABLATIONS, BosPolicy, HookedModel, PositionAblation
+from homoglens.types import POSITION_ABLATIONS, BosPolicy, HookedModel, HookSpec, PositionAblation
 from homoglens.validate import as_bool, as_float, as_int, check_layers
 
-__all__ = ["position_ablation_study", "default_ablation_modes"]
+__all__ = ["position_ablation_study", "default_ablation_modes", "massive_ablation_study"]
 
 
 def default_ablation_modes(model: HookedModel) -> tuple[str, ...]:
@@ -145,6 +149,179 @@ def position_ablation_study(
                 f"shift={shift} moves position {last} to {last + shift}, outside "
                 f"n_ctx={model.cfg.n_ctx}; use shorter sequences or a smaller shift"
             )
+    tables = _paired_passes(
+        model, batch, hooks, chosen, inverse, info=info, batch_size=batch_size,
+        exclude_first=exclude_first, effective_rank=effective_rank, seed=seed, progress=progress,
+    )  # fmt: skip
+    settings: dict[str, Any] = {"seed": seed}
+    if "shift" in chosen_modes:
+        settings["shift"] = shift
+    if positions is not None:
+        settings["positions"] = [as_int("positions", p) for p in positions]
+    settings.update(data=batch.description, exclude_first=exclude_first)
+    return PositionAblationStudy(
+        modes=tuple(chosen_modes), **tables, settings=settings, n_boot=n_boot, ci=ci, seed=seed
+    )
+
+
+def massive_ablation_study(
+    model: HookedModel,
+    data: DataInput,
+    *,
+    reference: DataInput | None = None,
+    layer: int | None = None,
+    dims: Sequence[int] | int | None = None,
+    positions: Sequence[int] | int | None = None,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 8,
+    exclude_first: bool = False,
+    effective_rank: bool = False,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+    progress: bool = True,
+) -> PositionAblationStudy:
+    """Homogenization and next-token loss with the massive activations set to their mean or to
+    zero (Sun et al.'s ``set_mean`` / ``set_zero``), paired by sequence with the unhooked model.
+
+    Three passes over the same sequences, ``"none"``, ``"mean"`` and ``"zero"``, each a profile
+    with per-sequence loss (the modes of a :class:`PositionAblationStudy`: ``loss_table()``,
+    ``layer_table()``, ``context_table()``, ``plot()``). The hooks sit at the output of decoder
+    layer ``layer`` (``blocks.{layer-1}.hook_resid_post``) and write x[p, d] for every p in
+    ``positions`` and d in ``dims`` (see :func:`~homoglens.ablated_massive_activations`); the
+    means come from ``reference``. Without ``layer`` and ``dims`` the sites are found on
+    ``reference`` by Sun et al.'s rule (:func:`~homoglens.find_massive_sites`). Sun et al.
+    report the mean leaves perplexity unchanged and zero destroys the model; the study also
+    shows what each does to homogenization (the first token's outlier direction enters every
+    cosine).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        data: The measured sequences, as for :func:`homogenization_profile`.
+        reference: The corpus of the means (and of the site search); default ``data`` itself
+            (in-sample means; give disjoint windows for Sun et al.'s setting).
+        layer: Decoder layer in [1, n_layers] (1-indexed, as Sun et al.); with ``dims``.
+        dims: Residual dimensions in [0, d_model); with ``layer``.
+        positions: Column positions (default: the ones found, or 0 when ``layer`` is given).
+        layers: Residual-axis entries measured (default all).
+        batch_size: Sequences per forward pass.
+        exclude_first: Leave position 0 out of the homogenization statistics (the loss keeps
+            it).
+        effective_rank: Also compute effective ranks.
+        n_boot: Bootstrap resamples (over sequences) of the intervals.
+        ci: Interval coverage in (0, 1).
+        seed: Bootstrap seed.
+        attention_mask: For token input (``data`` and ``reference``).
+        bos: For text input.
+        progress: Show progress bars.
+
+    Returns:
+        A :class:`PositionAblationStudy` with modes ``("none", "mean", "zero")`` and
+        ``settings`` recording the intervention, layer, dims, positions and whether the sites
+        were found or given.
+
+    Raises:
+        InvalidInputError: only one of ``layer`` / ``dims`` given; no massive activations found
+            (pass ``layer`` and ``dims``); bad sites, options or data.
+
+    References:
+        Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762
+        (section 3, ``main_llm.py --exp3``).
+
+    Examples:
+        >>> from homoglens import load_model, massive_ablation_study
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+        >>> texts = ["Hello world, how are you", "Hi there, all is well"]
+        >>> study = massive_ablation_study(model, texts, layer=1, dims=[0, 3], progress=False)
+        >>> study.modes
+        ('none', 'mean', 'zero')
+    """
+    from homoglens.sinks.massive import find_massive_sites, massive_activation_means
+
+    info = model_info(model)
+    ci = as_float("ci", ci, low=0.0, high=1.0)
+    n_boot = as_int("n_boot", n_boot, low=1)
+    batch_size = as_int("batch_size", batch_size, low=1)
+    seed = as_int("seed", seed, low=0, high=2**63 - 1)
+    exclude_first = as_bool("exclude_first", exclude_first)
+    effective_rank = as_bool("effective_rank", effective_rank)
+    chosen = check_layers(layers, int(model.cfg.n_layers))
+    if (layer is None) != (dims is None):
+        raise InvalidInputError(
+            f"layer={layer!r} and dims={dims!r}: give both, or neither to find them with Sun et "
+            "al.'s rule (find_massive_sites)"
+        )
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    require_min_tokens(batch, exclude_first)
+    ref = batch if reference is None else to_token_batch(model, reference, bos=bos)
+    found = "given"
+    if layer is None:
+        sites = find_massive_sites(model, ref, batch_size=batch_size, progress=progress)
+        if sites is None:
+            raise InvalidInputError(
+                "no massive activations found on the reference windows by Sun et al.'s rule "
+                "(|x| > 1000 x the layer median and > 100 at one position of every window); "
+                "pass layer and dims to ablate chosen sites"
+            )
+        layer, dims, auto_positions = sites
+        positions = auto_positions if positions is None else positions
+        found = "found (find_massive_sites)"
+    layer, site_dims, site_pos = massive_activation_sites(
+        model, layer=layer, dims=dims, positions=0 if positions is None else positions
+    )
+    means = massive_activation_means(
+        model, ref, layer=layer, dims=site_dims, positions=site_pos, batch_size=batch_size,
+        progress=progress,
+    )  # fmt: skip
+    sites_kw: dict[str, Any] = {"layer": layer, "dims": site_dims, "positions": site_pos}
+    hooks = {
+        "none": [],
+        "mean": massive_activation_hooks(model, "mean", means=means, **sites_kw),
+        "zero": massive_activation_hooks(model, "zero", **sites_kw),
+    }
+    order = torch.sort(batch.lengths, stable=True).indices
+    tables = _paired_passes(
+        model, batch[order], hooks, chosen, torch.argsort(order), info=info,
+        batch_size=batch_size, exclude_first=exclude_first, effective_rank=effective_rank,
+        seed=seed, progress=progress,
+    )  # fmt: skip
+    settings: dict[str, Any] = {
+        "intervention": "massive activations (Sun et al. set_mean / set_zero)",
+        "layer": layer,
+        "dims": list(site_dims),
+        "positions": list(site_pos),
+        "sites": found,
+        "reference": "data" if reference is None else ref.description,
+        "data": batch.description,
+        "exclude_first": exclude_first,
+    }
+    return PositionAblationStudy(
+        modes=("none", "mean", "zero"), **tables, settings=settings, n_boot=n_boot, ci=ci,
+        seed=seed,
+    )  # fmt: skip
+
+
+def _paired_passes(
+    model: HookedModel,
+    batch: TokenBatch,
+    hooks: dict[str, list[HookSpec]],
+    chosen: tuple[int, ...],
+    inverse: torch.Tensor,
+    *,
+    info: Any,
+    batch_size: int,
+    exclude_first: bool,
+    effective_rank: bool,
+    seed: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """One profile pass with loss per mode (``hooks[mode]`` attached) over the same sequences,
+    and the induction loss on repeated random tokens: the fields of a
+    :class:`PositionAblationStudy` other than its settings (rows back in input order via
+    ``inverse``)."""
     n_pos = int(batch.lengths.max())
     profiles, loss, pairwise, others, icl, induction = {}, [], [], [], [], []
     half = max(2, min(32, (int(model.cfg.n_ctx) - 1) // 2))
@@ -152,7 +329,7 @@ def position_ablation_study(
     repeated = induction_tokens(
         int(model.cfg.d_vocab), half=half, bos=bos_id if batch.bos else None, seed=seed
     )
-    for mode in chosen_modes:
+    for mode, mode_hooks in hooks.items():
         run = profile_pass(
             model,
             batch,
@@ -161,7 +338,7 @@ def position_ablation_study(
             exclude_first=exclude_first,
             effective_rank=effective_rank,
             progress=progress,
-            extra_hooks=hooks[mode],
+            extra_hooks=mode_hooks,
             per_sequence=True,
             loss=True,
             desc=f"ablation {mode}",
@@ -172,7 +349,7 @@ def position_ablation_study(
         loss.append(torch.cat(run.seq_loss).double()[inverse])
         icl.append(torch.cat(run.seq_icl).double()[inverse])
         with torch.inference_mode():
-            logits = run_logits(model, repeated.to(model_device(model)), hooks[mode])
+            logits = run_logits(model, repeated.to(model_device(model)), mode_hooks)
             induction.append(induction_loss(next_token_nll(logits, repeated), half).cpu())
         del logits
         pairwise.append(torch.cat(run.seq_mean_pairwise)[inverse])
@@ -184,22 +361,11 @@ def position_ablation_study(
                 ]
             )[inverse]
         )
-    settings: dict[str, Any] = {"seed": seed}
-    if "shift" in chosen_modes:
-        settings["shift"] = shift
-    if positions is not None:
-        settings["positions"] = [as_int("positions", p) for p in positions]
-    settings.update(data=batch.description, exclude_first=exclude_first)
-    return PositionAblationStudy(
-        modes=tuple(chosen_modes),
-        profiles=profiles,
-        loss=torch.stack(loss).float(),
-        icl=torch.stack(icl),
-        induction_loss=torch.stack(induction),
-        mean_pairwise=torch.stack(pairwise),
-        to_others=torch.stack(others),
-        settings=settings,
-        n_boot=n_boot,
-        ci=ci,
-        seed=seed,
-    )
+    return {
+        "profiles": profiles,
+        "loss": torch.stack(loss).float(),
+        "icl": torch.stack(icl),
+        "induction_loss": torch.stack(induction),
+        "mean_pairwise": torch.stack(pairwise),
+        "to_others": torch.stack(others),
+    }

@@ -25,7 +25,11 @@ from homoglens.results.sinks import (
 )
 from homoglens.sinks.analysis import attention_view, sink_analysis
 from homoglens.sinks.attribution import sink_attribution
-from homoglens.sinks.massive import massive_activation_means, massive_activations
+from homoglens.sinks.massive import (
+    find_massive_sites,
+    massive_activation_means,
+    massive_activations,
+)
 from homoglens.sinks.received import attention_received
 from homoglens.sinks.scores import sink_pass, sink_scores, sink_sums
 from homoglens.types import ATTRIBUTION_METRICS
@@ -38,6 +42,7 @@ __all__ = [
     "SinkAttribution",
     "SinkScores",
     "attention_received",
+    "find_massive_sites",
     "attention_view",
     "massive_activation_means",
     "massive_activations",

@@ -15,6 +15,7 @@ carries them) to 0 (``set_zero``) or to their mean over a reference corpus (``se
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -293,3 +294,93 @@ def massive_activation_means(
             "below the sequences' length, or give longer sequences"
         )
     return (red.sums["total"] / count[:, None]).float().cpu()
+
+
+def find_massive_sites(
+    model: HookedModel,
+    data: DataInput,
+    *,
+    threshold: float = SUN_THRESHOLD,
+    min_magnitude: float = SUN_MIN_MAGNITUDE,
+    batch_size: int = 8,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    bos: BosPolicy | bool = "auto",
+    progress: bool = True,
+) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+    """Where a model's massive activations sit: the ``(layer, dims, positions)`` that
+    :func:`~homoglens.ablated_massive_activations` takes, found with Sun et al.'s rule.
+
+    An entry x[p, d] of the output of decoder layer l passes when ``|x[p, d]| > threshold * m``
+    and ``|x[p, d]| > min_magnitude``, m the median |x| over every real token and dimension of
+    its sequence at that layer (Sun et al.'s layer median). ``layer`` is the first decoder layer
+    (1-indexed, as in the paper) where some position passes in every sequence that reaches it;
+    ``positions`` are those positions (column indices of right-padded rows; typically 0, the
+    first token); ``dims`` the dimensions that pass at one of them in every such sequence.
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        data: Reference windows, as for :func:`homogenization_profile` (a few suffice).
+        threshold: Ratio to the layer median (Sun et al.: about 1000).
+        min_magnitude: Smallest |x| in model units (Sun et al.: 100).
+        batch_size: Sequences per forward pass.
+        attention_mask: For token input.
+        bos: For text input.
+        progress: Show a progress bar.
+
+    Returns:
+        ``(layer, dims, positions)`` with sorted tuples, or ``None`` when no layer has an entry
+        that passes in every sequence (a model without massive activations, by this rule).
+
+    Raises:
+        InvalidInputError: bad data, ``threshold`` <= 1 or ``min_magnitude`` < 0.
+
+    References:
+        Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762
+        (section 2: "about 1,000 times larger than the median", magnitudes above 100).
+
+    Examples:
+        >>> from homoglens import find_massive_sites, load_model
+        >>> from homoglens.testing import tiny_model_folder
+        >>> model = load_model(tiny_model_folder("llama"), backend="bridge")
+        >>> find_massive_sites(model, ["Hello world", "Hi there"], progress=False) is None
+        True
+    """
+    threshold = as_float("threshold", threshold, low=1.0, high=math.inf)
+    min_magnitude = as_float("min_magnitude", min_magnitude, low=0.0, high=math.inf)
+    batch_size = positive_int("batch_size", batch_size)
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    device = model_device(model)
+    n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
+    n_pos = int(batch.lengths.max())
+    red = Sums(
+        sums={
+            "passing": torch.zeros(n_layers, n_pos, d_model, dtype=torch.float64, device=device),
+            "count": torch.zeros(n_pos, dtype=torch.float64, device=device),
+        }
+    )
+
+    def make(layer: int) -> HookFn:
+        def hook(resid: torch.Tensor, hook: Any) -> None:
+            a = resid.detach().abs().float()
+            real = red.batch["mask"].bool()[:, : a.shape[1]]
+            require_finite(a[real], hook.name, "residual-stream entries")
+            medians = torch.stack([a[b][real[b]].median() for b in range(a.shape[0])])
+            rule = torch.clamp(threshold * medians, min=min_magnitude)[:, None, None]
+            passing = (a > rule) & real[..., None]
+            red.sums["passing"][layer - 1, : a.shape[1]] += passing.sum(0, dtype=torch.float64)
+            if layer == 1:
+                red.sums["count"][: a.shape[1]] += real.sum(0, dtype=torch.float64)
+
+        return hook
+
+    red.add_hooks([(resid_hook_name(layer), make(layer)) for layer in range(1, n_layers + 1)])
+    stream(model, batch, [red], batch_size=batch_size, desc="massive sites", progress=progress)
+    count = red.sums["count"].cpu()
+    everywhere = (red.sums["passing"].cpu() == count[None, :, None]) & (count[None, :, None] > 0)
+    for layer in range(1, n_layers + 1):
+        here = everywhere[layer - 1]  # [pos d_model]
+        positions = torch.nonzero(here.any(-1)).flatten().tolist()
+        if positions:
+            dims = torch.nonzero(here[positions].any(0)).flatten().tolist()
+            return layer, tuple(dims), tuple(positions)
+    return None
