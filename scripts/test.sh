@@ -3,7 +3,8 @@
 # TransformerLens line: 4.3 (TransformerBridge) and 3.9 (HookedTransformer and bridge).
 # On the default line (4.3) it also lints (ruff: style, imports, Google docstrings), type-checks
 # src/ (pyright, pinned), executes every tutorial notebook (nbclient: each `.plot(` cell must show
-# its figure) and builds the docs site with `mkdocs build --strict`. The layer contract is a test
+# its figure; the executed notebooks go to build/tutorials/) and then builds the docs site with
+# `mkdocs build --strict`, which renders those executed notebooks with their outputs. The layer contract is a test
 # (tests/contracts/test_layers.py), and jaxtyping checks the shapes of every annotated homoglens
 # function at run time under pytest.
 #   bash scripts/test.sh [extra pytest options]
@@ -11,6 +12,18 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 status=0
+# The interactive report is checked in a real headless browser (Playwright driving the system's
+# Chromium, tests/cli/test_interactive_report.py; it skips without one). Best effort: as root
+# with apt-get and no browser found, install Debian's chromium-headless-shell.
+browser=${HOMOGLENS_BROWSER:-}
+for name in chromium-headless-shell chromium chromium-browser google-chrome google-chrome-stable; do
+  [ -n "$browser" ] || browser=$(command -v "$name" || true)
+done
+if [ -z "$browser" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  timeout 300 sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends chromium-headless-shell' >/dev/null 2>&1 \
+    || echo "[homoglens] could not install chromium-headless-shell: the browser check skips" >&2
+fi
 for pair in ".venv:4.3.0" ".venv-tl39:3.9.0"; do
   venv=${pair%%:*}; tl=${pair##*:}
   bash scripts/env.sh "$venv" "$tl" || { echo "[homoglens] setup of $venv failed" >&2; exit 1; }
@@ -30,8 +43,15 @@ for pair in ".venv:4.3.0" ".venv-tl39:3.9.0"; do
     HOMOGLENS_RUN_TUTORIALS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
       tests/docs/test_tutorials.py -k test_tutorial_runs_and_shows_its_figures || status=1
     echo "[homoglens] tutorials ran in $((SECONDS - start)) s"
-    NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet -d "$(mktemp -d)/site" \
-      || status=1
+    # After the tutorials: the site renders the notebooks that run executed (build/tutorials/,
+    # scripts/docs_hooks.py) instead of executing them again; each tutorial page must embed its
+    # figures.
+    site="$(mktemp -d)/site"
+    NO_MKDOCS_2_WARNING=1 "$venv/bin/mkdocs" build --strict --quiet -d "$site" || status=1
+    for page in "$site"/tutorials/*/index.html; do
+      grep -q "data:image/png" "$page" \
+        || { echo "[homoglens] $page shows no figure" >&2; status=1; }
+    done
   fi
 done
 exit $status

@@ -3,7 +3,8 @@ heatmap with its colour bar, bars with error bars.
 
 This module knows no result class: each result's ``plot()`` composes these primitives
 (:mod:`homoglens.results.figures`). matplotlib is imported when a figure is made, not with
-homoglens.
+homoglens. :mod:`homoglens.plotting_plotly` is its twin for ``backend="plotly"``: the same
+functions with the same arguments, so each result's figure is composed once.
 
 Every figure is an :class:`InlineFigure`: a matplotlib ``Figure`` (made without pyplot, so no
 global figure state) with a ``_repr_png_``, so a fresh Jupyter kernel displays a ``plot()`` that
@@ -24,7 +25,10 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.image import AxesImage
 
-__all__ = ["new_figure", "curves", "heatmap", "bars", "DIVERGING"]  # and InlineFigure, built lazily
+__all__ = [
+    "new_figure", "curves", "heatmap", "bars", "suptitle", "panel_title", "log_scale",
+    "colour_range", "DIVERGING",
+]  # fmt: skip  # and InlineFigure, built lazily
 
 DIVERGING = frozenset(
     {"RdBu", "coolwarm", "bwr", "seismic", "PiYG", "PRGn", "BrBG", "PuOr", "RdGy",
@@ -137,6 +141,36 @@ def curves(
         ax.legend(fontsize=legend, title=legend_title)
 
 
+def colour_range(
+    values: Any,
+    cmap: str,
+    *,
+    symmetric: bool = False,
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> tuple[float | None, float | None]:
+    """The colour range of a heatmap: ``(vmin, vmax)`` as given, or, for a diverging map
+    (:data:`DIVERGING`) or ``symmetric``, ``+- max |finite value|`` (1 when all are 0 or NaN);
+    ``None`` ends are left to the plotting library (the data's range).
+
+    Args:
+        values: ``[rows cols]`` the cells.
+        cmap: Colour-map name (a ``_r`` suffix reverses it).
+        symmetric: Centre on 0 for any colour map.
+        vmin: Lower end given by the caller.
+        vmax: Upper end given by the caller.
+
+    Returns:
+        The lower and upper ends.
+    """
+    if (symmetric or cmap.removesuffix("_r") in DIVERGING) and vmin is None and vmax is None:
+        array = np.asarray(values, dtype=float)
+        finite = np.abs(array[np.isfinite(array)])
+        bound = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+        return -bound, bound
+    return vmin, vmax
+
+
 def heatmap(
     ax: Axes,
     values: Any,
@@ -178,10 +212,7 @@ def heatmap(
         The image.
     """
     array = np.asarray(values, dtype=float)
-    if (symmetric or cmap.removesuffix("_r") in DIVERGING) and vmin is None and vmax is None:
-        finite = np.abs(array[np.isfinite(array)])
-        bound = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
-        vmin, vmax = -bound, bound
+    vmin, vmax = colour_range(array, cmap, symmetric=symmetric, vmin=vmin, vmax=vmax)
     image = ax.imshow(
         array,
         aspect="auto",
@@ -255,3 +286,42 @@ def bars(
     ax.set_xticks(x, list(labels), rotation=rotation)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+
+
+def suptitle(fig: Figure, text: str) -> None:
+    """Title the whole figure (above its panels).
+
+    Args:
+        fig: The figure.
+        text: The title (a figure's title carries its provenance: model, data).
+    """
+    fig.suptitle(text)
+
+
+def panel_title(ax: Axes, text: str, *, fontsize: float | None = None) -> None:
+    """Title one panel.
+
+    Args:
+        ax: The panel.
+        text: The title.
+        fontsize: Font size (points; default matplotlib's).
+    """
+    ax.set_title(text, fontsize=fontsize)
+
+
+def log_scale(
+    ax: Axes, axis: Literal["x", "y"], *, base: float = 10, linthresh: float | None = None
+) -> None:
+    """Put one axis of a panel on a logarithmic scale.
+
+    Args:
+        ax: The panel.
+        axis: ``"x"`` or ``"y"``.
+        base: Base of the logarithm.
+        linthresh: A symmetric-log scale, linear within ``+- linthresh`` (shows 0).
+    """
+    setter = ax.set_xscale if axis == "x" else ax.set_yscale
+    if linthresh is None:
+        setter("log", base=base)
+    else:
+        setter("symlog", linthresh=linthresh, base=base)

@@ -60,6 +60,8 @@ __all__ = [
     "MASSIVE_MEDIANS",
     "MassiveAblation",
     "MASSIVE_ABLATIONS",
+    "PlotBackend",
+    "PLOT_BACKENDS",
 ]
 
 Backend: TypeAlias = Literal["auto", "hooked", "bridge"]
@@ -163,6 +165,13 @@ MassiveAblation: TypeAlias = Literal["zero", "mean"]
 reference corpus (``set_mean``)."""
 
 MASSIVE_ABLATIONS: tuple[MassiveAblation, ...] = get_args(MassiveAblation)
+
+PlotBackend: TypeAlias = Literal["matplotlib", "plotly"]
+"""What a result's ``plot()`` draws with: a matplotlib ``Figure`` (static; the default, for
+files and papers) or a ``plotly.graph_objects.Figure`` (interactive: hover values, zoom, legend
+toggles; needs the ``plotly`` extra)."""
+
+PLOT_BACKENDS: tuple[PlotBackend, ...] = get_args(PlotBackend)
 
 Tokens: TypeAlias = Int[torch.Tensor, "batch pos"]
 AttentionMask: TypeAlias = Int[torch.Tensor, "batch pos"] | Bool[torch.Tensor, "batch pos"]

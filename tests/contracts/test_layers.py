@@ -13,14 +13,16 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "homoglens"
 
 # Lowest first. A module may import modules of lower layers, and modules of its own package
 # (``homoglens.results.*`` among themselves); ``homoglens/__init__.py`` is the public face.
-# DESIGN.md's order, with two of its layers split where the code needs an order inside them:
-# the statistics check their arguments (validate < stats, distributed), and the ablation study
-# and patching reuse the profile's reducer (profile < studies, patching).
+# DESIGN.md's order, with three of its layers split where the code needs an order inside them:
+# the statistics check their arguments (validate < stats, distributed), the plotly twin of the
+# figure primitives shares the matplotlib side's colour ranges (plotting < plotting_plotly), and
+# the ablation study and patching reuse the profile's reducer (profile < studies, patching).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "types"),
     ("validate",),
     ("stats", "distributed"),
     ("architectures", "assets", "data", "homogenization", "similarity_math", "plotting", "claims"),
+    ("plotting_plotly",),
     ("models", "hooks", "results", "training", "fast_attention"),
     ("engine", "interventions"),
     ("profile", "similarity", "sinks", "bias", "lengths"),

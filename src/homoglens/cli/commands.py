@@ -21,6 +21,7 @@ import click
 
 from homoglens.cli.jobs import (
     bias_job,
+    check_interactive,
     cli_errors,
     patching_job,
     report_job,
@@ -29,6 +30,7 @@ from homoglens.cli.jobs import (
 )
 from homoglens.cli.options import (
     BACKEND,
+    INTERACTIVE,
     Group,
     choice,
     count,
@@ -85,8 +87,25 @@ def main() -> None:
     "windows).",
 )
 @count("--bias-n-seq", 16, "Windows of the attention-bias section (5 passes over them).")
+@switch(
+    "--massive/--no-massive",
+    "Add the massive-activation section (Sun et al.'s sites set to their mean or to zero: loss "
+    "and homogenization).",
+)
+@count(
+    "--massive-n-seq",
+    16,
+    "Windows measured by the massive-activation section (3 passes); the means come from up to "
+    "8 other windows.",
+)
 def profile(
-    ablation: bool, sinks: bool, patching: bool, similarity: bool, bias: bool, **opts: Any
+    ablation: bool,
+    sinks: bool,
+    patching: bool,
+    similarity: bool,
+    bias: bool,
+    massive: bool,
+    **opts: Any,
 ) -> None:
     """Profile homogenization on a corpus and write a report (HTML, PNG, safetensors, CSV).
 
@@ -104,6 +123,9 @@ def profile(
     With --bias (default) it adds a dose-response of attention biased toward the first key
     (b = -1, -0.25, 0, 0.25, 1 on the first --bias-n-seq windows): H_W, edges, loss and the
     manipulation checks, with the slope at zero; the full study is `homoglens bias`.
+    With --massive (default) it finds the massive activations by Sun et al.'s rule and sets them
+    to their mean (over other windows) or to zero: next-token loss and homogenization, paired.
+    The report opens with a summary of the headline numbers and their intervals.
     """
     run_profile(
         opts,
@@ -114,6 +136,7 @@ def profile(
         patching=patching,
         similarity=similarity,
         bias=bias,
+        massive=massive,
     )
 
 
@@ -460,6 +483,7 @@ def train(
 @seed_option("Bootstrap seed.")
 @count("--batch-size", 16, "Windows per forward pass (memory, not results).")
 @group(*output_options(Path("homoglens-comparison")))
+@INTERACTIVE
 @switch("--progress/--no-progress", "Show progress bars on stderr.")
 def compare(
     models: str | None,
@@ -470,6 +494,7 @@ def compare(
     modes: str,
     out: Path,
     overwrite: bool,
+    interactive: bool,
     **opts: Any,
 ) -> None:
     """Compare models that differ in their positional scheme (default: the shipped tiny models,
@@ -489,6 +514,7 @@ def compare(
         raise click.BadParameter("--models and --modes must name at least one entry each")
     with cli_errors():
         folder = check_output_dir(out, overwrite=overwrite)
+        check_interactive(interactive)
         start = time.perf_counter()
         result = compare_models(
             names,
@@ -499,7 +525,7 @@ def compare(
             **opts,
         )
         with staged_output(folder) as tmp:
-            write_comparison_report(result, tmp)
+            write_comparison_report(result, tmp, interactive=interactive)
     with warnings.catch_warnings():  # the report already warned about the same table
         warnings.simplefilter("ignore")
         claims = result.claims()

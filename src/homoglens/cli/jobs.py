@@ -221,24 +221,65 @@ def bias_job(model: Any, windows: Any, opts: dict[str, Any], **bias: Any) -> Any
     )  # fmt: skip
 
 
+def massive_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
+    """The massive-activation section: sites found on (and means taken over) up to 8 reference
+    windows, measured on up to ``--massive-n-seq`` others; ``None`` with a warning when there
+    are too few windows or no massive activations by Sun et al.'s rule."""
+    from homoglens.errors import InvalidInputError
+    from homoglens.studies import massive_ablation_study
+
+    n_ref = min(8, len(windows) // 3)
+    n = min(len(windows) - n_ref, opts.get("massive_n_seq") or len(windows))
+    if n_ref < 1 or n < 2:
+        click.echo(
+            "warning: the massive-activation section needs at least 3 windows; the report has none",
+            err=True,
+        )
+        return None
+    try:
+        return massive_ablation_study(
+            model, windows[n_ref : n_ref + n], reference=windows[:n_ref],
+            batch_size=opts["batch_size"], progress=opts["progress"],
+        )  # fmt: skip
+    except InvalidInputError as err:
+        if "no massive activations" not in str(err):
+            raise
+        click.echo(f"note: {err}; the report has no massive-activation section", err=True)
+        return None
+
+
+def check_interactive(interactive: bool) -> None:
+    """With ``--interactive``, fail before any work when plotly is missing.
+
+    Raises:
+        MissingDependencyError: plotly is not installed (the message says how to install it).
+    """
+    if interactive:
+        from homoglens.plotting_plotly import require_plotly
+
+        require_plotly()
+
+
 def report_job(
     opts: dict[str, Any],
     default_out: str,
     measure: Callable[[Any, Any], Any],
-    write: Callable[[Any, Path], object],
+    write: Callable[..., object],
 ) -> None:
     """One measurement command: check ``--out``, load the model and windows, ``measure`` them,
-    ``write`` the report into a staged folder, and print the result and the time."""
+    ``write`` the report into a staged folder (interactive with ``--interactive``), and print
+    the result and the time."""
     from homoglens.assets import staged_output
     from homoglens.report import check_output_dir
 
     with cli_errors():
         folder = check_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
+        check_interactive(opts["interactive"])
         start = time.perf_counter()
         model, windows = load_job(opts)
         result = measure(model, windows)
         with staged_output(folder) as tmp:
-            write(result, tmp)
+            write(result, tmp, interactive=opts["interactive"])
     click.echo(repr(result), err=True)
     click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
 
@@ -253,6 +294,7 @@ def run_profile(
     patching: bool = False,
     similarity: bool = False,
     bias: bool = False,
+    massive: bool = False,
 ) -> None:
     """The profile / ablate commands: load, measure what the options ask for, write the
     report into a staged folder, and report the time (typed errors become CLI errors)."""
@@ -264,6 +306,7 @@ def run_profile(
 
     with cli_errors():
         folder = check_output_dir(opts["out"] or Path(default_out), overwrite=opts["overwrite"])
+        check_interactive(opts["interactive"])
         start = time.perf_counter()
         model, windows = load_job(opts)
         common = {
@@ -318,6 +361,11 @@ def run_profile(
             if sinks
             else None
         )
+        massive_study = (
+            timed("massive activations", lambda: massive_job(model, windows, opts))
+            if massive
+            else None
+        )
         patched = (
             timed(
                 "patching",
@@ -339,6 +387,8 @@ def run_profile(
                 patching=patched,
                 similarity=sim,
                 bias=biased,
+                massive=massive_study,
+                interactive=opts["interactive"],
             )
         report = folder / "report.html"
         timings["report"] = time.perf_counter() - start - sum(timings.values())

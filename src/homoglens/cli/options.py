@@ -78,6 +78,15 @@ def output_options(default: Path | None) -> tuple[Decorator, ...]:
     )
 
 
+INTERACTIVE = click.option(
+    "--interactive",
+    is_flag=True,
+    help="Embed interactive plotly figures (hover values, zoom) in report.html, with plotly.js "
+    "inlined so it opens offline (about 5 MB more); PNGs still go to figures/. Needs plotly: "
+    'pip install "homoglens[plotly]".',
+)
+"""``--interactive``."""
+
 BACKEND = choice(
     "--backend", ["auto", "hooked", "bridge"], "HookedTransformer (TL < 4) or TransformerBridge."
 )
@@ -113,6 +122,7 @@ data_options = group(
     click.option("--device", default=None, help="Torch device (default: cuda if available)."),
     count("--edge-k", 8, "Positions per edge in the edge-versus-middle tables."),
     *output_options(None),
+    INTERACTIVE,
     switch("--progress/--no-progress", "Show progress bars on stderr."),
 )
 """Options shared by every command that profiles a model on a corpus."""

@@ -1,11 +1,15 @@
-"""HTML building blocks of the reports: the page, its style, tables, embedded PNGs, the
-provenance table, and the output-folder check."""
+"""HTML building blocks of the reports: the page, its style, tables, embedded figures (PNG,
+or interactive plotly figures with plotly.js inlined once), the provenance table, and the
+output-folder check."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import html
 import io
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +18,10 @@ from homoglens.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from homoglens.types import PlotBackend
+
+_INTERACTIVE: ContextVar[bool] = ContextVar("homoglens_interactive_report", default=False)
 
 
 CSS = """
@@ -74,16 +82,74 @@ def png_tag(fig: Figure, path: Path) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+@contextlib.contextmanager
+def interactive_figures(interactive: bool = True) -> Iterator[None]:
+    """Within the block, :func:`figure_tag` embeds plotly figures and :func:`page_html` inlines
+    plotly.js (an interactive report); outside it, PNGs as always.
+
+    Raises:
+        MissingDependencyError: ``interactive`` without plotly installed.
+    """
+    if interactive:
+        from homoglens.plotting_plotly import require_plotly
+
+        require_plotly()
+    token = _INTERACTIVE.set(interactive)
+    try:
+        yield
+    finally:
+        _INTERACTIVE.reset(token)
+
+
+def figure_tag(draw: Callable[[PlotBackend], Any], path: Path, alt: str) -> str:
+    """One figure of a report as HTML.
+
+    The matplotlib figure ``draw("matplotlib")`` is always saved as a PNG at ``path`` (for
+    papers). The tag is an ``<img>`` with that PNG embedded, or, inside
+    :func:`interactive_figures`, the plotly figure ``draw("plotly")`` as an inline ``<div>``
+    (its data inline; plotly.js comes once with the page, see :func:`page_html`).
+
+    Args:
+        draw: Makes the figure with the backend it is given.
+        path: Where the PNG goes (its stem names the plotly ``<div>``).
+        alt: Text alternative of the image (plain text).
+
+    Returns:
+        The HTML.
+    """
+    data = png_tag(draw("matplotlib"), path)
+    if not _INTERACTIVE.get():
+        return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+    fig = draw("plotly")
+    div = fig.to_html(
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=f"figure-{path.stem}",
+        config={"displaylogo": False, "responsive": True,
+                "toImageButtonOptions": {"filename": path.stem}},
+    )  # fmt: skip
+    return f'<div class="figure" role="img" aria-label="{html.escape(alt)}">{div}</div>'
+
+
+def _plotly_script() -> str:
+    """plotly.js, minified, as one inline ``<script>`` (no CDN: the page opens offline)."""
+    from plotly.offline import get_plotlyjs
+
+    return f'<script type="text/javascript">{get_plotlyjs()}</script>'
+
+
 def table_html(frame: Any) -> str:
     """A DataFrame as an HTML table, floats to 4 decimals."""
     return str(frame.to_html(index=False, float_format=lambda v: f"{v:.4f}"))
 
 
 def page_html(heading: str, body: str) -> str:
-    """A self-contained HTML page (the report's style inlined)."""
+    """A self-contained HTML page (the report's style inlined; inside
+    :func:`interactive_figures`, plotly.js too, once)."""
+    script = _plotly_script() if _INTERACTIVE.get() else ""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(heading)}</title>
-<style>{CSS}</style></head><body>
+<style>{CSS}</style>{script}</head><body>
 <h1>{html.escape(heading)}</h1>
 {body}
 </body></html>

@@ -10,17 +10,25 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from homoglens.report.html import page_html, png_tag, provenance_table, section_page
+from homoglens.report.html import (
+    figure_tag,
+    interactive_figures,
+    page_html,
+    provenance_table,
+    section_page,
+)
 from homoglens.report.sections import (
     bias_section,
     comparison_section,
     first_token_warning,
     length_section,
+    massive_section,
     patching_section,
     similarity_section,
     sinks_section,
     study_section,
 )
+from homoglens.report.summary import edge_intervals, summary_html, summary_rows, with_contents
 
 if TYPE_CHECKING:
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
@@ -41,62 +49,82 @@ __all__ = [
 ]
 
 
-def write_sinks_report(analysis: SinkAnalysis, out: Path, *, title: str | None = None) -> Path:
+def write_sinks_report(
+    analysis: SinkAnalysis, out: Path, *, title: str | None = None, interactive: bool = False
+) -> Path:
     """Write the attention-sink analysis (``sinks/`` results, CSVs, figures, ``report.html``)
-    into the prepared folder ``out``.
+    into the prepared folder ``out`` (``interactive``: see :func:`write_profile_report`).
 
     Returns:
         The path of ``report.html``.
     """
     heading = title or f"Attention sinks: {analysis.scores.provenance.model}"
     section = functools.partial(sinks_section, analysis)
-    return _one_section_page(Path(out), heading, section, analysis.scores.provenance)
+    return _one_section_page(
+        Path(out), heading, section, analysis.scores.provenance, interactive=interactive
+    )
 
 
-def write_bias_report(study: AttentionBiasStudy, out: Path, *, title: str | None = None) -> Path:
+def write_bias_report(
+    study: AttentionBiasStudy, out: Path, *, title: str | None = None, interactive: bool = False
+) -> Path:
     """Write an attention-bias study (``attention_bias/``, CSVs, figure, ``report.html``) into
-    the prepared folder ``out``.
+    the prepared folder ``out`` (``interactive``: see :func:`write_profile_report`).
 
     Returns:
         The path of ``report.html``.
     """
     heading = title or f"Attention bias ({study.kind}): {study.provenance.model}"
     section = functools.partial(bias_section, study)
-    return _one_section_page(Path(out), heading, section, study.provenance)
+    return _one_section_page(Path(out), heading, section, study.provenance, interactive=interactive)
 
 
-def write_length_report(study: LengthStudy, out: Path, *, title: str | None = None) -> Path:
+def write_length_report(
+    study: LengthStudy, out: Path, *, title: str | None = None, interactive: bool = False
+) -> Path:
     """Write a length study (``lengths/``, ``lengths.csv``, figure, ``report.html``) into the
-    prepared folder ``out``.
+    prepared folder ``out`` (``interactive``: see :func:`write_profile_report`).
 
     Returns:
         The path of ``report.html``.
     """
     heading = title or f"Over sequence length: {study.provenance.model}"
     section = functools.partial(length_section, study)
-    return _one_section_page(Path(out), heading, section, study.provenance)
+    return _one_section_page(Path(out), heading, section, study.provenance, interactive=interactive)
 
 
 def write_patching_report(
-    result: PositionalPatchingResult, out: Path, *, title: str | None = None
+    result: PositionalPatchingResult,
+    out: Path,
+    *,
+    title: str | None = None,
+    interactive: bool = False,
 ) -> Path:
     """Write a patching result (``patching/``, ``patching.csv``, figures, ``report.html``)
-    into the prepared folder ``out``.
+    into the prepared folder ``out`` (``interactive``: see :func:`write_profile_report`).
 
     Returns:
         The path of ``report.html``.
     """
     heading = title or f"Positional activation patching: {result.provenance.model}"
     section = functools.partial(patching_section, result)
-    return _one_section_page(Path(out), heading, section, result.provenance)
+    return _one_section_page(
+        Path(out), heading, section, result.provenance, interactive=interactive
+    )
 
 
 def _one_section_page(
-    out: Path, heading: str, section: Callable[[Path], str], provenance: Any
+    out: Path,
+    heading: str,
+    section: Callable[[Path], str],
+    provenance: Any,
+    *,
+    interactive: bool = False,
 ) -> Path:
     """Draw one section's figures into ``out`` (off-screen) and write its ``report.html``."""
     _off_screen()
-    return section_page(out, heading, section(out), provenance)
+    with interactive_figures(interactive):
+        return section_page(out, heading, section(out), provenance)
 
 
 def _off_screen() -> None:
@@ -107,16 +135,21 @@ def _off_screen() -> None:
 
 
 def write_comparison_report(
-    comparison: ModelComparison, out: Path, *, title: str | None = None
+    comparison: ModelComparison, out: Path, *, title: str | None = None, interactive: bool = False
 ) -> Path:
     """Write a model comparison (``comparison/``, ``comparison_*.csv``, figure,
-    ``report.html``) into the prepared folder ``out``.
+    ``report.html``) into the prepared folder ``out`` (``interactive``: see
+    :func:`write_profile_report`).
 
     Returns:
         The path of ``report.html``.
     """
     _off_screen()
-    out = Path(out)
+    with interactive_figures(interactive):
+        return _comparison_page(comparison, Path(out), title)
+
+
+def _comparison_page(comparison: ModelComparison, out: Path, title: str | None) -> Path:
     heading = title or "Controlled comparison: " + ", ".join(comparison.labels)
     body = (
         comparison_section(comparison, out)
@@ -145,6 +178,8 @@ def write_profile_report(
     patching: PositionalPatchingResult | list[PositionalPatchingResult] | None = None,
     similarity: PositionalSimilarity | None = None,
     bias: AttentionBiasStudy | None = None,
+    massive: PositionAblationStudy | None = None,
+    interactive: bool = False,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
 
@@ -156,38 +191,66 @@ def write_profile_report(
     ``sinks/``, ``sink_*.csv``, sink figures and a section; with ``patching``: ``patching/``,
     ``patching.csv``, heatmaps and a section; with ``similarity``: ``similarity/``,
     ``similarity*.csv``, figures and a position-resolved section; with ``bias``:
-    ``attention_bias/``, ``attention_bias_*.csv``, a figure and a dose-response section.
+    ``attention_bias/``, ``attention_bias_*.csv``, a figure and a dose-response section; with
+    ``massive`` (a :func:`~homoglens.massive_ablation_study`): ``massive_ablation/``,
+    ``massive_ablation_*.csv``, a figure and a section. The page opens with a summary (the
+    headline numbers with their intervals and what they mean, ``summary.csv``) and a table of
+    contents.
+
+    With ``interactive``, every figure of the page is an interactive plotly figure (hover
+    values with units, zoom, legend toggles) and plotly.js is inlined once, so the page still
+    opens offline (about 5 MB more); the PNGs are written to ``figures/`` all the same.
 
     Returns:
         The path of ``report.html``.
+
+    Raises:
+        MissingDependencyError: ``interactive`` without plotly installed.
     """
     _off_screen()
+    with interactive_figures(interactive):
+        return _profile_page(
+            profile, Path(out), edge_k=edge_k, title=title, study=study, sinks=sinks,
+            patching=patching, similarity=similarity, bias=bias, massive=massive,
+        )  # fmt: skip
 
-    from homoglens.plotting import curves as draw_curves
-    from homoglens.plotting import new_figure
-    from homoglens.results.figures import LAYER_AXIS, profile_curves, profile_heatmap
 
-    out = Path(out)
+def _profile_page(
+    profile: HomogenizationProfile,
+    out: Path,
+    *,
+    edge_k: int,
+    title: str | None,
+    study: PositionAblationStudy | None,
+    sinks: SinkAnalysis | None,
+    patching: PositionalPatchingResult | list[PositionalPatchingResult] | None,
+    similarity: PositionalSimilarity | None,
+    bias: AttentionBiasStudy | None,
+    massive: PositionAblationStudy | None = None,
+) -> Path:
+    """The body of :func:`write_profile_report`."""
+    from homoglens.results.figures import profile_adjusted, profile_curves, profile_heatmap
+
     profile.save(out / "profile")
     profile.to_pandas().to_csv(out / "profile.csv", index=False)
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
-    curves = png_tag(profile_curves(profile), figures / "curves.png")
-
-    fig, (ax,) = new_figure(6, 4)
-    draw_curves(
-        ax, list(profile.layers), {"adjusted": profile.adjusted.numpy()},
-        styles={"adjusted": "^-"}, hlines=(0.0,), legend=None, xlabel=LAYER_AXIS,
-        ylabel="mean pairwise cosine - baseline",
-        title="Adjusted homogenization (beyond anisotropy)",
+    curves = figure_tag(
+        lambda backend: profile_curves(profile, backend=backend), figures / "curves.png", "curves"
+    )
+    adjusted = figure_tag(
+        lambda backend: profile_adjusted(profile, backend=backend),
+        figures / "curves_adjusted.png", "adjusted",
     )  # fmt: skip
-    adjusted = png_tag(fig, figures / "curves_adjusted.png")
-    heat = png_tag(profile_heatmap(profile), figures / "heatmap.png")
+    heat = figure_tag(
+        lambda backend: profile_heatmap(profile, backend=backend), figures / "heatmap.png",
+        "heatmap",
+    )  # fmt: skip
 
     counted = int((profile.count > 0).sum())
     k = min(edge_k, (counted - 1) // 2)
     if k >= 1:
-        edge = profile.edge_summary(k)
+        edge = edge_intervals(profile.edge_summary(k), profile, study, k)
         edge.to_csv(out / "edge_summary.csv", index=False)
         edge_html = edge.to_html(index=False, float_format=lambda v: f"{v:.4f}")
     else:
@@ -209,6 +272,8 @@ def write_profile_report(
         ablation += study_section(study, out)
     if bias is not None:
         ablation += bias_section(bias, out)
+    if massive is not None:
+        ablation += massive_section(massive, out)
     if sinks is not None:
         ablation += sinks_section(sinks, out)
     if patching is not None:
@@ -247,11 +312,11 @@ sequence's [pos d_model] matrix (Roy &amp; Vetterli 2007).</dd>
 <dt>to_mean, to_prefix, norm</dt><dd>cosine to the sequence mean, mean cosine to earlier tokens,
 mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
 <h2>Homogenization by layer (raw and baseline)</h2>
-<img alt="curves" src="data:image/png;base64,{curves}">
+{curves}
 <h2>Adjusted homogenization (raw minus baseline)</h2>
-<img alt="adjusted" src="data:image/png;base64,{adjusted}">
+{adjusted}
 <h2>Layer x position: mean cosine to the other tokens (to_others)</h2>
-<img alt="heatmap" src="data:image/png;base64,{heat}">
+{heat}
 <h2>Edge versus middle (to_others, first/last {max(k, 0)} positions)</h2>
 {edge_html}
 <h2>Per-layer values</h2>
@@ -262,6 +327,13 @@ mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
 <p class="note">Files beside this report: profile/ (safetensors + JSON, reload with
 <code>HomogenizationProfile.load</code>), profile.csv (tidy), edge_summary.csv, figures/.</p>
 """
+    rows = summary_rows(
+        profile, study=study, similarity=similarity, sinks=sinks, bias=bias, massive=massive
+    )
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(out / "summary.csv", index=False)
+    body = with_contents(summary_html(rows) + body)
     path = out / "report.html"
     path.write_text(page_html(heading, body), encoding="utf-8")
     return path

@@ -1,4 +1,5 @@
-"""The sections of the reports, one per measurement (figures embedded as PNG)."""
+"""The sections of the reports, one per measurement (figures embedded as PNG, or as plotly
+figures in an interactive report: :func:`homoglens.report.html.figure_tag`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from homoglens.errors import InvalidInputError
-from homoglens.plotting import curves as draw_curves
-from homoglens.plotting import new_figure
-from homoglens.report.html import png_tag, table_html
-from homoglens.results.figures import LAYER_AXIS
+from homoglens.report.html import figure_tag, table_html
 
 if TYPE_CHECKING:
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
@@ -30,7 +28,10 @@ def study_section(study: PositionAblationStudy, out: Path) -> str:
     from homoglens.results.figures import study_figure
 
     study.save(out / "study")
-    figure = png_tag(study_figure(study), out / "figures" / "ablation.png")
+    figure = figure_tag(
+        lambda backend: study_figure(study, backend=backend), out / "figures" / "ablation.png",
+        "ablation",
+    )  # fmt: skip
     loss = study.loss_table()
     loss.to_csv(out / "ablation_loss.csv", index=False)
     layers = study.layer_table()
@@ -49,6 +50,7 @@ def study_section(study: PositionAblationStudy, out: Path) -> str:
     wide = layers.pivot(index="layer", columns="mode", values="cell")[list(study.modes)]
     wide.columns.name = None
     wide = wide.reset_index()
+    adjusted_wide = _adjusted_table(study, layers)
     pct = int(round(study.ci * 100))
     settings = html.escape(", ".join(f"{k}={v}" for k, v in study.settings.items() if k != "data"))
     meaning = {
@@ -77,41 +79,104 @@ first half). Differences are paired with the intact run.</p>
 NoPE models still infer position from the causal mask (Kazemnejad et al. 2023), so this removes
 explicit positional information only. Intervals: {pct}% paired bootstrap over sequences
 ({study.n_boot} resamples).</p>
-<img alt="ablation" src="data:image/png;base64,{figure}">
+{figure}
 <h3>Next-token loss (nats/token)</h3>
 {loss.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
 <h3>Mean pairwise cosine by layer: value (difference to none [{pct}% CI])</h3>
 {wide.to_html(index=False)}
+<h3>Anisotropy-adjusted, beside it: raw - that mode's baseline (difference to none [{pct}% CI])
+</h3>
+<p class="note">The baseline (mean cosine between tokens of different sequences) is one number
+per mode and layer, held fixed: the interval is the raw difference's, shifted by the change of
+the baseline. A raw change that the baseline shares is anisotropy, not homogenization.</p>
+{adjusted_wide.to_html(index=False)}
 {context}"""
+
+
+def _adjusted_table(study: PositionAblationStudy, layers: Any) -> Any:
+    """Per layer and mode: adjusted value (difference to none [CI]) from ``layer_table()``."""
+    frame = layers.copy()
+    base = frame[frame["mode"] == "none"].set_index("layer")["adjusted"]
+    shift = frame["adjusted"].to_numpy() - base.loc[frame["layer"]].to_numpy()
+    shift = shift - frame["diff_vs_none"].to_numpy()  # change of the baseline, negated
+    frame["cell"] = [
+        f"{r.adjusted:.4f}"
+        if r.mode == "none"
+        else f"{r.adjusted:.4f} ({r.diff_vs_none + d:+.4f} [{r.diff_ci_low + d:+.4f}, "
+        f"{r.diff_ci_high + d:+.4f}])"
+        for r, d in zip(cast(Iterable[Any], frame.itertuples()), shift, strict=True)
+    ]
+    wide = frame.pivot(index="layer", columns="mode", values="cell")[list(study.modes)]
+    wide.columns.name = None
+    return wide.reset_index()
+
+
+def massive_section(study: PositionAblationStudy, out: Path) -> str:
+    """Save a :func:`~homoglens.massive_ablation_study` and return its HTML section: loss and
+    homogenization with the massive activations set to their mean or to zero."""
+    from homoglens.results.figures import study_figure
+
+    study.save(out / "massive_ablation")
+    figure = figure_tag(
+        lambda backend: study_figure(study, backend=backend),
+        out / "figures" / "massive_ablation.png", "massive-activation ablation",
+    )  # fmt: skip
+    loss = study.loss_table()
+    loss.to_csv(out / "massive_ablation_loss.csv", index=False)
+    layers = study.layer_table()
+    layers.to_csv(out / "massive_ablation_layers.csv", index=False)
+    step = max(1, (len(study.layers) - 1) // 6)
+    shown = [*study.layers[::step], study.layers[-1]]
+    table = layers[layers["layer"].isin(shown)][
+        ["mode", "layer", "mean_pairwise", "adjusted", "diff_vs_none", "diff_ci_low",
+         "diff_ci_high"]
+    ]  # fmt: skip
+    pct = int(round(study.ci * 100))
+    st = study.settings
+    return f"""
+<h2>Massive activations set to their mean or to zero</h2>
+<p class="note">Sun et al. (2024, arXiv 2402.17762) set the massive activations of one decoder
+layer's output to their mean over a reference corpus (<em>set_mean</em>: the model is
+unharmed) or to zero (<em>set_zero</em>: the model breaks). Here: decoder layer {st.get("layer")}
+(<code>blocks.{int(st.get("layer", 1)) - 1}.hook_resid_post</code>), dims {st.get("dims")},
+positions {st.get("positions")} ({html.escape(str(st.get("sites")))}); means over
+{html.escape(str(st.get("reference")))}; measured on {html.escape(str(st.get("data")))}. When
+the site is the first token of windows that all start with the same BOS, its activation is the
+same in every window, so the mean changes nothing by construction; the zero run is the test.
+Intervals: {pct}% paired bootstrap over windows.</p>
+{figure}
+<h3>Next-token loss (nats/token)</h3>
+{loss.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
+<h3>Homogenization (raw, adjusted, raw difference to none [{pct}% CI]), every
+{step}th layer</h3>
+{table.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
+<p class="note">All layers: massive_ablation_layers.csv; the study: massive_ablation/ (reload
+with PositionAblationStudy.load).</p>
+"""
 
 
 def similarity_section(result: PositionalSimilarity, out: Path) -> str:
     """Save the positional similarity and return its HTML section: M / W heatmaps of a late
     layer, the naive and the matched edge excess by layer (with intervals), SP by position."""
+    from homoglens.results.figures import edge_excess_figure
+
     result.save(out / "similarity")
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
     late = result.layers[max(0, (3 * (len(result.layers) - 1)) // 4)]
-    heat = png_tag(result.plot(layers=[late]), figures / "similarity.png")
+    heat = figure_tag(
+        lambda backend: result.plot(layers=[late], backend=backend),
+        figures / "similarity.png", "similarity",
+    )  # fmt: skip
     edge = result.edge_excess()
     edge.to_csv(out / "similarity_edge_excess.csv", index=False)
     sp = result.sp_excess()
     sp.to_csv(out / "similarity_sp_excess.csv", index=False)
     result.to_pandas().to_csv(out / "similarity.csv", index=False)
-    rows = {name: edge[edge["edge"] == name] for name in ("first", "last")}
-    series, styles, bands = {}, {}, {}
-    for name, r in rows.items():
-        series[f"naive, {name}"], styles[f"naive, {name}"] = r["naive"], "--"
-        series[f"matched, {name}"], styles[f"matched, {name}"] = r["matched"], "o-"
-        bands[f"matched, {name}"] = (r["ci_low"], r["ci_high"])
-    fig, (ax,) = new_figure(7, 4)
-    draw_curves(
-        ax, {k: rows[k.split(", ")[1]]["layer"] for k in series}, series, styles=styles,
-        bands=bands, ms=3, hlines=(0.0,), legend="x-small", xlabel=LAYER_AXIS,
-        ylabel="edge minus middle (cosine)",
-        title=f"Edge excess, {result.edge_k} positions per edge",
+    curves = figure_tag(
+        lambda backend: edge_excess_figure(result, edge, backend=backend),
+        figures / "similarity_edge_excess.png", "edge excess",
     )  # fmt: skip
-    curves = png_tag(fig, figures / "similarity_edge_excess.png")
     pct = 95
     last = edge[edge["layer"] == late]
     first_pos = (
@@ -129,8 +194,8 @@ distance, and is 0 in expectation when no position is special. Intervals: {pct}%
 with moving-block bootstrap standard errors over windows (blocks of 16), jackknife pseudo-values
 {"on" if result.has_pseudo_values else "off"}. SP[i] = C[i, i] is the similarity of the same
 position across inputs.</p>
-<img alt="similarity" src="data:image/png;base64,{heat}">
-<img alt="edge excess" src="data:image/png;base64,{curves}">
+{heat}
+{curves}
 <h3>Edge excess at layer {late}</h3>
 {table_html(last)}
 <h3>SP of the edges minus the middle, by layer</h3>
@@ -146,10 +211,21 @@ def sinks_section(analysis: SinkAnalysis, out: Path) -> str:
     analysis.save(out / "sinks")
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
-    scores_png = png_tag(scores.plot(), figures / "sink_scores.png")
-    massive_png = png_tag(massive.plot(), figures / "massive_activations.png")
-    fast_png = png_tag(fast.plot("mean_pairwise"), figures / "sink_attribution_fast.png")
-    exact_png = png_tag(exact.plot("mean_pairwise"), figures / "sink_attribution_exact.png")
+    scores_png = figure_tag(
+        lambda backend: scores.plot(backend=backend), figures / "sink_scores.png", "sink scores"
+    )
+    massive_png = figure_tag(
+        lambda backend: massive.plot(backend=backend), figures / "massive_activations.png",
+        "massive activations",
+    )  # fmt: skip
+    fast_png = figure_tag(
+        lambda backend: fast.plot("mean_pairwise", backend=backend),
+        figures / "sink_attribution_fast.png", "fast attribution",
+    )  # fmt: skip
+    exact_png = figure_tag(
+        lambda backend: exact.plot("mean_pairwise", backend=backend),
+        figures / "sink_attribution_exact.png", "exact attribution",
+    )  # fmt: skip
     top = scores.top_heads(10)
     top.to_csv(out / "sink_heads.csv", index=False)
     scores.to_pandas().to_csv(out / "sink_scores.csv", index=False)
@@ -180,7 +256,7 @@ on the key over later queries; importance: Gu et al. 2024 alpha (arXiv 2410.1078
 Sink<sub>{scores.key + 1}</sub><sup>{scores.eps:g}</sup> (Gu et al. count keys from 1: key
 {scores.key} here) = share of (sequence, layer, head) with alpha &gt; {scores.eps:g}:
 <strong>{scores.sink_rate:.1f} %</strong> over {scores.n_sequences} sequences.</p>
-<img alt="sink scores" src="data:image/png;base64,{scores_png}">
+{scores_png}
 <h3>Strongest sink heads</h3>
 {table_html(top)}
 <h3>Massive activations (Sun et al. 2024, arXiv 2402.17762)</h3>
@@ -188,7 +264,7 @@ Sink<sub>{scores.key + 1}</sub><sup>{scores.eps:g}</sup> (Gu et al. count keys f
 peaks at {float(first[worst]):.0f} (layer {massive.layers[worst]}) against a median of
 {float(rest[worst]):.1f} for the other positions there. Dimensions that most often hold a
 token's largest entry when its ratio exceeds {massive.threshold:g}:</p>
-<img alt="massive activations" src="data:image/png;base64,{massive_png}">
+{massive_png}
 {table_html(dims)}
 <h3>Sink attribution: what removing the sinks does to homogenization</h3>
 <p class="note">Measured at residual entry {exact.layer} (the last block's output) on
@@ -201,14 +277,14 @@ first_excess {float(exact.base[1]):+.4f}, last_excess {float(exact.base[2]):+.4f
 {abs(change):.4f}</strong> (Barbero et al. 2025, arXiv 2504.02732, predict a rise) and changes
 the first-edge excess by {float(joint[1]):+.4f} (share removed: {share:.1%}).
 Exact reruns: {html.escape(exact.rerun)}.</p>
-<img alt="exact attribution" src="data:image/png;base64,{exact_png}">
+{exact_png}
 {table_html(summary)}
 <h3>Fast attribution of every head (attribution patching, first order)</h3>
 <p class="note">{html.escape(fast.rerun)}. First order in the size of the pattern change: heads
 whose sink mass is near 1 are changed far beyond the linear regime, so trust the exact rows for
 them. Correlation with the exact values over the {len(exact.heads)} exact heads
 (mean_pairwise): {exact.correlation(fast):.3f}.</p>
-<img alt="fast attribution" src="data:image/png;base64,{fast_png}">
+{fast_png}
 {table_html(fast_top)}
 """
 
@@ -222,8 +298,13 @@ def patching_section(result: PositionalPatchingResult, out: Path, *, name: str =
     figures.mkdir(exist_ok=True)
     images = []
     for metric in result.metrics:
-        png = png_tag(result.plot(metric), figures / f"{name}_{metric}.png")
-        images.append(f'<img alt="{name} {html.escape(metric)}" src="data:image/png;base64,{png}">')
+        images.append(
+            figure_tag(
+                lambda backend, metric=metric: result.plot(metric, backend=backend),
+                figures / f"{name}_{metric}.png",
+                f"{name} {metric}",
+            )
+        )
     baselines = "; ".join(
         f"{html.escape(n)}: normal {float(a):.4f}, ablated {float(b):.4f}"
         for n, a, b in zip(result.metrics, result.normal, result.ablated, strict=True)
@@ -270,7 +351,9 @@ def comparison_section(comparison: ModelComparison, out: Path) -> str:
     comparison.save(out / "comparison")
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
-    png = png_tag(comparison.plot(), figures / "comparison.png")
+    png = figure_tag(
+        lambda backend: comparison.plot(backend=backend), figures / "comparison.png", "comparison"
+    )
     tables = {
         "claims": comparison.claims(),
         "summary": comparison.summary(),
@@ -327,7 +410,7 @@ vectors centred {html.escape(str(comparison.settings.get("centre")))} (what ever
 at a position removed first). Sinks use
 Gu et al.'s importance on key 0 with eps = {comparison.eps}. The metrics are homoglens' own
 operationalisation of Yusupov et al. 2025 (arXiv 2508.17126), not the paper's numbers.</p>
-<img alt="comparison" src="data:image/png;base64,{png}">
+{png}
 <h3>Claims C1-C3: primary tests ({len(primary)}, Holm-adjusted, SESOI {comparison.sesoi}
 cosine / {comparison.loss_sesoi} nats)</h3>
 <p class="note">holds: significant on the predicted side; equivalent: TOST shows the effect is
@@ -372,7 +455,10 @@ def bias_section(study: AttentionBiasStudy, out: Path) -> str:
     study.save(out / "attention_bias")
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
-    figure = png_tag(study.plot(), figures / f"attention_bias_{study.kind}.png")
+    figure = figure_tag(
+        lambda backend: study.plot(backend=backend), figures / f"attention_bias_{study.kind}.png",
+        "attention bias",
+    )  # fmt: skip
     curve = study.curve("homogenization", -1)
     curve.to_csv(out / f"attention_bias_{study.kind}.csv", index=False)
     rows = []
@@ -403,7 +489,7 @@ the distance-matched edge excess, SP; the next-token loss; and the manipulation 
 the biased keys, entropy, KL(A' || A), the dose as a perturbation size). The slope at zero is
 the in-distribution answer: a central difference at the smallest +-{axis} run, with a
 {int(round(study.ci * 100))}% moving-block bootstrap interval over paired windows.</p>
-<img alt="attention bias" src="data:image/png;base64,{figure}">
+{figure}
 <h3>Slope at zero (per unit of {axis})</h3>
 {table_html(slopes)}
 <h3>H_W at entry {last} by strength (delta: paired change from the unbiased run)</h3>
@@ -417,7 +503,9 @@ def length_section(study: LengthStudy, out: Path) -> str:
     study.save(out / "lengths")
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
-    figure = png_tag(study.plot(), figures / "lengths.png")
+    figure = figure_tag(
+        lambda backend: study.plot(backend=backend), figures / "lengths.png", "lengths"
+    )
     import pandas as pd
 
     frames = [study.by_length(stat).assign(statistic=stat)
@@ -430,7 +518,7 @@ def length_section(study: LengthStudy, out: Path) -> str:
 {list(study.lengths)} is read from the first T positions (in a causal model x_p does not depend on
 later tokens). An end-of-sequence effect shows as a trend over p (lag-controlled M[p, p - delta],
 SP rising with p), not as an edge of the window.</p>
-<img alt="lengths" src="data:image/png;base64,{figure}">
+{figure}
 <h3>By length, last entry</h3>
 {table_html(table)}
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
 from jaxtyping import Float
@@ -19,6 +19,9 @@ from homoglens.types import ATTENTION_BIAS_KINDS
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
     from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 ATTENTION_CHECKS: tuple[str, ...] = ("mass", "entropy", "kl")
 """Manipulation checks per biased row (means over the chosen heads and query positions):
@@ -462,12 +465,42 @@ class AttentionBiasStudy(SavedResult):
         frame["kl"] = frame["strength"].map(doses)
         return frame
 
-    def plot(self, layer: int = -1, *, title: str | None = None) -> Figure:
+    @overload
+    def plot(
+        self,
+        layer: int = -1,
+        *,
+        title: str | None = None,
+        backend: Literal["matplotlib"] = "matplotlib",
+    ) -> Figure: ...
+    @overload
+    def plot(
+        self, layer: int = -1, *, title: str | None = None, backend: Literal["plotly"]
+    ) -> PlotlyFigure: ...
+    def plot(
+        self, layer: int = -1, *, title: str | None = None, backend: PlotBackend = "matplotlib"
+    ) -> Figure | PlotlyFigure:
         """Dose-response panels: H_W and the matched edge excess at residual entry ``layer``
-        against b (with paired intervals), the loss, and the mass on the biased keys and KL."""
+        against b (with paired intervals), the loss, and the mass on the biased keys and KL.
+
+        Args:
+            layer: Index into :attr:`layers` (default: the last entry).
+            title: Figure title (matplotlib: none by default; plotly: the provenance).
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
         from homoglens.results.figures import bias_figure
 
-        return bias_figure(self, layer, title=title)
+        return bias_figure(self, layer, title=title, backend=backend)
 
     def __repr__(self) -> str:
         return (

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
@@ -23,6 +23,9 @@ from homoglens.validate import as_float, as_int
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 
 LAYER_STATISTICS: tuple[str, ...] = (
@@ -377,12 +380,30 @@ class ModelComparison:
         """Tidy: :meth:`summary` (one row per model and statistic)."""
         return self.summary()
 
-    def plot(self) -> Figure:
+    @overload
+    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
+    @overload
+    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
         """Left: centred homogenization by layer per model; middle: the matched and the naive
-        edge excess at the last layer (block-bootstrap intervals); right: loss per model."""
+        edge excess at the last layer (block-bootstrap intervals); right: loss per model.
+
+        Args:
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
         from homoglens.results.figures import comparison_figure
 
-        return comparison_figure(self)
+        return comparison_figure(self, backend=backend)
 
     # ------------------------------------------------------------------ persistence
     def export_statistics(self, label: str, path: str | Path) -> Path:

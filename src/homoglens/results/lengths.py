@@ -4,7 +4,7 @@ of long windows (where an end-of-sequence effect of a causal model can show)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal, overload
 
 import torch
 from jaxtyping import Float
@@ -17,6 +17,9 @@ from homoglens.stats import estimate, window_resamples
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
     from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 PREFIX_CURVES: tuple[str, ...] = ("lag", "to_first", "sp", "attention_entropy", "first_key_mass")
 """Curves over the absolute position p of :meth:`LengthStudy.curve`."""
@@ -211,12 +214,42 @@ class LengthStudy(SavedResult):
         ]
         return pd.DataFrame(rows)
 
-    def plot(self, layer: int = -1, *, title: str | None = None) -> Figure:
+    @overload
+    def plot(
+        self,
+        layer: int = -1,
+        *,
+        title: str | None = None,
+        backend: Literal["matplotlib"] = "matplotlib",
+    ) -> Figure: ...
+    @overload
+    def plot(
+        self, layer: int = -1, *, title: str | None = None, backend: Literal["plotly"]
+    ) -> PlotlyFigure: ...
+    def plot(
+        self, layer: int = -1, *, title: str | None = None, backend: PlotBackend = "matplotlib"
+    ) -> Figure | PlotlyFigure:
         """Lag-controlled similarity and SP over p (entry ``layer``), the last block's
-        normalised attention entropy and key-0 mass over p, and H_W / matched edges by T."""
+        normalised attention entropy and key-0 mass over p, and H_W / matched edges by T.
+
+        Args:
+            layer: Index into :attr:`layers` (default: the last entry).
+            title: Figure title (matplotlib: none by default; plotly: the provenance).
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
         from homoglens.results.figures import length_figure
 
-        return length_figure(self, layer, title=title)
+        return length_figure(self, layer, title=title, backend=backend)
 
     def __repr__(self) -> str:
         return (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal, overload
 
 import torch
 from jaxtyping import Float
@@ -18,6 +18,9 @@ from homoglens.types import PATCH_COMPONENTS, POSITION_ABLATIONS
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 
 @dataclass(frozen=True, eq=False)
@@ -126,12 +129,36 @@ class PositionalPatchingResult(SavedResult):
         drop = ["pos_start", "pos_stop"] if self.cell_axis == "head_index" else ["pos"]
         return frame.drop(columns=[c for c in drop if c in frame])
 
-    def plot(self, metric: str | None = None) -> Figure:
+    @overload
+    def plot(
+        self, metric: str | None = None, *, backend: Literal["matplotlib"] = "matplotlib"
+    ) -> Figure: ...
+    @overload
+    def plot(self, metric: str | None = None, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(
+        self, metric: str | None = None, *, backend: PlotBackend = "matplotlib"
+    ) -> Figure | PlotlyFigure:
         """Heatmap of the normalised effect, layer x cell (one metric; default the first), or a
-        curve over blocks when there is one cell per block."""
+        curve over blocks when there is one cell per block.
+
+        Args:
+            metric: One of :attr:`metrics` (default: the first).
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``, or
+                ``metric`` not measured.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
         from homoglens.results.figures import patching_figure
 
-        return patching_figure(self, self._metric(metric))
+        return patching_figure(self, self._metric(metric), backend=backend)
 
     def __repr__(self) -> str:
         return (

@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
 from jaxtyping import Float, Int
@@ -33,6 +33,9 @@ from homoglens.results.cache import cached_residuals
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
     from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 
 _FORMAT = "homoglens.HomogenizationProfile/1"
@@ -518,15 +521,34 @@ class HomogenizationProfile:
             )
         return pd.concat(frames, ignore_index=True)
 
-    def plot(self, *, title: str | None = None) -> Figure:
+    @overload
+    def plot(
+        self, *, title: str | None = None, backend: Literal["matplotlib"] = "matplotlib"
+    ) -> Figure: ...
+    @overload
+    def plot(self, *, title: str | None = None, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(
+        self, *, title: str | None = None, backend: PlotBackend = "matplotlib"
+    ) -> Figure | PlotlyFigure:
         """Plot per-layer curves (raw, baseline, adjusted) and a layer x position heatmap.
 
+        Args:
+            title: Figure title (default: the model, backend, weights and data size).
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
         Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter).
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
         """
         from homoglens.results.figures import profile_figure
 
-        return profile_figure(self, title=title)
+        return profile_figure(self, title=title, backend=backend)
 
     # ----------------------------------------------------------------- I/O
     def save(self, path: str | Path) -> Path:

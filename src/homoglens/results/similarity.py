@@ -13,7 +13,7 @@ import math
 import warnings
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
 from jaxtyping import Float
@@ -35,6 +35,9 @@ from homoglens.types import CENTRES, SPACES, Centring
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 __all__ = ["PositionalSimilarity", "WINDOW_STATISTICS"]
 
@@ -532,19 +535,51 @@ class PositionalSimilarity(SavedResult):
             )
         return pd.concat(frames, ignore_index=True)
 
-    def plot(self, layers: list[int] | int | None = None, *, title: str | None = None) -> Figure:
+    @overload
+    def plot(
+        self,
+        layers: list[int] | int | None = None,
+        *,
+        title: str | None = None,
+        backend: Literal["matplotlib"] = "matplotlib",
+    ) -> Figure: ...
+    @overload
+    def plot(
+        self,
+        layers: list[int] | int | None = None,
+        *,
+        title: str | None = None,
+        backend: Literal["plotly"],
+    ) -> PlotlyFigure: ...
+    def plot(
+        self,
+        layers: list[int] | int | None = None,
+        *,
+        title: str | None = None,
+        backend: PlotBackend = "matplotlib",
+    ) -> Figure | PlotlyFigure:
         """``M`` and ``W`` heatmaps of the chosen layers (default: the last), ``SP`` and
         ``to_first`` by position, and the lag curves of every layer.
 
+        Args:
+            layers: Entries of :attr:`layers` to draw as heatmaps (default: the last).
+            title: Figure title (default: the model, the windows and the settings).
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
         Returns:
-            A matplotlib ``Figure``.
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
 
         Raises:
-            InvalidInputError: a layer not in this result.
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``, or
+                a layer not in this result.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
         """
         from homoglens.results.figures import similarity_figure
 
-        return similarity_figure(self, layers, title=title)
+        return similarity_figure(self, layers, title=title, backend=backend)
 
     # ------------------------------------------------------------------ combining
     @staticmethod

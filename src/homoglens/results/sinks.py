@@ -8,7 +8,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
 from jaxtyping import Float, Int
@@ -22,6 +22,9 @@ from homoglens.types import ATTRIBUTION_METRICS, MASSIVE_MEDIANS, MassiveMedian
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,11 +133,29 @@ class SinkScores(SavedResult):
             }
         )
 
-    def plot(self) -> Figure:
-        """Heatmaps of sink mass and importance per (layer, head)."""
+    @overload
+    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
+    @overload
+    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
+        """Heatmaps of sink mass and importance per (layer, head).
+
+        Args:
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
         from homoglens.results.figures import sink_scores_figure
 
-        return sink_scores_figure(self)
+        return sink_scores_figure(self, backend=backend)
 
     def __repr__(self) -> str:
         return (
@@ -373,11 +394,29 @@ class MassiveActivations(SavedResult):
             }
         )
 
-    def plot(self) -> Figure:
-        """Heatmap of log10 of the mean max/median ratio per (layer, position)."""
+    @overload
+    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
+    @overload
+    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
+        """Heatmap of log10 of the mean max/median ratio per (layer, position).
+
+        Args:
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
         from homoglens.results.figures import massive_figure
 
-        return massive_figure(self)
+        return massive_figure(self, backend=backend)
 
     def __repr__(self) -> str:
         return (
@@ -520,12 +559,38 @@ class SinkAttribution(SavedResult):
             pair = pair.argsort(dim=1).argsort(dim=1).double()
         return float(torch.corrcoef(pair)[0, 1])
 
-    def plot(self, metric: str = "mean_pairwise") -> Figure:
+    @overload
+    def plot(
+        self, metric: str = "mean_pairwise", *, backend: Literal["matplotlib"] = "matplotlib"
+    ) -> Figure: ...
+    @overload
+    def plot(
+        self, metric: str = "mean_pairwise", *, backend: Literal["plotly"]
+    ) -> PlotlyFigure: ...
+    def plot(
+        self, metric: str = "mean_pairwise", *, backend: PlotBackend = "matplotlib"
+    ) -> Figure | PlotlyFigure:
         """Per-head change of ``metric`` (a ``[layer head]`` heatmap, or bars for a few heads)
-        and, in exact mode, the change of ``to_others`` per position."""
+        and, in exact mode, the change of ``to_others`` per position.
+
+        Args:
+            metric: One of :data:`~homoglens.types.ATTRIBUTION_METRICS`.
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``, or
+                ``metric`` not measured.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
         from homoglens.results.figures import attribution_figure
 
-        return attribution_figure(self, metric, self._metric(metric))
+        return attribution_figure(self, metric, self._metric(metric), backend=backend)
 
     def __repr__(self) -> str:
         shown = [m for j, m in enumerate(ATTRIBUTION_METRICS) if not self.delta[:, j].isnan().all()]
@@ -649,12 +714,30 @@ class AttentionReceived(SavedResult):
             }
         )
 
-    def plot(self) -> Figure:
+    @overload
+    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
+    @overload
+    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
         """Attention received and attractor shift per key position (a few blocks), and the
-        slope of shift on attention per block."""
+        slope of shift on attention per block.
+
+        Args:
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
         from homoglens.results.figures import received_figure
 
-        return received_figure(self)
+        return received_figure(self, backend=backend)
 
     def __repr__(self) -> str:
         return (

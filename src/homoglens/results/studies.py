@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 from jaxtyping import Float
@@ -19,6 +19,9 @@ from homoglens.results.profile import HomogenizationProfile
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
     from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 
 def paired_bootstrap(
@@ -258,11 +261,29 @@ class PositionAblationStudy:
         layers["layer"] = layers["layer"].astype("Int64")
         return pd.concat([layers, loss], ignore_index=True)
 
-    def plot(self) -> Figure:
-        """Mean pairwise cosine by layer for each mode (with CI bands), and loss per mode."""
+    @overload
+    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
+    @overload
+    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
+        """Mean pairwise cosine by layer for each mode (with CI bands), and loss per mode.
+
+        Args:
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
         from homoglens.results.figures import study_figure
 
-        return study_figure(self)
+        return study_figure(self, backend=backend)
 
     def save(self, path: str | Path) -> Path:
         """Save as ``study.safetensors`` + ``study.json`` + one profile folder per mode."""

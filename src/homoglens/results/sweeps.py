@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal, overload
 
 import torch
 from jaxtyping import Float
@@ -15,6 +15,9 @@ from homoglens.results.base import Provenance, SavedResult
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,22 +97,43 @@ class CheckpointSweep(SavedResult):
             raise InvalidInputError(f"metric {name!r} is not in this sweep: {list(self.metrics)}")
         return self.values[:, self.metrics.index(name)]
 
-    def plot(self, *, title: str | None = None) -> Figure:
+    @overload
+    def plot(
+        self, *, title: str | None = None, backend: Literal["matplotlib"] = "matplotlib"
+    ) -> Figure: ...
+    @overload
+    def plot(self, *, title: str | None = None, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(
+        self, *, title: str | None = None, backend: PlotBackend = "matplotlib"
+    ) -> Figure | PlotlyFigure:
         """Each scalar metric against the training step (symmetric-log axis when step 0 is
-        included), and the first per-entry metric as a heatmap (residual entry x checkpoint).
+        included; linear on the plotly side, which has none), and the first per-entry metric as
+        a heatmap (residual entry x checkpoint).
+
+        Args:
+            title: Figure title (default: the model and the number of checkpoints).
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
 
         Returns:
-            A matplotlib figure (displays inline in Jupyter).
-        """
-        from homoglens.plotting import curves, heatmap, new_figure
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
 
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
+        from homoglens.results.figures import figure_kit, headline
+
+        kit = figure_kit(backend)
         n_panels = len(self.metrics) + (1 if self.layer_metrics else 0)
-        fig, axes = new_figure(4.2 * max(n_panels, 1), 3.4, ncols=max(n_panels, 1))
+        fig, axes = kit.new_figure(4.2 * max(n_panels, 1), 3.4, ncols=max(n_panels, 1))
         known = ~torch.isnan(self.steps)
         x = self.steps if bool(known.all()) else torch.arange(len(self.checkpoints)).double()
         xlabel = "training step" if bool(known.all()) else "checkpoint (training order)"
         for ax, (m, name) in zip(axes, enumerate(self.metrics), strict=False):
-            curves(
+            kit.curves(
                 ax,
                 x,
                 {name: self.values[:, m]},
@@ -120,11 +144,11 @@ class CheckpointSweep(SavedResult):
                 ms=3,
             )
             if bool(known.all()) and float(x.max()) > 10 * max(float(x[x > 0].min()), 1.0):
-                ax.set_xscale("symlog", linthresh=max(float(x[x > 0].min()), 1.0))
-            ax.set_title(_TITLES.get(name, name), fontsize=9)
+                kit.log_scale(ax, "x", linthresh=max(float(x[x > 0].min()), 1.0))
+            kit.panel_title(ax, _TITLES.get(name, name), fontsize=9)
         if self.layer_metrics:
             name = self.layer_metrics[0]
-            heatmap(
+            kit.heatmap(
                 axes[-1],
                 self.layer_values[:, 0].T,
                 xlabel="checkpoint",
@@ -134,7 +158,8 @@ class CheckpointSweep(SavedResult):
                 xticklabels=[_short(label) for label in self.checkpoints],
                 yticklabels=[str(layer) for layer in self.layers],
             )
-        fig.suptitle(title or f"{self.provenance.model}: over {len(self.checkpoints)} checkpoints")
+        default = f"{self.provenance.model}: over {len(self.checkpoints)} checkpoints"
+        headline(kit, fig, title, default, matplotlib=True)
         return fig
 
     def __repr__(self) -> str:

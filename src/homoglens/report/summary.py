@@ -1,0 +1,252 @@
+"""The opening of the profile report: the headline numbers with their intervals and what each
+means, and a table of contents of the sections below it.
+
+Every number here is also in its section (and CSV); the summary only picks, per question, the
+one a reader looks for first: how alike the tokens are at the last layer (raw and net of
+anisotropy), whether that grows with depth (C1), whether the edges stand out once distance is
+matched (C2), what removing positions costs (C3), how strongly the model sinks attention into
+its first token, and what its massive activations do. Signs are read from the intervals only
+("interval above 0"), never from a point estimate.
+
+References:
+    Yusupov et al. 2025, arXiv 2508.17126 (claims C1-C3); Gu et al. 2024, arXiv 2410.10781
+    (sink rate); Sun et al. 2024, arXiv 2402.17762 (massive activations).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from homoglens.results import HomogenizationProfile, PositionAblationStudy
+    from homoglens.results.bias import AttentionBiasStudy
+    from homoglens.results.similarity import PositionalSimilarity
+    from homoglens.results.sinks import SinkAnalysis
+
+__all__ = ["edge_intervals", "summary_rows", "summary_html", "with_contents"]
+
+
+def _sign(low: float, high: float) -> str:
+    """How an interval reads: above 0, below 0, or containing it."""
+    if math.isnan(low) or math.isnan(high):
+        return "no interval"
+    if low > 0:
+        return "interval above 0"
+    if high < 0:
+        return "interval below 0"
+    return "interval contains 0"
+
+
+def _row(measure: str, value: float, low: float, high: float, reading: str) -> dict[str, Any]:
+    return {
+        "measure": measure,
+        "value": float(value),
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "sign": _sign(float(low), float(high)),
+        "reading": reading,
+    }
+
+
+def summary_rows(
+    profile: HomogenizationProfile,
+    *,
+    study: PositionAblationStudy | None = None,
+    similarity: PositionalSimilarity | None = None,
+    sinks: SinkAnalysis | None = None,
+    bias: AttentionBiasStudy | None = None,
+    massive: PositionAblationStudy | None = None,
+) -> list[dict[str, Any]]:
+    """The headline numbers of a report, one dict per row: ``measure``, ``value``, ``ci_low``,
+    ``ci_high`` (NaN where the result holds no per-window values), ``sign`` (how the interval
+    reads) and ``reading`` (what the number means).
+
+    Intervals: paired percentile bootstrap over windows for the ablation rows (as in their
+    section); Wald intervals with moving-block bootstrap standard errors over windows (blocks
+    of 16) for the position-resolved rows; the bias slope's own interval. The adjusted value's
+    interval is the raw one shifted by the anisotropy baseline, which is held fixed.
+    """
+    from homoglens.results.studies import paired_bootstrap
+    from homoglens.stats import estimate, window_resamples
+
+    rows: list[dict[str, Any]] = []
+    last = profile.layers[-1]
+    raw, base = float(profile.mean_pairwise[-1]), float(profile.baseline[-1])
+    lo = hi = math.nan
+    if study is not None and study.layers[-1] == last:
+        _, low, high = paired_bootstrap(
+            study.mean_pairwise[0][:, -1], n_boot=study.n_boot, ci=study.ci, seed=study.seed
+        )
+        lo, hi = float(low), float(high)
+    rows.append(_row(
+        f"mean pairwise cosine, layer {last} (raw)", raw, lo, hi,
+        "how alike the tokens of one window are at the last layer (1: identical directions)",
+    ))  # fmt: skip
+    rows.append(_row(
+        f"adjusted (raw - anisotropy baseline {base:.3f}), layer {last}", raw - base, lo - base,
+        hi - base,
+        "the same net of what tokens of different windows share (anisotropy); > 0: tokens of "
+        "a window are more alike than tokens in general",
+    ))  # fmt: skip
+    if similarity is not None and len(similarity.layers) > 1 and similarity.n_sequences > 1:
+        h = similarity.per_window("homogenization")
+        idx = window_resamples(similarity.n_sequences, block=16, n_boot=1000, seed=0)
+        est = estimate([(h[:, -1] - h[:, 0])[None]], windows=idx, resample_seeds=False)
+        rows.append(_row(
+            f"H_W layer {similarity.layers[-1]} - layer {similarity.layers[0]} (C1)", est.value,
+            est.ci_low, est.ci_high,
+            "contextual homogenization (W = M - C, cross-window similarity of the same "
+            "positions removed) gained with depth; C1 predicts > 0",
+        ))  # fmt: skip
+        edge = similarity.edge_excess()
+        edge = edge[edge["layer"] == similarity.layers[-1]]
+        for r in edge.itertuples():
+            rows.append(_row(
+                f"matched {r.edge}-edge excess, layer {r.layer} (C2)", r.matched, r.ci_low,
+                r.ci_high,
+                f"the {similarity.edge_k} {r.edge} positions against middle pairs at the same "
+                "distance; C2 predicts > 0, 0 when no position is special",
+            ))  # fmt: skip
+    if study is not None and "zero" in study.modes:
+        m = study.modes.index("zero")
+        opts = {"n_boot": study.n_boot, "ci": study.ci, "seed": study.seed}
+        diff = study.mean_pairwise[m][:, -1] - study.mean_pairwise[0][:, -1]
+        d, dlo, dhi = (float(t) for t in paired_bootstrap(diff, **opts))
+        rows.append(_row(
+            f"mean pairwise cosine, layer {study.layers[-1]}: positions zeroed - intact (C3)",
+            d, dlo, dhi,
+            "what removing the explicit positional signal at inference does to homogenization "
+            "(out of distribution; C3 predicts < 0)",
+        ))  # fmt: skip
+        loss = study.loss[m] - study.loss[0]
+        d, dlo, dhi = (float(t) for t in paired_bootstrap(loss, **opts))
+        rows.append(_row(
+            "next-token loss: positions zeroed - intact (nats/token, C3)", d, dlo, dhi,
+            "what it costs the model; C3 predicts > 0",
+        ))  # fmt: skip
+    if bias is not None:
+        try:
+            slope = bias.slope_at_zero("homogenization", -1)
+        except Exception:  # a study without a symmetric pair of strengths: no slope
+            slope = None
+        if slope is not None:
+            rows.append(_row(
+                f"d H_W / d b at b = 0, attention bias toward the first key, layer {slope.layer}",
+                slope.central, slope.ci_low, slope.ci_high,
+                "how homogenization responds to attention pushed toward the first key (per nat "
+                "of bias); > 0: more attention to the first token makes tokens more alike (C2, "
+                "attention reading)",
+            ))  # fmt: skip
+    if sinks is not None:
+        from homoglens.results.figures import sink_rate_label
+
+        scores = sinks.scores
+        rows.append(_row(
+            f"sink rate {sink_rate_label(scores.key, scores.eps)} (%)", scores.sink_rate,
+            math.nan, math.nan,
+            f"share of (window, layer, head) whose importance on key {scores.key} exceeds "
+            f"{scores.eps:g} (Gu et al. 2024)",
+        ))  # fmt: skip
+    if massive is not None:
+        opts = {"n_boot": massive.n_boot, "ci": massive.ci, "seed": massive.seed}
+        where = (
+            f"layer {massive.settings.get('layer')}, dims {massive.settings.get('dims')}, "
+            f"positions {massive.settings.get('positions')}"
+        )
+        for mode, reading in (
+            ("mean", "Sun et al.: harmless"),
+            ("zero", "Sun et al.: destroys the model"),
+        ):
+            m = massive.modes.index(mode)
+            d, dlo, dhi = (
+                float(t) for t in paired_bootstrap(massive.loss[m] - massive.loss[0], **opts)
+            )
+            rows.append(_row(
+                f"next-token loss, massive activations set to {mode} - intact (nats/token)",
+                d, dlo, dhi, f"{where}; {reading}",
+            ))  # fmt: skip
+    return rows
+
+
+def summary_html(rows: list[dict[str, Any]], *, ci: float = 0.95) -> str:
+    """The summary section: a table of :func:`summary_rows` with a line on how to read it."""
+    pct = int(round(ci * 100))
+
+    def num(v: float) -> str:
+        return "" if math.isnan(v) else f"{v:+.4f}" if abs(v) < 100 else f"{v:.1f}"
+
+    def interval(low: float, high: float) -> str:
+        return "" if math.isnan(low) else f"[{num(low)}, {num(high)}]"
+
+    body = "".join(
+        "<tr>"
+        f"<td>{html.escape(r['measure'])}</td><td>{num(r['value'])}</td>"
+        f"<td>{interval(r['ci_low'], r['ci_high'])}"
+        f"</td><td>{html.escape(r['sign'])}</td><td>{html.escape(r['reading'])}</td>"
+        "</tr>"
+        for r in rows
+    )
+    return f"""
+<h2>Summary</h2>
+<p class="note">The headline numbers of the sections below, each with its {pct}% interval over
+windows (the unit of replication for one model; another training run needs seeds, see
+homoglens compare). A sign is read from the interval only. Details, all layers and CSVs are in
+each section.</p>
+<table class="dataframe summary"><thead><tr><th>measure</th><th>value</th>
+<th>{pct}% interval</th><th>sign</th><th>what it means</th></tr></thead>
+<tbody>{body}</tbody></table>
+"""
+
+
+def with_contents(body: str) -> str:
+    """Give every ``<h2>`` of ``body`` an id and put a table of contents linking them first."""
+    entries: list[tuple[str, str]] = []
+
+    def anchor(match: re.Match[str]) -> str:
+        text = match.group(1)
+        plain = html.unescape(re.sub(r"<[^>]+>", "", text))
+        slug = re.sub(r"[^a-z0-9]+", "-", plain.lower()).strip("-") or "section"
+        base, n = slug, 2
+        while any(slug == s for s, _ in entries):
+            slug, n = f"{base}-{n}", n + 1
+        entries.append((slug, plain))
+        return f'<h2 id="{slug}">{text}</h2>'
+
+    body = re.sub(r"<h2>(.*?)</h2>", anchor, body, flags=re.S)
+    if len(entries) < 2:
+        return body
+    links = "".join(f'<li><a href="#{s}">{html.escape(t)}</a></li>' for s, t in entries)
+    return f'<nav class="contents"><h2>Contents</h2><ol>{links}</ol></nav>\n{body}'
+
+
+def edge_intervals(
+    edge: Any, profile: HomogenizationProfile, study: PositionAblationStudy | None, k: int
+) -> Any:
+    """``profile.edge_summary(k)`` with percentile bootstrap intervals over sequences on
+    ``first_minus_middle`` and ``last_minus_middle`` (columns ``*_ci_low`` / ``*_ci_high``),
+    from the per-sequence ``to_others`` of the study's intact run; NaN without a study (a
+    profile keeps sums only) or when its layers differ from the profile's."""
+    from homoglens.results.studies import paired_bootstrap
+
+    edge = edge.copy()
+    names = ("first_minus_middle", "last_minus_middle")
+    for name in names:
+        edge[f"{name}_ci_low"] = math.nan
+        edge[f"{name}_ci_high"] = math.nan
+    if study is None or tuple(study.layers) != tuple(profile.layers):
+        return edge
+    counted = (profile.count > 0).nonzero().flatten()
+    others = study.to_others[0]  # [seq layer pos], NaN where a sequence has no token
+    if others.shape[-1] < int(counted.max()) + 1:
+        return edge
+    groups = {"first": counted[:k], "middle": counted[k:-k], "last": counted[-k:]}
+    mean = {g: others[:, :, pos].double().nanmean(-1) for g, pos in groups.items()}
+    opts = {"n_boot": study.n_boot, "ci": study.ci, "seed": study.seed}
+    for name, g in zip(names, ("first", "last"), strict=True):
+        _, low, high = paired_bootstrap(mean[g] - mean["middle"], **opts)
+        edge[f"{name}_ci_low"] = low.numpy()
+        edge[f"{name}_ci_high"] = high.numpy()
+    return edge

@@ -1,0 +1,90 @@
+"""The report's opening: the summary rows against the results they quote, the edge table's
+intervals against a per-sequence recomputation, the table of contents, the massive section."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+
+from helpers import BACKENDS
+from homoglens import (
+    corpus_windows,
+    massive_ablation_study,
+    position_ablation_study,
+)
+from homoglens.report import write_profile_report
+from homoglens.report.summary import edge_intervals, summary_rows, with_contents
+
+
+@pytest.fixture(scope="module")
+def results(get_model):
+    model = get_model("gpt2", BACKENDS[-1])
+    windows = corpus_windows(model, n_seq=6, seq_len=24)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study = position_ablation_study(model, windows, progress=False, n_boot=200)
+        massive = massive_ablation_study(
+            model, windows[2:], reference=windows[:2], layer=1, dims=[3], progress=False,
+            n_boot=200,
+        )  # fmt: skip
+    return windows, study, massive
+
+
+def test_summary_rows_quote_their_results(results) -> None:
+    _, study, massive = results
+    profile = study.profiles["none"]
+    rows = {r["measure"]: r for r in summary_rows(profile, study=study, massive=massive)}
+    raw = next(r for m, r in rows.items() if m.endswith("(raw)"))
+    assert raw["value"] == pytest.approx(float(profile.mean_pairwise[-1]), abs=1e-12)
+    assert raw["ci_low"] <= raw["value"] <= raw["ci_high"]
+    adjusted = next(r for m, r in rows.items() if m.startswith("adjusted"))
+    assert adjusted["value"] == pytest.approx(float(profile.adjusted[-1]), abs=1e-12)
+    loss = study.loss_table().set_index("mode").loc["zero"]
+    c3 = next(r for m, r in rows.items() if m.startswith("next-token loss: positions zeroed"))
+    assert c3["value"] == pytest.approx(loss["diff_vs_none"], abs=1e-9)
+    assert (c3["ci_low"], c3["ci_high"]) == pytest.approx(
+        (loss["diff_ci_low"], loss["diff_ci_high"]), abs=1e-9
+    )
+    for r in rows.values():
+        assert r["sign"] in {"interval above 0", "interval below 0", "interval contains 0",
+                             "no interval"}  # fmt: skip
+
+
+def test_edge_intervals_match_a_per_sequence_recomputation(results) -> None:
+    """Equal windows: the mean over sequences of each one's (first k - middle) to_others is the
+    pooled edge value, and the interval brackets it."""
+    windows, study, _ = results
+    profile = study.profiles["none"]
+    k = 3
+    edge = edge_intervals(profile.edge_summary(k), profile, study, k)
+    others = study.to_others[0].double()  # [seq layer pos]
+    per_seq = others[:, :, :k].mean(-1) - others[:, :, k:-k].mean(-1)
+    assert torch.allclose(
+        torch.tensor(edge["first_minus_middle"].to_numpy()), per_seq.mean(0), atol=1e-6
+    )
+    assert (edge["first_minus_middle_ci_low"] <= edge["first_minus_middle"] + 1e-12).all()
+    assert (edge["first_minus_middle"] <= edge["first_minus_middle_ci_high"] + 1e-12).all()
+    bare = edge_intervals(profile.edge_summary(k), profile, None, k)
+    assert bare["last_minus_middle_ci_low"].isna().all()  # no per-sequence values, no interval
+
+
+def test_contents_link_every_section_once() -> None:
+    body = with_contents("<h2>Summary</h2><p>x</p><h2>A &amp; B</h2><h2>Summary</h2>")
+    ids = re.findall(r'<h2 id="([^"]+)">', body)
+    assert ids == ["summary", "a-b", "summary-2"]
+    assert all(f'href="#{i}"' in body for i in ids)
+
+
+def test_report_opens_with_summary_and_holds_the_massive_section(results, tmp_path) -> None:
+    _, study, massive = results
+    page = write_profile_report(study.profiles["none"], tmp_path, study=study, massive=massive)
+    text = page.read_text()
+    assert text.index('<nav class="contents">') < text.index('id="summary"')
+    assert text.index('id="summary"') < text.index('<h2 id="homogenization-by-layer')
+    assert "Massive activations set to their mean or to zero" in text
+    assert "Anisotropy-adjusted" in text
+    assert (tmp_path / "summary.csv").exists()
+    assert (tmp_path / "massive_ablation_loss.csv").exists()
