@@ -95,6 +95,33 @@ def hf_logits(arch: str, **kwargs) -> torch.Tensor:
         return hf(TOKENS, **kwargs).logits
 
 
+def hf_written_logits(arch: str, tokens: torch.Tensor, layer: int, positions, dims, values):
+    """The independent run of massive-activation interventions: plain Hugging Face forward on
+    ``tokens`` with a torch forward hook on decoder layer ``layer`` (1-indexed) that writes
+    ``values[i][j]`` at position ``positions[i]``, dimension ``dims[j]`` of its output hidden
+    states, as Sun et al.'s ``lib/hook.py`` does (no homoglens or TransformerLens code);
+    ``values=None``: no hook."""
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_folder(arch)), attn_implementation="eager"
+    ).eval()
+    blocks = hf.transformer.h if arch == "gpt2" else hf.model.layers
+
+    def write(module, inputs, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        for i, p in enumerate(positions):
+            for j, d in enumerate(dims):
+                hidden[:, p, d] = values[i][j]
+        return output
+
+    handle = blocks[layer - 1].register_forward_hook(write) if values is not None else None
+    try:
+        with torch.no_grad():
+            return hf(tokens).logits
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
 def run_ablated(model, how=None, **kwargs) -> torch.Tensor:
     """``model(TOKENS)``, inside ``ablated_positions(model, how, **kwargs)`` unless ``how`` is
     None."""

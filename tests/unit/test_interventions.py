@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import BACKENDS, TOKENS, T, hook_count, run_ablated, state_hash
+from helpers import BACKENDS, TOKENS, T, hf_written_logits, hook_count, run_ablated, state_hash
 from homoglens import (
     InvalidInputError,
     PositionPlan,
@@ -224,31 +224,8 @@ def test_ablation_hooks_built_in_inference_mode_work_with_gradients(backend, get
 
 
 def _hf_set_logits(arch: str, layer: int, positions, dims, values) -> torch.Tensor:
-    """The independent run: plain Hugging Face forward on TOKENS with a torch forward hook on
-    decoder layer ``layer`` (1-indexed) that writes ``values`` into its output hidden states,
-    as Sun et al.'s ``lib/hook.py`` does (no homoglens or TransformerLens code)."""
-    from transformers import AutoModelForCausalLM
-
-    from homoglens.testing import tiny_model_folder
-
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(tiny_model_folder(arch)), attn_implementation="eager"
-    ).eval()
-    blocks = hf.transformer.h if arch == "gpt2" else hf.model.layers
-
-    def write(module, inputs, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        for i, p in enumerate(positions):
-            for j, d in enumerate(dims):
-                hidden[:, p, d] = values[i][j]
-        return output
-
-    handle = blocks[layer - 1].register_forward_hook(write)
-    try:
-        with torch.no_grad():
-            return hf(TOKENS).logits
-    finally:
-        handle.remove()
+    """Plain Hugging Face logits on TOKENS with ``values`` written into decoder layer ``layer``."""
+    return hf_written_logits(arch, TOKENS, layer, positions, dims, values)
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import BACKENDS, hook_count
+from helpers import BACKENDS, hf_written_logits, hook_count
 from homoglens import (
     InvalidInputError,
     corpus_windows,
@@ -67,31 +67,9 @@ def test_sites_match_a_brute_force_and_find_nothing_in_a_plain_model(backend, ge
 
 
 def _hf_losses(arch: str, tokens: torch.Tensor, layer: int, positions, dims, values):
-    """Per-sequence mean next-token loss of the plain Hugging Face model, with a torch forward
-    hook on decoder layer ``layer`` writing ``values`` (no homoglens / TransformerLens code)."""
-    from transformers import AutoModelForCausalLM
-
-    from homoglens.testing import tiny_model_folder
-
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(tiny_model_folder(arch)), attn_implementation="eager"
-    ).eval()
-    blocks = hf.transformer.h if arch == "gpt2" else hf.model.layers
-
-    def write(module, inputs, output):
-        hidden = output[0] if isinstance(output, tuple) else output
-        for i, p in enumerate(positions):
-            for j, d in enumerate(dims):
-                hidden[:, p, d] = values[i][j]
-        return output
-
-    handle = blocks[layer - 1].register_forward_hook(write) if values is not None else None
-    try:
-        with torch.no_grad():
-            logits = hf(tokens).logits.double()
-    finally:
-        if handle is not None:
-            handle.remove()
+    """Per-sequence mean next-token loss of the plain Hugging Face model with ``values`` written
+    into decoder layer ``layer`` (``None``: unhooked)."""
+    logits = hf_written_logits(arch, tokens, layer, positions, dims, values).double()
     nll = torch.nn.functional.cross_entropy(
         logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none"
     )
