@@ -127,10 +127,9 @@ def massive_section(study: PositionAblationStudy, out: Path) -> str:
     layers.to_csv(out / "massive_ablation_layers.csv", index=False)
     step = max(1, (len(study.layers) - 1) // 6)
     shown = [*study.layers[::step], study.layers[-1]]
-    table = layers[layers["layer"].isin(shown)][
-        ["mode", "layer", "mean_pairwise", "adjusted", "diff_vs_none", "diff_ci_low",
-         "diff_ci_high"]
-    ]  # fmt: skip
+    columns = ["mode", "layer", "mean_pairwise", "adjusted", "diff_vs_none", "diff_ci_low",
+               "diff_ci_high"]  # fmt: skip
+    table = table_html(layers.loc[layers["layer"].isin(shown), columns])
     pct = int(round(study.ci * 100))
     st = study.settings
     return f"""
@@ -149,7 +148,7 @@ Intervals: {pct}% paired bootstrap over windows.</p>
 {loss.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
 <h3>Homogenization (raw, adjusted, raw difference to none [{pct}% CI]), every
 {step}th layer</h3>
-{table.to_html(index=False, float_format=lambda v: f"{v:.4f}")}
+{table}
 <p class="note">All layers: massive_ablation_layers.csv; the study: massive_ablation/ (reload
 with PositionAblationStudy.load).</p>
 """
