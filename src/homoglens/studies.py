@@ -180,6 +180,7 @@ def massive_ablation_study(
     ci: float = 0.95,
     seed: int = 0,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
+    reference_attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
     progress: bool = True,
 ) -> PositionAblationStudy:
@@ -213,7 +214,8 @@ def massive_ablation_study(
         n_boot: Bootstrap resamples (over sequences) of the intervals.
         ci: Interval coverage in (0, 1).
         seed: Bootstrap seed.
-        attention_mask: For token input (``data`` and ``reference``).
+        attention_mask: For token input ``data``.
+        reference_attention_mask: For token input ``reference`` (pads never enter the means).
         bos: For text input.
         progress: Show progress bars.
 
@@ -224,7 +226,8 @@ def massive_ablation_study(
 
     Raises:
         InvalidInputError: only one of ``layer`` / ``dims`` given; no massive activations found
-            (pass ``layer`` and ``dims``); bad sites, options or data.
+            (pass ``layer`` and ``dims``); a site position that no window of ``data`` reaches
+            (the ablation would change nothing); bad sites, options or data.
 
     References:
         Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762
@@ -256,7 +259,11 @@ def massive_ablation_study(
         )
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     require_min_tokens(batch, exclude_first)
-    ref = batch if reference is None else to_token_batch(model, reference, bos=bos)
+    ref = (
+        batch
+        if reference is None
+        else to_token_batch(model, reference, attention_mask=reference_attention_mask, bos=bos)
+    )
     found = "given"
     if layer is None:
         sites = find_massive_sites(model, ref, batch_size=batch_size, progress=progress)
@@ -272,6 +279,13 @@ def massive_ablation_study(
     layer, site_dims, site_pos = massive_activation_sites(
         model, layer=layer, dims=dims, positions=0 if positions is None else positions
     )
+    longest = int(batch.lengths.max())
+    if max(site_pos) >= longest:
+        raise InvalidInputError(
+            f"positions {[p for p in site_pos if p >= longest]} lie beyond every window of the "
+            f"data (longest: {longest} tokens), so the ablation would change nothing; give "
+            "longer windows or positions below their length"
+        )
     means = massive_activation_means(
         model, ref, layer=layer, dims=site_dims, positions=site_pos, batch_size=batch_size,
         progress=progress,

@@ -130,3 +130,22 @@ def test_bad_input_is_refused_before_any_hook(get_model) -> None:
     with pytest.raises(InvalidInputError, match="threshold"):
         find_massive_sites(model, windows, threshold=0.5, progress=False)
     assert hook_count(model) == 0
+
+
+def test_sites_no_window_reaches_and_padded_references_are_handled(get_model) -> None:
+    model = get_model("llama", BACKENDS[-1])
+    short = ["Hi there you", "Rain fell on us"]
+    with pytest.raises(InvalidInputError, match="beyond every window"):
+        massive_ablation_study(model, short, layer=1, dims=[3], positions=[40], progress=False)
+    tokens = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    study = massive_ablation_study(
+        model, tokens, attention_mask=mask, reference=tokens, reference_attention_mask=mask,
+        layer=1, dims=[3], positions=[3], progress=False, n_boot=20,
+    )  # fmt: skip
+    # the mean at position 3 is that of the one window that has a real token there: set_mean
+    # writes that window's own value back, so its loss is unchanged
+    assert study.loss[1, 0] == pytest.approx(float(study.loss[0, 0]), abs=1e-6)
+    find_massive_sites(model, short, min_magnitude=0, progress=False)  # 0: no magnitude rule
+    assert study.plot().get_suptitle().find("massive-activation ablations") >= 0
+    assert hook_count(model) == 0

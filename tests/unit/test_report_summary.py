@@ -88,3 +88,28 @@ def test_report_opens_with_summary_and_holds_the_massive_section(results, tmp_pa
     assert "Anisotropy-adjusted" in text
     assert (tmp_path / "summary.csv").exists()
     assert (tmp_path / "massive_ablation_loss.csv").exists()
+
+
+def test_studies_from_other_windows_or_of_the_other_kind_are_refused_or_not_quoted(
+    results, get_model, tmp_path
+) -> None:
+    from homoglens import InvalidInputError
+
+    windows, study, massive = results
+    other = study.profiles["none"]
+    model = get_model("gpt2", BACKENDS[-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        foreign = position_ablation_study(
+            model, corpus_windows(model, n_seq=4, seq_len=24), progress=False, n_boot=50
+        )
+    rows = summary_rows(other, study=foreign)
+    raw = next(r for r in rows if r["measure"].endswith("(raw)"))
+    assert raw["sign"] == "no interval"  # another study's windows give this profile no interval
+    edge = edge_intervals(other.edge_summary(3), other, foreign, 3)
+    assert edge["first_minus_middle_ci_low"].isna().all()
+    with pytest.raises(InvalidInputError, match="massive="):
+        write_profile_report(other, tmp_path / "a", study=massive)
+    with pytest.raises(InvalidInputError, match="massive_ablation_study"):
+        write_profile_report(other, tmp_path / "b", massive=study)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -244,7 +244,12 @@ def massive_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
     except InvalidInputError as err:
         if "no massive activations" not in str(err):
             raise
-        click.echo(f"note: {err}; the report has no massive-activation section", err=True)
+        click.echo(
+            "note: no massive activations found by Sun et al.'s rule on the reference windows; "
+            "the report has no massive-activation section (massive_ablation_study(model, data, "
+            "layer=..., dims=...) ablates chosen sites from Python)",
+            err=True,
+        )
         return None
 
 

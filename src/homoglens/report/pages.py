@@ -28,7 +28,13 @@ from homoglens.report.sections import (
     sinks_section,
     study_section,
 )
-from homoglens.report.summary import edge_intervals, summary_html, summary_rows, with_contents
+from homoglens.report.summary import (
+    check_studies,
+    edge_intervals,
+    summary_html,
+    summary_rows,
+    with_contents,
+)
 
 if TYPE_CHECKING:
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
@@ -206,7 +212,10 @@ def write_profile_report(
 
     Raises:
         MissingDependencyError: ``interactive`` without plotly installed.
+        InvalidInputError: a massive-activation study given as ``study`` or a positional one as
+            ``massive`` (before anything is written).
     """
+    check_studies(study, massive)
     _off_screen()
     with interactive_figures(interactive):
         return _profile_page(

@@ -26,7 +26,14 @@ if TYPE_CHECKING:
     from homoglens.results.similarity import PositionalSimilarity
     from homoglens.results.sinks import SinkAnalysis
 
-__all__ = ["edge_intervals", "summary_rows", "summary_html", "with_contents"]
+__all__ = [
+    "edge_intervals",
+    "same_run",
+    "check_studies",
+    "summary_rows",
+    "summary_html",
+    "with_contents",
+]
 
 
 def _sign(low: float, high: float) -> str:
@@ -51,6 +58,39 @@ def _row(measure: str, value: float, low: float, high: float, reading: str) -> d
     }
 
 
+def same_run(profile: HomogenizationProfile, study: PositionAblationStudy | None) -> bool:
+    """Whether ``study``'s intact run measured the same windows as ``profile`` (same layers,
+    sequence count, data hash and ``exclude_first``) with at least 2 sequences: only then do
+    its per-sequence values give ``profile``'s numbers intervals."""
+    if study is None:
+        return False
+    base = study.profiles["none"]
+    a, b = profile.provenance, base.provenance
+    return (
+        tuple(study.layers) == tuple(profile.layers)
+        and base.n_sequences == profile.n_sequences >= 2
+        and a.exclude_first == b.exclude_first
+        and a.data_sha256 == b.data_sha256
+    )
+
+
+def check_studies(
+    study: PositionAblationStudy | None, massive: PositionAblationStudy | None
+) -> None:
+    """Refuse a massive-activation study given as the positional one, or the reverse."""
+    from homoglens.errors import InvalidInputError
+
+    if study is not None and study.is_massive:
+        raise InvalidInputError(
+            "study= is a massive-activation study (massive_ablation_study); pass it as massive="
+        )
+    if massive is not None and not massive.is_massive:
+        raise InvalidInputError(
+            "massive= takes a massive_ablation_study result; a positional ablation study goes "
+            "in study="
+        )
+
+
 def summary_rows(
     profile: HomogenizationProfile,
     *,
@@ -61,8 +101,13 @@ def summary_rows(
     massive: PositionAblationStudy | None = None,
 ) -> list[dict[str, Any]]:
     """The headline numbers of a report, one dict per row: ``measure``, ``value``, ``ci_low``,
-    ``ci_high`` (NaN where the result holds no per-window values), ``sign`` (how the interval
-    reads) and ``reading`` (what the number means).
+    ``ci_high`` (NaN where the result holds no per-window values, or fewer than 2, or where
+    ``study`` measured other windows than ``profile``), ``sign`` (how the interval reads) and
+    ``reading`` (what the number means).
+
+    Raises:
+        InvalidInputError: a massive-activation study given as ``study`` or a positional one as
+            ``massive``.
 
     Intervals: paired percentile bootstrap over windows for the ablation rows (as in their
     section); Wald intervals with moving-block bootstrap standard errors over windows (blocks
@@ -72,11 +117,13 @@ def summary_rows(
     from homoglens.results.studies import paired_bootstrap
     from homoglens.stats import estimate, window_resamples
 
+    check_studies(study, massive)
     rows: list[dict[str, Any]] = []
     last = profile.layers[-1]
     raw, base = float(profile.mean_pairwise[-1]), float(profile.baseline[-1])
     lo = hi = math.nan
-    if study is not None and study.layers[-1] == last:
+    if same_run(profile, study):
+        assert study is not None
         _, low, high = paired_bootstrap(
             study.mean_pairwise[0][:, -1], n_boot=study.n_boot, ci=study.ci, seed=study.seed
         )
@@ -110,7 +157,7 @@ def summary_rows(
                 f"the {similarity.edge_k} {r.edge} positions against middle pairs at the same "
                 "distance; C2 predicts > 0, 0 when no position is special",
             ))  # fmt: skip
-    if study is not None and "zero" in study.modes:
+    if study is not None and "zero" in study.modes and study.loss.shape[1] >= 2:
         m = study.modes.index("zero")
         opts = {"n_boot": study.n_boot, "ci": study.ci, "seed": study.seed}
         diff = study.mean_pairwise[m][:, -1] - study.mean_pairwise[0][:, -1]
@@ -150,7 +197,7 @@ def summary_rows(
             f"share of (window, layer, head) whose importance on key {scores.key} exceeds "
             f"{scores.eps:g} (Gu et al. 2024)",
         ))  # fmt: skip
-    if massive is not None:
+    if massive is not None and massive.loss.shape[1] >= 2:
         opts = {"n_boot": massive.n_boot, "ci": massive.ci, "seed": massive.seed}
         where = (
             f"layer {massive.settings.get('layer')}, dims {massive.settings.get('dims')}, "
@@ -236,8 +283,9 @@ def edge_intervals(
     for name in names:
         edge[f"{name}_ci_low"] = math.nan
         edge[f"{name}_ci_high"] = math.nan
-    if study is None or tuple(study.layers) != tuple(profile.layers):
+    if not same_run(profile, study):
         return edge
+    assert study is not None
     counted = (profile.count > 0).nonzero().flatten()
     others = study.to_others[0]  # [seq layer pos], NaN where a sequence has no token
     if others.shape[-1] < int(counted.max()) + 1:

@@ -202,6 +202,7 @@ def study_figure(
 ) -> AnyFigure:
     """Mean pairwise cosine by layer for each mode with CI bands; loss per mode with CIs."""
     kit = figure_kit(backend)
+    what = "massive-activation ablations" if study.is_massive else "positional ablations"
     fig, (left, right) = kit.new_figure(12, 4.2, ncols=2, width_ratios=[1.6, 1])
     table = study.layer_table()
     rows = {mode: table[table["mode"] == mode] for mode in study.modes}
@@ -210,7 +211,7 @@ def study_figure(
         {m: r["mean_pairwise"] for m, r in rows.items()},
         bands={m: (r["ci_low"], r["ci_high"]) for m, r in rows.items()},
         styles=dict.fromkeys(rows, "o-"), ms=3, xlabel=LAYER_AXIS, ylabel="mean pairwise cosine",
-        title="Homogenization by layer under positional ablations",
+        title=f"Homogenization by layer under {what}",
     )  # fmt: skip
     loss = study.loss_table()
     kit.bars(
@@ -219,7 +220,7 @@ def study_figure(
         title="Loss per mode (95% CI)" if study.ci == 0.95 else "Loss per mode",
     )  # fmt: skip
     p = study.profiles["none"].provenance
-    default = f"{p.model}: positional ablations, {study.loss.shape[1]} sequences"
+    default = f"{p.model}: {what}, {study.loss.shape[1]} sequences"
     headline(kit, fig, title, default, matplotlib=True)
     return fig
 

@@ -129,6 +129,12 @@ class PositionAblationStudy:
         """Entries of the residual axis measured."""
         return self.profiles["none"].layers
 
+    @property
+    def is_massive(self) -> bool:
+        """Whether this is a :func:`~homoglens.massive_ablation_study` (modes none / mean /
+        zero on massive activations) rather than a positional ablation study."""
+        return str(self.settings.get("intervention", "")).startswith("massive")
+
     def _index(self, mode: str) -> int:
         if mode not in self.modes:
             raise InvalidInputError(f"mode {mode!r} not in this study; it has {list(self.modes)}")

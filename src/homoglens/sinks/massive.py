@@ -346,7 +346,9 @@ def find_massive_sites(
         True
     """
     threshold = as_float("threshold", threshold, low=1.0, high=math.inf)
-    min_magnitude = as_float("min_magnitude", min_magnitude, low=0.0, high=math.inf)
+    min_magnitude = as_float("min_magnitude", min_magnitude, low=-math.inf, high=math.inf)
+    if min_magnitude < 0:
+        raise InvalidInputError(f"min_magnitude={min_magnitude} must be >= 0 (0: no rule)")
     batch_size = positive_int("batch_size", batch_size)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     device = model_device(model)
