@@ -611,7 +611,7 @@ def main() -> None:
     parser.add_argument(
         "--long-lens",
         type=int,
-        nargs="+",
+        nargs="*",
         default=[1024, 2048, 3072, 4096],
         help="T of the profile's working memory at batch 1 (the last model)",
     )

@@ -4,6 +4,7 @@ tokenizer, the shipped tiny models and the embedded real model (converted once, 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -425,8 +426,10 @@ def embedded_model_folder(name: str = "smollm2-135m-instruct") -> Path:
     return target
 
 
+@functools.cache
 def package_version(package: str) -> str:
-    """Installed version of ``package``, or ``"not installed"``."""
+    """Installed version of ``package``, or ``"not installed"`` (read once per process: the
+    metadata lookup scans ``sys.path``)."""
     try:
         return _pkg_version(package)
     except PackageNotFoundError:

@@ -37,6 +37,23 @@ from homoglens.types import HookedModel, HookFn, HookSpec
 from homoglens.validate import first_few
 
 
+def _any_training(model: Any) -> bool:
+    """Whether any submodule is in training mode: the check of :func:`model_device`, by an
+    explicit walk of the module tree (a bridge holds ~2000 modules, which ``named_modules``'
+    nested generators and name strings visit several times slower)."""
+    seen: set[int] = set()
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if module.training:
+            return True
+        stack.extend(child for child in module._modules.values() if child is not None)
+    return False
+
+
 def model_device(model: HookedModel, *, needs_grad: bool = False) -> torch.device:
     """The model's device, after the one check of its state every streaming function makes
     before its first pass.
@@ -49,8 +66,8 @@ def model_device(model: HookedModel, *, needs_grad: bool = False) -> torch.devic
     Raises:
         ModelStateError: names the submodules in training mode, or the inference-mode weights.
     """
-    training = [name or "<model>" for name, module in model.named_modules() if module.training]
-    if training:
+    if _any_training(model):
+        training = [name or "<model>" for name, m in model.named_modules() if m.training]
         shown = first_few(training, 5)
         raise ModelStateError(
             f"{len(training)} submodule(s) of the model are in training mode ({shown}): dropout "

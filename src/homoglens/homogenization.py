@@ -21,6 +21,8 @@ adds up to the same result.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from jaxtyping import Float, Int
@@ -29,6 +31,10 @@ from homoglens.errors import InvalidInputError, NonFiniteActivationError
 
 __all__ = [
     "homogenization_sums",
+    "EntryTerms",
+    "entry_terms",
+    "stack_terms",
+    "sums_of_terms",
     "positions_from_mask",
     "SUM_FIELDS",
     "scalar_metric_weights",
@@ -100,6 +106,231 @@ def unit_scale(
     return torch.ldexp(x, (-exponent)[:, None, None].to(x.dtype)), exponent
 
 
+class EntryTerms(NamedTuple):
+    """The O(T d_model) part of :func:`homogenization_sums` for one hook point: everything that
+    reads the vectors themselves. The rest (:func:`sums_of_terms`) is arithmetic on ``[batch
+    pos]`` values, done once for a stack of entries (a profile stacks every layer of a batch, so
+    its few hundred small tensor operations run once per batch instead of once per layer).
+
+    Fields with a ``work`` dtype are float32 (float64 if the vectors are); a stack of entries
+    carries a leading ``layer`` axis on every field.
+    """
+
+    norms: Float[torch.Tensor, "batch pos"]
+    """||x_p|| in units of 2**exponent (work dtype)."""
+    exponent: Int[torch.Tensor, " batch"]
+    """Each sequence's power-of-two rescaling (see :func:`unit_scale`)."""
+    scale: Float[torch.Tensor, "batch pos"]
+    """1 / ||x_p|| on counted nonzero vectors, 0 elsewhere (so u_p = scale_p x_p)."""
+    s: Float[torch.Tensor, "batch d_model"]
+    """S = sum_p u_p (work dtype)."""
+    u_dot_s: Float[torch.Tensor, "batch pos"]
+    x_dot_xbar: Float[torch.Tensor, "batch pos"]
+    u_dot_prefix: Float[torch.Tensor, "batch pos"]
+    xsum_norm: Float[torch.Tensor, " batch"]
+    """||sum_p x_p|| (float64)."""
+    total_sq: Float[torch.Tensor, " batch"]
+    """sum_p ||x_p||^2 (float64)."""
+    centred_sq: Float[torch.Tensor, " batch"]
+    """||X - 1 xbar^T||_F^2 (float64)."""
+    rank: dict[str, torch.Tensor]
+    """The fields of :data:`RANK_FIELDS` (float64 sums over sequences), if asked for."""
+
+    def to(self, device: torch.device) -> EntryTerms:
+        """The same terms on ``device``."""
+        tensors = {f: getattr(self, f).to(device) for f in self._fields if f != "rank"}
+        return EntryTerms(**tensors, rank={k: v.to(device) for k, v in self.rank.items()})
+
+
+def stack_terms(entries: Sequence[EntryTerms]) -> EntryTerms:
+    """Entries of one batch (same device) stacked on a leading ``layer`` axis."""
+    names = [f for f in EntryTerms._fields if f != "rank"]
+    tensors = {f: torch.stack([getattr(e, f) for e in entries]) for f in names}
+    rank = {k: torch.stack([e.rank[k] for e in entries]) for k in entries[0].rank}
+    return EntryTerms(**tensors, rank=rank)
+
+
+def _counted_tokens(inc: torch.Tensor) -> torch.Tensor:
+    """``[batch]`` counted tokens per sequence (float64); refuses a sequence with fewer than 2."""
+    t = inc.sum(1).to(torch.float64)
+    if bool((t < 2).any()):
+        raise InvalidInputError(
+            "homogenization needs at least 2 counted tokens per sequence; sequence(s) "
+            f"{torch.nonzero(t < 2).flatten().tolist()} have fewer (pads and an excluded first "
+            "token do not count)"
+        )
+    return t
+
+
+def entry_terms(
+    resid: Float[torch.Tensor, "batch pos d_model"],
+    pos_index: Int[torch.Tensor, "batch pos"],
+    *,
+    effective_rank: bool = False,
+) -> EntryTerms:
+    """The vector-reading part of :func:`homogenization_sums` for one hook point (same
+    arguments); :func:`sums_of_terms` of a stack of these gives the sums.
+
+    Raises:
+        InvalidInputError: a sequence has fewer than 2 counted tokens, or shapes disagree.
+        NonFiniteActivationError: a counted vector holds NaN or inf.
+    """
+    if resid.ndim != 3 or tuple(pos_index.shape) != tuple(resid.shape[:2]):
+        raise InvalidInputError(
+            f"resid {tuple(resid.shape)} must be [batch pos d_model] and pos_index "
+            f"{tuple(pos_index.shape)} must be its [batch pos]"
+        )
+    f64 = torch.float64
+    work = f64 if resid.dtype == f64 else torch.float32
+    x = resid.detach().to(work)
+    inc = pos_index >= 0
+    w = inc.to(work)
+    t = _counted_tokens(inc)
+    # Usually one norm per vector is all the checking needed: when every norm is finite and
+    # each sequence's largest counted norm lies in [2**-20 sqrt(d_model), 2**20], every vector
+    # is finite and each sequence's largest entry lies in unit_scale's safe range, so x needs
+    # no rescaling (the general path below would give the same values, bit for bit).
+    norms = torch.linalg.vector_norm(x, dim=-1)  # [batch pos]
+    top = norms.masked_fill(~inc, 0.0).amax(1)
+    low, high = _SAFE_MAGNITUDE
+    fast = torch.isfinite(norms).all() & (top >= low * math.sqrt(x.shape[-1])).all()
+    if bool(fast & (top <= high).all()):
+        exponent = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+    else:
+        # Two reductions give each vector's largest |entry| and its finiteness (NaN and inf
+        # propagate through amax / amin), with no full-size temporary.
+        largest = torch.maximum(x.amax(-1), -x.amin(-1))  # [batch pos]
+        finite = torch.isfinite(largest)
+        if not bool(finite[inc].all()):
+            bad = int((~finite[inc]).sum())
+            raise NonFiniteActivationError(
+                f"{bad} counted residual vectors hold NaN or inf; nothing was averaged in. "
+                "Check the model dtype (float16 overflows) or the weights"
+            )
+        if not bool(finite.all()):  # NaN/inf on pads only: keep them out
+            x = x.masked_fill(~inc[..., None], 0.0)
+        x, exponent = unit_scale(x, inc, largest.masked_fill(~finite, 0.0))
+        norms = torch.linalg.vector_norm(x, dim=-1)  # in units of 2**exponent
+    nonzero = inc & (norms > 0)
+    # The dot products below are taken on x itself (the unit vectors u = x / ||x|| are never
+    # materialised): |x_i . x_j| <= ||x_i|| ||x_j||, finite wherever the norms (checked above) are.
+    scale = torch.where(  # u_p = scale_p * x_p; 0 for zero vectors and uncounted tokens
+        nonzero,
+        1.0 / torch.where(nonzero, norms, torch.ones_like(norms)),
+        torch.zeros_like(norms),
+    )
+    s, xsum, u_dot_s, x_dot_xbar, u_dot_prefix = _position_dots(x, scale, w, t.to(work))
+    xsum_norm = torch.linalg.vector_norm(xsum.to(f64), dim=-1)
+    # ||X - 1 xbar^T||_F^2 = sum_p ||x_p||^2 - ||sum_p x_p||^2 / T; where that difference is
+    # small against sum_p ||x_p||^2 (nearly constant rows) it loses digits, so those sequences
+    # take the direct sum of ||x_p - xbar||^2.
+    total_sq = ((norms.to(f64) ** 2) * inc).sum(1)
+    centred_sq = total_sq - xsum_norm**2 / t
+    near_constant = centred_sq < 1e-2 * total_sq
+    if bool(near_constant.any()):
+        rows = torch.nonzero(near_constant).flatten()
+        xbar = (xsum[rows] / t[rows, None].to(work))[:, None, :]
+        direct = torch.linalg.vector_norm(x[rows] - xbar, dim=-1).to(f64) ** 2
+        centred_sq[rows] = (direct * inc[rows]).sum(1)
+    rank = rank_sums(x, scale, w, (pos_index >= 1).to(work)) if effective_rank else {}
+    return EntryTerms(
+        norms,
+        exponent,
+        scale,
+        s,
+        u_dot_s,
+        x_dot_xbar,
+        u_dot_prefix,
+        xsum_norm,
+        total_sq,
+        centred_sq,
+        rank,
+    )
+
+
+def sums_of_terms(
+    terms: EntryTerms,
+    pos_index: Int[torch.Tensor, "batch pos"],
+    n_pos: int,
+    *,
+    per_sequence: bool = False,
+) -> dict[str, torch.Tensor]:
+    """The sums of :func:`homogenization_sums` from a stack of :func:`entry_terms` of one
+    batch (every field with a leading ``layer`` axis, on ``pos_index``'s device).
+
+    Returns:
+        The fields of :func:`homogenization_sums`, each layer-dependent one with a leading
+        ``layer`` axis; ``count``, ``prefix_count``, ``n_sequences``, ``n_tokens`` and
+        ``n_tokens_sq`` without (they do not depend on the layer).
+    """
+    f64 = torch.float64
+    inc = pos_index >= 0
+    t = _counted_tokens(inc)  # [batch]
+    uu = (terms.scale != 0).to(f64)  # u . u, exactly: 1 on counted nonzero vectors
+    to_others = (terms.u_dot_s.to(f64) - uu) / (t - 1)[:, None]
+
+    incf = inc.to(f64)
+    n_before = torch.cumsum(incf, dim=1) - incf
+    has_prefix = inc & (n_before > 0)
+    to_prefix = terms.u_dot_prefix.to(f64) / n_before.clamp_min(1)
+
+    xsum_norm = terms.xsum_norm
+    safe = torch.where(xsum_norm > 0, xsum_norm, torch.ones_like(xsum_norm))
+    to_mean = (terms.scale * terms.x_dot_xbar).to(f64) * (t / safe)[..., None]  # cos(x_p, xbar)
+
+    s64 = terms.s.to(f64)
+    s_sq = (s64 * s64).sum(-1)  # [layer batch]
+    mean_pairwise = (s_sq - uu.sum(-1)) / (t * (t - 1))
+    total_sq = terms.total_sq
+    relative_residual = (
+        terms.centred_sq.clamp_min(0).sqrt()
+        / torch.where(total_sq > 0, total_sq, torch.ones_like(total_sq)).sqrt()
+    )
+
+    # Per-position sums: tokens that are not counted go to a spare last bin, then dropped.
+    bins = torch.where(inc, pos_index, torch.full_like(pos_index, n_pos)).flatten()
+    n_layer = terms.norms.shape[0]
+
+    def per_pos(values: torch.Tensor) -> torch.Tensor:
+        rows = values.to(f64).reshape(-1, bins.numel())
+        out = torch.zeros(rows.shape[0], n_pos + 1, dtype=f64, device=bins.device)
+        return out.index_add_(1, bins, rows)[:, :n_pos].reshape(*values.shape[:-2], n_pos)
+
+    norms = torch.ldexp(terms.norms.to(f64), terms.exponent[..., None].to(f64))
+    prefix_w = has_prefix.to(f64)
+    layer_pos = per_pos(
+        torch.stack([to_others * incf, to_prefix * prefix_w, to_mean * incf, norms * incf]).reshape(
+            4 * n_layer, *incf.shape
+        )
+    )
+    layer_pos = layer_pos.reshape(4, n_layer, n_pos)
+    counts = per_pos(torch.stack([incf, prefix_w]))
+    out = {
+        "to_others_sum": layer_pos[0],
+        "to_prefix_sum": layer_pos[1],
+        "to_mean_sum": layer_pos[2],
+        "norm_sum": layer_pos[3],
+        "count": counts[0],
+        "prefix_count": counts[1],
+        "mean_pairwise_sum": mean_pairwise.sum(-1),
+        "relative_residual_sum": relative_residual.sum(-1),
+        "unit_sum": s64.sum(-2),
+        "unit_sum_sq": s_sq.sum(-1),
+        "n_sequences": torch.tensor(float(inc.shape[0]), dtype=f64),
+        "n_tokens": t.sum(),
+        "n_tokens_sq": (t * t).sum(),
+        **terms.rank,
+    }
+    if per_sequence:
+        nan = torch.full_like(to_others, float("nan"))
+        out["seq_to_others"] = torch.where(inc, to_others, nan)[..., :n_pos]
+        out["seq_mean_pairwise"] = mean_pairwise
+    return out
+
+
+_LAYER_INDEPENDENT = ("count", "prefix_count", "n_sequences", "n_tokens", "n_tokens_sq")
+
+
 def homogenization_sums(
     resid: Float[torch.Tensor, "batch pos d_model"],
     pos_index: Int[torch.Tensor, "batch pos"],
@@ -111,7 +342,8 @@ def homogenization_sums(
     """Reduce one batch at one hook point to mergeable homogenization sums.
 
     Elementwise work over ``[batch pos d_model]`` runs in float32 (float64 if ``resid`` is
-    float64); every reduction that is summed across batches is returned in float64.
+    float64); every reduction that is summed across batches is returned in float64. (The same
+    as :func:`entry_terms` then :func:`sums_of_terms`, for one entry.)
 
     Args:
         resid: ``[batch pos d_model]`` residual vectors, any float dtype.
@@ -136,108 +368,11 @@ def homogenization_sums(
         InvalidInputError: a sequence has fewer than 2 counted tokens, or shapes disagree.
         NonFiniteActivationError: a counted vector holds NaN or inf.
     """
-    if resid.ndim != 3 or tuple(pos_index.shape) != tuple(resid.shape[:2]):
-        raise InvalidInputError(
-            f"resid {tuple(resid.shape)} must be [batch pos d_model] and pos_index "
-            f"{tuple(pos_index.shape)} must be its [batch pos]"
-        )
-    f64 = torch.float64
-    work = f64 if resid.dtype == f64 else torch.float32
-    x = resid.detach().to(work)
-    inc = pos_index >= 0
-    w = inc.to(work)
-    t = inc.sum(1).to(f64)  # [batch] counted tokens per sequence
-    if bool((t < 2).any()):
-        raise InvalidInputError(
-            "homogenization needs at least 2 counted tokens per sequence; sequence(s) "
-            f"{torch.nonzero(t < 2).flatten().tolist()} have fewer (pads and an excluded first "
-            "token do not count)"
-        )
-    # Two reductions give each vector's largest |entry| and its finiteness (NaN and inf
-    # propagate through amax / amin), with no full-size temporary.
-    top, bottom = x.amax(-1), x.amin(-1)  # [batch pos]
-    largest = torch.maximum(top, -bottom)
-    finite = torch.isfinite(largest)
-    if not bool(finite[inc].all()):
-        bad = int((~finite[inc]).sum())
-        raise NonFiniteActivationError(
-            f"{bad} counted residual vectors hold NaN or inf; nothing was averaged in. Check the "
-            "model dtype (float16 overflows) or the weights"
-        )
-    if not bool(finite.all()):  # NaN/inf on pads only: keep them out
-        x = x.masked_fill(~inc[..., None], 0.0)
-    x, exponent = unit_scale(x, inc, largest.masked_fill(~finite, 0.0))
-    norms = torch.linalg.vector_norm(x, dim=-1)  # [batch pos], in units of 2**exponent
-    nonzero = inc & (norms > 0)
-    # The dot products below are taken on x itself (the unit vectors u = x / ||x|| are never
-    # materialised): |x_i . x_j| <= ||x_i|| ||x_j||, finite wherever the norms (checked above) are.
-    scale = torch.where(  # u_p = scale_p * x_p; 0 for zero vectors and uncounted tokens
-        nonzero,
-        1.0 / torch.where(nonzero, norms, torch.ones_like(norms)),
-        torch.zeros_like(norms),
+    terms = entry_terms(resid, pos_index, effective_rank=effective_rank)
+    sums = sums_of_terms(
+        stack_terms([terms]), pos_index.to(resid.device), n_pos, per_sequence=per_sequence
     )
-    uu = nonzero.to(f64)  # u . u, exactly
-    s, xsum, u_dot_s, x_dot_xbar, u_dot_prefix = _position_dots(x, scale, w, t.to(work))
-    tm1 = (t - 1)[:, None]
-    to_others = (u_dot_s.to(f64) - uu) / tm1
-
-    n_before = (torch.cumsum(w, dim=1) - w).to(f64)
-    has_prefix = inc & (n_before > 0)
-    to_prefix = u_dot_prefix.to(f64) / n_before.clamp_min(1)
-
-    xsum64 = xsum.to(f64)
-    xsum_norm = torch.linalg.vector_norm(xsum64, dim=-1)
-    safe = torch.where(xsum_norm > 0, xsum_norm, torch.ones_like(xsum_norm))
-    to_mean = (scale * x_dot_xbar).to(f64) * (t / safe)[:, None]  # cos(x_p, xbar)
-
-    s64 = s.to(f64)
-    mean_pairwise = ((s64 * s64).sum(-1) - uu.sum(1)) / (t * (t - 1))
-    # ||X - 1 xbar^T||_F^2 = sum_p ||x_p||^2 - ||sum_p x_p||^2 / T; where that difference is
-    # small against sum_p ||x_p||^2 (nearly constant rows) it loses digits, so those sequences
-    # take the direct sum of ||x_p - xbar||^2.
-    total_sq = ((norms.to(f64) ** 2) * inc).sum(1)
-    centred_sq = total_sq - xsum_norm**2 / t
-    near_constant = centred_sq < 1e-2 * total_sq
-    if bool(near_constant.any()):
-        rows = torch.nonzero(near_constant).flatten()
-        xbar = (xsum[rows] / t[rows, None].to(work))[:, None, :]
-        direct = torch.linalg.vector_norm(x[rows] - xbar, dim=-1).to(f64) ** 2
-        centred_sq[rows] = (direct * inc[rows]).sum(1)
-    relative_residual = (
-        centred_sq.clamp_min(0).sqrt()
-        / torch.where(total_sq > 0, total_sq, torch.ones_like(total_sq)).sqrt()
-    )
-
-    # Per-position sums: tokens that are not counted go to a spare last bin, then dropped.
-    bins = torch.where(inc, pos_index, torch.full_like(pos_index, n_pos)).flatten()
-
-    def per_pos(values: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(n_pos + 1, dtype=f64, device=x.device)
-        return out.index_add_(0, bins, values.to(f64).flatten())[:n_pos]
-
-    prefix_w = has_prefix.to(f64)
-    out = {
-        "to_others_sum": per_pos(to_others * inc),
-        "to_prefix_sum": per_pos(to_prefix * prefix_w),
-        "to_mean_sum": per_pos(to_mean * inc),
-        "norm_sum": per_pos(torch.ldexp(norms.to(f64), exponent[:, None].to(f64)) * inc),
-        "count": per_pos(inc.to(f64)),
-        "prefix_count": per_pos(prefix_w),
-        "mean_pairwise_sum": mean_pairwise.sum(),
-        "relative_residual_sum": relative_residual.sum(),
-        "unit_sum": s64.sum(0),
-        "unit_sum_sq": (s64 * s64).sum(),
-        "n_sequences": torch.tensor(float(x.shape[0]), dtype=f64),
-        "n_tokens": t.sum(),
-        "n_tokens_sq": (t * t).sum(),
-    }
-    if per_sequence:
-        nan = torch.full_like(to_others, float("nan"))
-        out["seq_to_others"] = torch.where(inc, to_others, nan)[:, :n_pos]
-        out["seq_mean_pairwise"] = mean_pairwise
-    if effective_rank:
-        out.update(rank_sums(x, scale, w, (pos_index >= 1).to(work)))
-    return out
+    return {k: v if k in _LAYER_INDEPENDENT else v[0] for k, v in sums.items()}
 
 
 RANK_FIELDS = (
@@ -318,14 +453,23 @@ def rank_sums(
     }
 
 
+def _chunk_for(n_pos: int) -> int:
+    """32 positions per chunk (the fastest on CPU from T = 128 to 1024), or the divisor of
+    ``n_pos`` nearest to it in 8..64, so that the chunks tile the sequence exactly."""
+    if n_pos % 32 == 0 or n_pos <= 32:
+        return 32
+    divisors = [c for c in range(8, 65) if n_pos % c == 0]
+    return min(divisors, key=lambda c: abs(c - 32)) if divisors else 32
+
+
 def _position_dots(
     x: Float[torch.Tensor, "batch pos d_model"],
     scale: Float[torch.Tensor, "batch pos"],
     weight: Float[torch.Tensor, "batch pos"],
     n_tokens: Float[torch.Tensor, " batch"],
-    chunk: int = 32,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """The dot products of :func:`homogenization_sums`, from four reads of ``x`` in matrix
+    """The dot products of :func:`homogenization_sums`, from three reads of ``x`` in matrix
     products over chunks of ``chunk`` positions, with u_p = scale_p * x_p never materialised.
 
     Returns:
@@ -334,35 +478,37 @@ def _position_dots(
         ``[batch pos]``. Per chunk, the prefix term is the strictly lower triangle of the
         chunk's Gram matrix plus a dot with the sum of all earlier chunks: O(T * chunk * d_model)
         work in a few matrix products, several times faster on CPU than a cumulative sum over
-        ``pos`` followed by a dot product.
+        ``pos`` followed by a dot product. The chunk length divides ``pos`` where it can (a
+        split-off remainder makes the matrix products copy ``x``); else the positions beyond the
+        last whole chunk form one more, shorter chunk.
     """
     batch, n_pos, d_model = x.shape
+    chunk = chunk or _chunk_for(n_pos)
     full = n_pos // chunk * chunk
-    pieces = []  # (x [batch n k d_model], scale [batch n k], weight [batch n k]), in order
+    # (x [batch n k d_model], scale and weight [batch n k]) per run of equal chunks, in order
+    pieces = []
     if full:
-        n = full // chunk
         pieces.append(
             (
-                x[:, :full].reshape(batch, n, chunk, d_model),
-                scale[:, :full].reshape(batch, n, chunk),
-                weight[:, :full].reshape(batch, n, chunk),
+                x[:, :full].view(batch, full // chunk, chunk, d_model),
+                scale[:, :full].view(batch, -1, chunk),
+                weight[:, :full].view(batch, -1, chunk),
             )
         )
     if full < n_pos:
-        pieces.append(
-            (x[:, full:, None].transpose(1, 2), scale[:, None, full:], weight[:, None, full:])
-        )
+        pieces.append((x[:, None, full:], scale[:, None, full:], weight[:, None, full:]))
     # Per chunk: sum of its unit vectors and of its counted vectors -> [batch n_chunk 2 d_model]
-    chunk_sums = torch.cat([torch.stack([sc, wt], dim=-2) @ xs for xs, sc, wt in pieces], dim=1)
-    s, xsum = chunk_sums[:, :, 0].sum(1), chunk_sums[:, :, 1].sum(1)
-    running = torch.cumsum(chunk_sums[:, :, 0], dim=1)
-    earlier = torch.cat([torch.zeros_like(running[:, :1]), running[:, :-1]], dim=1)
+    parts = [torch.stack([sc, wt], dim=-2) @ xs for xs, sc, wt in pieces]
+    chunk_sums = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    s, xsum = chunk_sums.sum(1).unbind(1)
+    unit = chunk_sums[:, :, 0]  # [batch n_chunk d_model]
+    earlier = torch.cumsum(unit, dim=1) - unit  # sum of the chunks before each
     xbar = xsum / n_tokens[:, None]
     u_dot_s, x_dot_xbar, prefix, start = [], [], [], 0
     for xs, sc, _ in pieces:
         n = xs.shape[1]
-        gram = (xs @ xs.transpose(-1, -2)) * sc[..., :, None] * sc[..., None, :]
-        within = gram.tril_(-1).sum(-1)  # earlier tokens of the same chunk
+        gram = xs @ xs.transpose(-1, -2)  # [batch n k k]
+        within = (gram * sc[..., None, :]).tril_(-1).sum(-1) * sc  # earlier tokens of the chunk
         vectors = torch.stack(
             [
                 earlier[:, start : start + n],
@@ -376,6 +522,8 @@ def _position_dots(
         u_dot_s.append((sc * proj[..., 1]).reshape(batch, -1))
         x_dot_xbar.append(proj[..., 2].reshape(batch, -1))
         start += n
+    if len(pieces) == 1:
+        return s, xsum, u_dot_s[0], x_dot_xbar[0], prefix[0]
     return s, xsum, torch.cat(u_dot_s, 1), torch.cat(x_dot_xbar, 1), torch.cat(prefix, 1)
 
 

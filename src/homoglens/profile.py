@@ -42,7 +42,13 @@ from homoglens.engine import (
     stream,
 )
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
-from homoglens.homogenization import homogenization_sums, positions_from_mask
+from homoglens.homogenization import (
+    entry_terms,
+    homogenization_sums,
+    positions_from_mask,
+    stack_terms,
+    sums_of_terms,
+)
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
 from homoglens.results.profile import ProfileSums
@@ -299,44 +305,50 @@ class ProfileReducer(Reducer):
     def _hook(self, i: int, name: str) -> HookFn:
         def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
             state = self.state
-            try:
-                sums = homogenization_sums(
+            try:  # the part that reads the vectors; the rest runs once per batch, in end()
+                terms = entry_terms(
                     resid,
                     state["pos_index"].to(resid.device),
-                    self.n_pos,
                     effective_rank=self.effective_rank,
-                    per_sequence=self.per_sequence,
                 )
             except NonFiniteActivationError as err:
                 raise NonFiniteActivationError(f"{name}: {err}") from None
-            self.accumulator.add(i, sums, first=(i == 0))
-            if self.per_sequence:
-                state["to_others"][:, i, : sums["seq_to_others"].shape[1]] = sums["seq_to_others"]
-                state["mean_pairwise"][:, i] = sums["seq_mean_pairwise"]
+            state["terms"][i] = terms.to(self.device)
 
         return hook
 
     def begin(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
         self.state["pos_index"] = positions_from_mask(mask, exclude_first=self.exclude_first)
-        if self.per_sequence:
-            shape = (tokens.shape[0], len(self.chosen))
-            self.state["to_others"] = torch.full(
-                (*shape, self.n_pos), float("nan"), dtype=torch.float64, device=self.device
+        self.state["terms"] = [None] * len(self.chosen)
+
+    def end(self) -> None:
+        terms = self.state.pop("terms", None)
+        if terms is not None:
+            missing = [self.chosen[i] for i, t in enumerate(terms) if t is None]
+            if missing:  # pragma: no cover - every pass runs through its last hook point
+                raise RuntimeError(f"homoglens: the pass never reached layers {missing}")
+            pos_index = self.state["pos_index"].to(self.device)
+            sums = sums_of_terms(
+                stack_terms(terms), pos_index, self.n_pos, per_sequence=self.per_sequence
             )
-            self.state["mean_pairwise"] = torch.zeros(
-                shape, dtype=torch.float64, device=self.device
-            )
+            self.accumulator.add_layers(sums)
+            if self.per_sequence:  # [layer batch pos] -> [batch layer pos], padded to n_pos
+                others = torch.full(
+                    (pos_index.shape[0], len(self.chosen), self.n_pos),
+                    float("nan"),
+                    dtype=torch.float64,
+                    device=self.device,
+                )
+                seq = sums["seq_to_others"].transpose(0, 1)
+                others[..., : seq.shape[-1]] = seq
+                self.seq_to_others.append(others.float().cpu())
+                self.seq_mean_pairwise.append(sums["seq_mean_pairwise"].T.float().cpu())
+        self.state.clear()
 
     def logits(self, logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> None:
         nll = next_token_nll(logits, tokens)
         self.seq_loss.append(mean_nll(nll, mask).cpu())
         self.seq_icl.append(icl_score(nll, mask).cpu())
-
-    def end(self) -> None:
-        if self.per_sequence:
-            self.seq_to_others.append(self.state["to_others"].float().cpu())
-            self.seq_mean_pairwise.append(self.state["mean_pairwise"].float().cpu())
-        self.state.clear()
 
     def all_reduce(self, n_all: int, device: torch.device) -> None:
         """Sum the statistics over all ranks and gather per-sequence values in input order."""

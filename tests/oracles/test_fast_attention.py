@@ -169,7 +169,65 @@ def test_an_error_inside_the_pass_restores_everything():
         )
     assert model.original_model.config._attn_implementation == "eager"
     assert all("forward" not in block.attn.__dict__ for block in model.blocks)
+    assert all("forward" not in block.ln1.__dict__ for block in model.blocks)
     assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_norms_run_their_hugging_face_module_unless_hooked_inside(arch):
+    """On the fast path an unhooked LayerNorm / RMSNorm bridge runs only its Hugging Face
+    module (the bridge's forward computes the statistics twice); a hook on its hook_scale or
+    hook_normalized keeps the whole pass on the bridge's own path, and that hook fires."""
+    model = _bridge(arch)
+    during = {}
+
+    def lean_during(x, hook):
+        during["lean"] = "forward" in model.blocks[0].ln1.__dict__
+
+    run_through(
+        model, TOKENS[:1], "blocks.0.hook_resid_post", [("blocks.0.hook_resid_post", lean_during)]
+    )
+    assert during["lean"] and "forward" not in model.blocks[0].ln1.__dict__
+    scales = []
+    run_through(
+        model,
+        TOKENS[:1],
+        "blocks.0.hook_resid_post",
+        [
+            ("blocks.0.ln1.hook_scale", lambda x, hook: scales.append(x.shape)),
+            ("blocks.0.hook_resid_post", lean_during),
+        ],
+    )
+    assert scales and not during["lean"]
+
+
+def test_processed_weights_keep_the_bridges_norms():
+    """After enable_compatibility_mode() the bridge's norms carry folded weights their Hugging
+    Face modules lack: the fast path leaves them alone, and the profile equals eager."""
+    model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.enable_compatibility_mode(disable_warnings=True)
+    during = {}
+
+    def lean_during(x, hook):
+        during["lean"] = "forward" in model.blocks[0].ln1.__dict__
+
+    run_through(
+        model, TOKENS[:1], "blocks.0.hook_resid_post", [("blocks.0.hook_resid_post", lean_during)]
+    )
+    assert not during["lean"]
+    mp = pytest.MonkeyPatch()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fast, eager = _both(
+                mp,
+                lambda: homogenization_profile(model, TOKENS, attention_mask=MASK, progress=False),
+            )
+    finally:
+        mp.undo()
+    _same(fast, eager)
 
 
 def test_fallback_notice_once_and_switch_off(monkeypatch):

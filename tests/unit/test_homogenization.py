@@ -76,19 +76,21 @@ def test_statistics_match_brute_force_per_position() -> None:
     assert prof.count.tolist() == [4.0] * 9
 
 
+@pytest.mark.parametrize("n_pos", [70, 71])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_chunked_dot_products_match_brute_force_across_chunks(dtype) -> None:
-    """T = 70 spans two full chunks of 32 positions and a tail of 6; padded rows end mid-chunk."""
+def test_chunked_dot_products_match_brute_force_across_chunks(dtype, n_pos: int) -> None:
+    """T = 70 is tiled by two chunks of 35 positions; T = 71 (prime) by two of 32 and a tail
+    of 7; padded rows end mid-chunk."""
     torch.manual_seed(3)
-    x = (torch.randn(3, 70, 24, dtype=torch.float64) + 0.4).to(dtype)
-    mask = torch.ones(3, 70, dtype=torch.long)
+    x = (torch.randn(3, n_pos, 24, dtype=torch.float64) + 0.4).to(dtype)
+    mask = torch.ones(3, n_pos, dtype=torch.long)
     mask[1, 40:] = 0
     mask[2, 65:] = 0
     prof = cosine_homogenization(x, mask)
     expected = [brute(x[b][mask[b].bool()]) for b in range(3)]
     atol = 1e-12 if dtype == torch.float64 else 2e-6
     for name in ("to_others", "to_prefix", "to_mean"):
-        for p in (0, 31, 32, 39, 40, 64, 69):
+        for p in (0, 31, 32, 34, 35, 39, 40, 64, 69, n_pos - 1):
             rows = [e[name][p] for e in expected if p < len(e[name])]
             want = torch.stack(rows).mean()
             got = getattr(prof, name)[0, p]

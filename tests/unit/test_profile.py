@@ -194,7 +194,7 @@ def test_error_inside_forward_leaves_no_hook_and_same_weights(
     def boom(*args, **kwargs):
         raise RuntimeError("fault inside the forward pass")
 
-    monkeypatch.setattr("homoglens.profile.homogenization_sums", boom)
+    monkeypatch.setattr("homoglens.profile.entry_terms", boom)
     with pytest.raises(RuntimeError, match="fault inside"):
         homogenization_profile(model, TEXTS, progress=False)
     assert hook_count(model) == 0

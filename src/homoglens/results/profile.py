@@ -678,6 +678,19 @@ class ProfileSums:
             for name in self.scalars:
                 self.scalars[name] += int(round(float(sums[name])))
 
+    def add_layers(self, sums: dict[str, torch.Tensor]) -> None:
+        """Add one batch's sums of every layer-axis entry at once: the output of
+        :func:`~homoglens.homogenization.sums_of_terms` on a stack of all entries."""
+        for name, acc in self.layer_pos.items():
+            acc += sums[name].to(acc.device)
+        for name, acc in self.layer.items():
+            acc += sums[name].to(acc.device)
+        self.unit_sum += sums["unit_sum"].to(self.unit_sum.device)
+        for name, acc in self.pos.items():
+            acc += sums[name].to(acc.device)
+        for name in self.scalars:
+            self.scalars[name] += int(round(float(sums[name])))
+
     def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
         """The finished profile of the sums (CPU tensors, exact integer counts)."""
         cpu: dict[str, Any] = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer}.items()}
