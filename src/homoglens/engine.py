@@ -41,16 +41,16 @@ def _any_training(model: Any) -> bool:
     """Whether any submodule is in training mode: the check of :func:`model_device`, by an
     explicit walk of the module tree (a bridge holds ~2000 modules, which ``named_modules``'
     nested generators and name strings visit several times slower)."""
-    seen: set[int] = set()
+    seen = {id(model)}
     stack = [model]
     while stack:
         module = stack.pop()
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
         if module.training:
             return True
-        stack.extend(child for child in module._modules.values() if child is not None)
+        for child in module._modules.values():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
     return False
 
 

@@ -36,7 +36,6 @@ from homoglens.engine import (
     Reducer,
     icl_score,
     mean_nll,
-    model_device,
     next_token_nll,
     provenance_of,
     stream,
@@ -285,7 +284,7 @@ class ProfileReducer(Reducer):
         per_sequence: bool = False,
         loss: bool = False,
     ) -> None:
-        self.device = model_device(model)
+        self.device = next(iter(model.parameters())).device  # stream() checks the model
         self.n_pos, self.chosen = n_pos, chosen
         self.exclude_first, self.effective_rank = exclude_first, effective_rank
         self.per_sequence, self.needs_logits = per_sequence, loss
