@@ -553,11 +553,12 @@ def versus_hf(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             "profile": profile,
         }
         for spec in args.hf_sizes:
-            seq_len, n = (int(v) for v in spec.split(":"))
+            seq_len, n, *more = (int(v) for v in spec.split(":"))
+            repeats = more[0] if more else args.repeats
             if seq_len > model.cfg.n_ctx:
                 continue
             tokens = tokens_for(model, n, seq_len).to(args.device)
-            raw = raw_timings(model, tokens, methods, args.repeats, args.device)
+            raw = raw_timings(model, tokens, methods, repeats, args.device)
             t = {k: statistics.median(v) for k, v in raw.items()}
             best = min(t["plain HF sdpa"], t["plain HF eager"])
             paired = statistics.median(  # each round against that round's faster plain HF run
@@ -624,8 +625,9 @@ def main() -> None:
     parser.add_argument(
         "--hf-sizes",
         nargs="+",
-        default=["128:8", "512:8", "1024:8", "2048:2", "4096:1"],
-        help="T:batch pairs of the comparison with the plain Hugging Face loop",
+        default=["128:8:21", "512:8", "1024:8", "2048:2", "4096:1"],
+        help="T:batch pairs of the comparison with the plain Hugging Face loop (T:batch:repeats "
+        "to run a size more often than --repeats)",
     )
     parser.add_argument(
         "--long-lens",
