@@ -122,28 +122,29 @@ def _pattern_fires(model) -> bool:
     return bool(fired)
 
 
-def test_a_pass_that_hooks_attention_internals_stays_eager():
-    model = _bridge("llama")
-    seen = {}
-
-    def config_during(x, hook):
-        seen["blocks.0.hook_resid_post"] = model.original_model.config._attn_implementation
-
-    run_through(
-        model, TOKENS[:1], "blocks.0.hook_resid_post", [("blocks.0.hook_resid_post", config_during)]
-    )
-    assert seen["blocks.0.hook_resid_post"] == "sdpa"
-    pattern = []
+def _seen_during_pass(model, probe, extra=()):
+    """What ``probe()`` returns while a pass (with the ``extra`` hooks attached) is at
+    blocks.0.hook_resid_post."""
+    seen = []
     run_through(
         model,
         TOKENS[:1],
         "blocks.0.hook_resid_post",
-        [
-            ("blocks.0.attn.hook_pattern", lambda p, hook: pattern.append(p.shape)),
-            ("blocks.0.hook_resid_post", config_during),
-        ],
+        [*extra, ("blocks.0.hook_resid_post", lambda x, hook: seen.append(probe()))],
     )
-    assert pattern and seen["blocks.0.hook_resid_post"] == "eager"
+    return seen[0]
+
+
+def test_a_pass_that_hooks_attention_internals_stays_eager():
+    model = _bridge("llama")
+
+    def implementation():
+        return model.original_model.config._attn_implementation
+
+    assert _seen_during_pass(model, implementation) == "sdpa"
+    pattern = []
+    read = [("blocks.0.attn.hook_pattern", lambda p, hook: pattern.append(p.shape))]
+    assert _seen_during_pass(model, implementation, read) == "eager" and pattern
     assert _pattern_fires(model)  # a persistent user hook on the pattern: eager, and it fires
     assert model.original_model.config._attn_implementation == "eager"
     assert "forward" not in model.blocks[0].attn.__dict__
@@ -179,26 +180,14 @@ def test_norms_run_their_hugging_face_module_unless_hooked_inside(arch):
     module (the bridge's forward computes the statistics twice); a hook on its hook_scale or
     hook_normalized keeps the whole pass on the bridge's own path, and that hook fires."""
     model = _bridge(arch)
-    during = {}
 
-    def lean_during(x, hook):
-        during["lean"] = "forward" in model.blocks[0].ln1.__dict__
+    def lean():
+        return "forward" in model.blocks[0].ln1.__dict__
 
-    run_through(
-        model, TOKENS[:1], "blocks.0.hook_resid_post", [("blocks.0.hook_resid_post", lean_during)]
-    )
-    assert during["lean"] and "forward" not in model.blocks[0].ln1.__dict__
+    assert _seen_during_pass(model, lean) and not lean()
     scales = []
-    run_through(
-        model,
-        TOKENS[:1],
-        "blocks.0.hook_resid_post",
-        [
-            ("blocks.0.ln1.hook_scale", lambda x, hook: scales.append(x.shape)),
-            ("blocks.0.hook_resid_post", lean_during),
-        ],
-    )
-    assert scales and not during["lean"]
+    read = [("blocks.0.ln1.hook_scale", lambda x, hook: scales.append(x.shape))]
+    assert not _seen_during_pass(model, lean, read) and scales
 
 
 def test_processed_weights_keep_the_bridges_norms():
@@ -208,15 +197,7 @@ def test_processed_weights_keep_the_bridges_norms():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.enable_compatibility_mode(disable_warnings=True)
-    during = {}
-
-    def lean_during(x, hook):
-        during["lean"] = "forward" in model.blocks[0].ln1.__dict__
-
-    run_through(
-        model, TOKENS[:1], "blocks.0.hook_resid_post", [("blocks.0.hook_resid_post", lean_during)]
-    )
-    assert not during["lean"]
+    assert not _seen_during_pass(model, lambda: "forward" in model.blocks[0].ln1.__dict__)
     mp = pytest.MonkeyPatch()
     try:
         with warnings.catch_warnings():
