@@ -11,6 +11,8 @@ removes them however the pass ends).
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -411,7 +413,7 @@ def stream(
     read = [name for name, _ in reader_hooks]
     if step is None and not needs_logits and not read:
         raise ValueError("stream: no reducer reads a hook point and none needs the logits")
-    for tokens, mask in forward_batches(
+    batches = forward_batches(
         batch[start:stop],
         batch_size,
         device,
@@ -419,21 +421,26 @@ def stream(
         progress=progress,
         uniform_length=uniform_length,
         needs_grad=needs_grad,
-    ):
-        for reducer in reducers:
-            reducer.begin(tokens, mask)
-        if step is not None:
-            step(tokens, mask)
-        elif needs_logits:
-            logits = run_logits(model, tokens, fwd_hooks, attention_mask=mask)
+    )
+    # Closed however the loop ends: a generator left suspended by an error would keep its
+    # inference mode (or enabled grad) switched on for the caller until the garbage collector
+    # found it, which a traceback held in a reference cycle can delay indefinitely.
+    with contextlib.closing(batches):
+        for tokens, mask in batches:
             for reducer in reducers:
-                if reducer.needs_logits:
-                    reducer.logits(logits, tokens, mask)
-            del logits
-        else:
-            run_through(model, tokens, read, fwd_hooks, attention_mask=mask)
-        for reducer in reducers:
-            reducer.end()
+                reducer.begin(tokens, mask)
+            if step is not None:
+                step(tokens, mask)
+            elif needs_logits:
+                logits = run_logits(model, tokens, fwd_hooks, attention_mask=mask)
+                for reducer in reducers:
+                    if reducer.needs_logits:
+                        reducer.logits(logits, tokens, mask)
+                del logits
+            else:
+                run_through(model, tokens, read, fwd_hooks, attention_mask=mask)
+            for reducer in reducers:
+                reducer.end()
     if size > 1:
         for reducer in reducers:
             reducer.all_reduce(n_all, device)

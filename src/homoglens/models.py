@@ -576,8 +576,10 @@ def _check_folder_complete(folder: Path) -> None:
     log.setLevel(logging.ERROR)
     try:
         with quiet_loading():
+            # use_kernels=False: transformers >= 5.25 with the `kernels` package kernelizes by
+            # default, which refuses the meta device (and the check would pass silently).
             _, info = cast(Any, AutoModelForCausalLM).from_pretrained(
-                str(folder), device_map="meta", output_loading_info=True
+                str(folder), device_map="meta", output_loading_info=True, use_kernels=False
             )
     except Exception:  # unreadable or unusual folders: the real load reports them
         return

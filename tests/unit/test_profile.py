@@ -202,6 +202,23 @@ def test_error_inside_forward_leaves_no_hook_and_same_weights(
     assert not torch.is_inference_mode_enabled()  # the streaming loop restored grad mode
 
 
+def test_an_error_leaves_inference_mode_off_while_its_traceback_lives(get_model, monkeypatch):
+    """The batches' generator runs under torch.inference_mode; an error inside a pass must
+    not leave it suspended (and inference mode on) for as long as the error's traceback,
+    which pytest and notebooks keep, refers to the loop's frame."""
+    model = get_model("gpt2", BACKENDS[-1])
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("fault inside the forward pass")
+
+    monkeypatch.setattr("homoglens.profile.entry_terms", boom)
+    with pytest.raises(RuntimeError, match="fault inside") as info:
+        homogenization_profile(model, TEXTS, progress=False)
+    assert info.value.__traceback__ is not None  # the frames are still referenced
+    assert not torch.is_inference_mode_enabled()
+    assert hook_count(model) == 0
+
+
 def test_non_finite_activations_are_reported(get_model) -> None:
     model = get_model("gpt2", BACKENDS[-1])
     handle = model.hook_dict["blocks.0.hook_resid_post"].register_forward_hook(
