@@ -12,7 +12,6 @@ removes them however the pass ends).
 from __future__ import annotations
 
 import contextlib
-
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
