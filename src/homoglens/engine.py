@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import torch
@@ -455,7 +455,7 @@ def forward_batches(
     progress: bool,
     uniform_length: bool = False,
     needs_grad: bool = False,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
     """Yield right-aligned ``(tokens, attention_mask)`` batches on ``device``, under
     ``torch.inference_mode`` (``needs_grad``: with gradients on) and with a tqdm progress bar;
     the batches of :func:`stream`."""
