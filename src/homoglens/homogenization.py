@@ -20,6 +20,7 @@ adds up to the same result.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -33,6 +34,9 @@ __all__ = [
     "homogenization_sums",
     "EntryTerms",
     "entry_terms",
+    "CountedTokens",
+    "counted_tokens",
+    "work_dtype",
     "stack_terms",
     "sums_of_terms",
     "positions_from_mask",
@@ -108,46 +112,95 @@ def unit_scale(
 
 class EntryTerms(NamedTuple):
     """The O(T d_model) part of :func:`homogenization_sums` for one hook point: everything that
-    reads the vectors themselves. The rest (:func:`sums_of_terms`) is arithmetic on ``[batch
-    pos]`` values, done once for a stack of entries (a profile stacks every layer of a batch, so
-    its few hundred small tensor operations run once per batch instead of once per layer).
+    reads the vectors themselves, as raw products of the vectors with the few per-sequence
+    vectors of the statistics. The rest (:func:`sums_of_terms`) is arithmetic on ``[batch pos]``
+    values, done once for a stack of entries (a profile stacks every layer of a batch, so its
+    small tensor operations run once per batch instead of once per layer; in the hook only a
+    few dozen run, most of them the reads of the vectors).
 
     Fields with a ``work`` dtype are float32 (float64 if the vectors are); a stack of entries
     carries a leading ``layer`` axis on every field.
     """
 
     norms: Float[torch.Tensor, "batch pos"]
-    """||x_p|| in units of 2**exponent (work dtype)."""
-    exponent: Int[torch.Tensor, " batch"]
-    """Each sequence's power-of-two rescaling (see :func:`unit_scale`)."""
-    scale: Float[torch.Tensor, "batch pos"]
-    """1 / ||x_p|| on counted nonzero vectors, 0 elsewhere (so u_p = scale_p x_p)."""
-    s: Float[torch.Tensor, "batch d_model"]
-    """S = sum_p u_p (work dtype)."""
-    u_dot_s: Float[torch.Tensor, "batch pos"]
-    x_dot_xbar: Float[torch.Tensor, "batch pos"]
-    u_dot_prefix: Float[torch.Tensor, "batch pos"]
-    xsum_norm: Float[torch.Tensor, " batch"]
-    """||sum_p x_p|| (float64)."""
-    total_sq: Float[torch.Tensor, " batch"]
-    """sum_p ||x_p||^2 (float64)."""
-    centred_sq: Float[torch.Tensor, " batch"]
-    """||X - 1 xbar^T||_F^2 (float64)."""
+    """||x_p|| in units of 2**exponent (work dtype); scale_p = 1 / ||x_p|| on counted nonzero
+    vectors, 0 elsewhere, is recomputed from it bit for bit (u_p = scale_p x_p)."""
+    exponent: Int[torch.Tensor, " batch"] | None
+    """Each sequence's power-of-two rescaling (see :func:`unit_scale`); None: all 0."""
+    sums: Float[torch.Tensor, "batch 2 d_model"]
+    """S = sum_p u_p and the sum of the counted x_p (work dtype)."""
+    within: Float[torch.Tensor, "batch pos"]
+    """x_p . sum of scale_j x_j over the earlier counted j of p's chunk (see _position_dots)."""
+    proj: Float[torch.Tensor, "batch pos 3"]
+    """x_p . (sum of u_j over the chunks before p's), x_p . S and x_p . sum_j x_j."""
+    centred_sq: Float[torch.Tensor, " batch"] | None
+    """||X - 1 xbar^T||_F^2 (float64) summed directly, for sequences whose rows are nearly
+    constant (NaN on the others, which take sum ||x_p||^2 - ||sum x_p||^2 / T); None: none."""
     rank: dict[str, torch.Tensor]
     """The fields of :data:`RANK_FIELDS` (float64 sums over sequences), if asked for."""
 
     def to(self, device: torch.device) -> EntryTerms:
         """The same terms on ``device``."""
-        tensors = {f: getattr(self, f).to(device) for f in self._fields if f != "rank"}
-        return EntryTerms(**tensors, rank={k: v.to(device) for k, v in self.rank.items()})
+        if self.norms.device == device:
+            return self
+        exponent, centred = self.exponent, self.centred_sq
+        return EntryTerms(
+            self.norms.to(device),
+            None if exponent is None else exponent.to(device),
+            self.sums.to(device),
+            self.within.to(device),
+            self.proj.to(device),
+            None if centred is None else centred.to(device),
+            {k: v.to(device) for k, v in self.rank.items()},
+        )
 
 
 def stack_terms(entries: Sequence[EntryTerms]) -> EntryTerms:
     """Entries of one batch (same device) stacked on a leading ``layer`` axis."""
-    names = [f for f in EntryTerms._fields if f != "rank"]
-    tensors = {f: torch.stack([getattr(e, f) for e in entries]) for f in names}
+
+    def stack(field: str, fill: float | int) -> torch.Tensor | None:
+        values = [getattr(e, field) for e in entries]
+        if all(v is None for v in values):
+            return None
+        like = next(v for v in values if v is not None)
+        return torch.stack([torch.full_like(like, fill) if v is None else v for v in values])
+
     rank = {k: torch.stack([e.rank[k] for e in entries]) for k in entries[0].rank}
-    return EntryTerms(**tensors, rank=rank)
+    return EntryTerms(
+        torch.stack([e.norms for e in entries]),
+        stack("exponent", 0),
+        torch.stack([e.sums for e in entries]),
+        torch.stack([e.within for e in entries]),
+        torch.stack([e.proj for e in entries]),
+        stack("centred_sq", float("nan")),
+        rank,
+    )
+
+
+class CountedTokens(NamedTuple):
+    """What :func:`entry_terms` needs to know of a batch's counted tokens, computed once per
+    batch (and device / dtype) from its ``pos_index``."""
+
+    weight: Float[torch.Tensor, "batch pos"]
+    """1 on counted tokens, 0 elsewhere (work dtype)."""
+    n_tokens: Float[torch.Tensor, " batch"]
+    """Counted tokens per sequence (work dtype)."""
+    rest: Float[torch.Tensor, "batch pos"]
+    """1 on counted tokens after position 0 (work dtype; for the rank metrics)."""
+
+
+def counted_tokens(
+    pos_index: Int[torch.Tensor, "batch pos"], dtype: torch.dtype, device: torch.device
+) -> CountedTokens:
+    """The :class:`CountedTokens` of ``pos_index`` in ``dtype`` on ``device``.
+
+    Raises:
+        InvalidInputError: a sequence has fewer than 2 counted tokens.
+    """
+    pos_index = pos_index.to(device)
+    inc = pos_index >= 0
+    weight = inc.to(dtype)
+    return CountedTokens(weight, _counted_tokens(inc).to(dtype), (pos_index >= 1).to(dtype))
 
 
 def _counted_tokens(inc: torch.Tensor) -> torch.Tensor:
@@ -162,14 +215,27 @@ def _counted_tokens(inc: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the vectors are read in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def entry_terms(
     resid: Float[torch.Tensor, "batch pos d_model"],
     pos_index: Int[torch.Tensor, "batch pos"],
     *,
     effective_rank: bool = False,
+    counted: CountedTokens | None = None,
 ) -> EntryTerms:
     """The vector-reading part of :func:`homogenization_sums` for one hook point (same
     arguments); :func:`sums_of_terms` of a stack of these gives the sums.
+
+    Args:
+        resid: ``[batch pos d_model]`` residual vectors, any float dtype.
+        pos_index: ``[batch pos]`` from :func:`positions_from_mask`.
+        effective_rank: Also sum each sequence's rank metrics.
+        counted: ``counted_tokens(pos_index, work dtype, resid.device)``, if already at hand
+            (a profile computes it once per batch, not once per layer).
 
     Raises:
         InvalidInputError: a sequence has fewer than 2 counted tokens, or shapes disagree.
@@ -180,25 +246,28 @@ def entry_terms(
             f"resid {tuple(resid.shape)} must be [batch pos d_model] and pos_index "
             f"{tuple(pos_index.shape)} must be its [batch pos]"
         )
-    f64 = torch.float64
-    work = f64 if resid.dtype == f64 else torch.float32
-    x = resid.detach().to(work)
-    inc = pos_index >= 0
-    w = inc.to(work)
-    t = _counted_tokens(inc)
-    # Usually one norm per vector is all the checking needed: when every norm is finite and
-    # each sequence's largest counted norm lies in [2**-20 sqrt(d_model), 2**20], every vector
-    # is finite and each sequence's largest entry lies in unit_scale's safe range, so x needs
-    # no rescaling (the general path below would give the same values, bit for bit).
-    norms = torch.linalg.vector_norm(x, dim=-1)  # [batch pos]
-    top = norms.masked_fill(~inc, 0.0).amax(1)
+    work = work_dtype(resid.dtype)
+    x = resid.detach()
+    if x.dtype != work:
+        x = x.to(work)
+    if counted is None:
+        counted = counted_tokens(pos_index, work, x.device)
+    w, t = counted.weight, counted.n_tokens
+    # Usually one norm per vector is all the checking needed: when each sequence's largest
+    # counted norm is finite and lies in [2**-20 sqrt(d_model), 2**20] (NaN and inf anywhere
+    # make it NaN: 0 * inf is NaN), every vector is finite and each sequence's largest entry
+    # lies in unit_scale's safe range, so x needs no rescaling (the general path below would
+    # give the same values, bit for bit).
+    chunk = _chunk_for(x.shape[1], 16 if x.shape[1] <= 128 else 32)
+    chunks = _Chunks.of(x, chunk)  # the Gram matrices first: their diagonals give the norms
+    norms = chunks.norms()  # [batch pos]
+    top = (norms * w).amax(1)
     low, high = _SAFE_MAGNITUDE
-    fast = torch.isfinite(norms).all() & (top >= low * math.sqrt(x.shape[-1])).all()
-    if bool(fast & (top <= high).all()):
-        exponent = torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
-    else:
+    exponent = None
+    if not bool(((top >= low * math.sqrt(x.shape[-1])) & (top <= high)).all()):
         # Two reductions give each vector's largest |entry| and its finiteness (NaN and inf
         # propagate through amax / amin), with no full-size temporary.
+        inc = w > 0
         largest = torch.maximum(x.amax(-1), -x.amin(-1))  # [batch pos]
         finite = torch.isfinite(largest)
         if not bool(finite[inc].all()):
@@ -210,42 +279,34 @@ def entry_terms(
         if not bool(finite.all()):  # NaN/inf on pads only: keep them out
             x = x.masked_fill(~inc[..., None], 0.0)
         x, exponent = unit_scale(x, inc, largest.masked_fill(~finite, 0.0))
-        norms = torch.linalg.vector_norm(x, dim=-1)  # in units of 2**exponent
-    nonzero = inc & (norms > 0)
-    # The dot products below are taken on x itself (the unit vectors u = x / ||x|| are never
-    # materialised): |x_i . x_j| <= ||x_i|| ||x_j||, finite wherever the norms (checked above) are.
-    scale = torch.where(  # u_p = scale_p * x_p; 0 for zero vectors and uncounted tokens
-        nonzero,
-        1.0 / torch.where(nonzero, norms, torch.ones_like(norms)),
-        torch.zeros_like(norms),
-    )
-    s, xsum, u_dot_s, x_dot_xbar, u_dot_prefix = _position_dots(x, scale, w, t.to(work))
-    xsum_norm = torch.linalg.vector_norm(xsum.to(f64), dim=-1)
-    # ||X - 1 xbar^T||_F^2 = sum_p ||x_p||^2 - ||sum_p x_p||^2 / T; where that difference is
-    # small against sum_p ||x_p||^2 (nearly constant rows) it loses digits, so those sequences
-    # take the direct sum of ||x_p - xbar||^2.
-    total_sq = ((norms.to(f64) ** 2) * inc).sum(1)
-    centred_sq = total_sq - xsum_norm**2 / t
-    near_constant = centred_sq < 1e-2 * total_sq
+        chunks = _Chunks.of(x, chunk)
+        norms = chunks.norms()  # in units of 2**exponent
+    # u_p = scale_p x_p (never materialised); 0 for zero vectors and uncounted tokens. The dot
+    # products below are taken on x itself: |x_i . x_j| <= ||x_i|| ||x_j||, finite wherever the
+    # norms (checked above) are.
+    scale = _unit_scale_factor(norms, w)
+    sums, within, proj = _position_dots(chunks, scale, w)
+    # ||X - 1 xbar^T||_F^2 = sum_p ||x_p||^2 - ||sum_p x_p||^2 / T (in sums_of_terms); where
+    # that difference is small against sum_p ||x_p||^2 (nearly constant rows) it loses digits,
+    # so those sequences take the direct sum of ||x_p - xbar||^2, here, while x is at hand.
+    xsum = sums[:, 1]
+    near_constant = (xsum * xsum).sum(-1) > (0.99 * t) * (norms * norms * w).sum(1)
+    centred_sq = None
     if bool(near_constant.any()):
         rows = torch.nonzero(near_constant).flatten()
-        xbar = (xsum[rows] / t[rows, None].to(work))[:, None, :]
-        direct = torch.linalg.vector_norm(x[rows] - xbar, dim=-1).to(f64) ** 2
-        centred_sq[rows] = (direct * inc[rows]).sum(1)
-    rank = rank_sums(x, scale, w, (pos_index >= 1).to(work)) if effective_rank else {}
-    return EntryTerms(
-        norms,
-        exponent,
-        scale,
-        s,
-        u_dot_s,
-        x_dot_xbar,
-        u_dot_prefix,
-        xsum_norm,
-        total_sq,
-        centred_sq,
-        rank,
-    )
+        xbar = (xsum[rows] / t[rows, None])[:, None, :]
+        direct = torch.linalg.vector_norm(x[rows] - xbar, dim=-1).to(torch.float64) ** 2
+        centred_sq = torch.full(t.shape, float("nan"), dtype=torch.float64, device=t.device)
+        centred_sq[rows] = (direct * w[rows].to(torch.float64)).sum(1)
+    rank = rank_sums(x, scale, w, counted.rest) if effective_rank else {}
+    return EntryTerms(norms, exponent, sums, within, proj, centred_sq, rank)
+
+
+def _unit_scale_factor(
+    norms: Float[torch.Tensor, "*entry batch pos"], weight: Float[torch.Tensor, "batch pos"]
+) -> Float[torch.Tensor, "*entry batch pos"]:
+    """1 / ||x_p|| on counted nonzero vectors, 0 elsewhere (the same bits wherever computed)."""
+    return torch.where(norms > 0, weight / norms, 0.0)
 
 
 def sums_of_terms(
@@ -266,24 +327,31 @@ def sums_of_terms(
     f64 = torch.float64
     inc = pos_index >= 0
     t = _counted_tokens(inc)  # [batch]
-    uu = (terms.scale != 0).to(f64)  # u . u, exactly: 1 on counted nonzero vectors
-    to_others = (terms.u_dot_s.to(f64) - uu) / (t - 1)[:, None]
-
     incf = inc.to(f64)
+    norms = terms.norms
+    scale = _unit_scale_factor(norms, inc.to(norms.dtype))  # the bits entry_terms used
+    uu = (scale != 0).to(f64)  # u . u, exactly: 1 on counted nonzero vectors
+    to_others = (scale * terms.proj[..., 1]).to(f64) - uu
+    to_others = to_others / (t - 1)[:, None]
+
     n_before = torch.cumsum(incf, dim=1) - incf
     has_prefix = inc & (n_before > 0)
-    to_prefix = terms.u_dot_prefix.to(f64) / n_before.clamp_min(1)
+    to_prefix = (scale * (terms.within + terms.proj[..., 0])).to(f64) / n_before.clamp_min(1)
 
-    xsum_norm = terms.xsum_norm
+    sums = terms.sums.to(f64)
+    s64, xsum = sums[..., 0, :], sums[..., 1, :]
+    xsum_norm = torch.linalg.vector_norm(xsum, dim=-1)  # [layer batch]
     safe = torch.where(xsum_norm > 0, xsum_norm, torch.ones_like(xsum_norm))
-    to_mean = (terms.scale * terms.x_dot_xbar).to(f64) * (t / safe)[..., None]  # cos(x_p, xbar)
+    to_mean = (scale * terms.proj[..., 2]).to(f64) / safe[..., None]  # cos(x_p, xbar)
 
-    s64 = terms.s.to(f64)
     s_sq = (s64 * s64).sum(-1)  # [layer batch]
     mean_pairwise = (s_sq - uu.sum(-1)) / (t * (t - 1))
-    total_sq = terms.total_sq
+    total_sq = ((norms.to(f64) ** 2) * incf).sum(-1)
+    centred_sq = total_sq - xsum_norm**2 / t
+    if terms.centred_sq is not None:  # sequences summed directly (nearly constant rows)
+        centred_sq = torch.where(terms.centred_sq.isnan(), centred_sq, terms.centred_sq)
     relative_residual = (
-        terms.centred_sq.clamp_min(0).sqrt()
+        centred_sq.clamp_min(0).sqrt()
         / torch.where(total_sq > 0, total_sq, torch.ones_like(total_sq)).sqrt()
     )
 
@@ -296,7 +364,9 @@ def sums_of_terms(
         out = torch.zeros(rows.shape[0], n_pos + 1, dtype=f64, device=bins.device)
         return out.index_add_(1, bins, rows)[:, :n_pos].reshape(*values.shape[:-2], n_pos)
 
-    norms = torch.ldexp(terms.norms.to(f64), terms.exponent[..., None].to(f64))
+    norms = norms.to(f64)
+    if terms.exponent is not None:
+        norms = torch.ldexp(norms, terms.exponent[..., None].to(f64))
     prefix_w = has_prefix.to(f64)
     layer_pos = per_pos(
         torch.stack([to_others * incf, to_prefix * prefix_w, to_mean * incf, norms * incf]).reshape(
@@ -453,78 +523,127 @@ def rank_sums(
     }
 
 
-def _chunk_for(n_pos: int) -> int:
-    """32 positions per chunk (the fastest on CPU from T = 128 to 1024), or the divisor of
-    ``n_pos`` nearest to it in 8..64, so that the chunks tile the sequence exactly."""
-    if n_pos % 32 == 0 or n_pos <= 32:
-        return 32
-    divisors = [c for c in range(8, 65) if n_pos % c == 0]
-    return min(divisors, key=lambda c: abs(c - 32)) if divisors else 32
+def _chunk_for(n_pos: int, target: int = 32) -> int:
+    """``target`` positions per chunk, or the divisor of ``n_pos`` nearest to it in
+    target / 4 .. 2 target, so that the chunks tile the sequence exactly."""
+    if n_pos % target == 0 or n_pos <= target:
+        return target
+    divisors = [c for c in range(max(2, target // 4), 2 * target + 1) if n_pos % c == 0]
+    return min(divisors, key=lambda c: abs(c - target)) if divisors else target
+
+
+_COLUMNS_UP_TO = 256
+"""Sequences up to this long take the cross-chunk dot products as one matrix product against
+every chunk's sum (fewer, larger products; the fastest on CPU at these lengths); longer ones dot
+each chunk with the sum of the chunks before it (O(T d_model) work instead of O(T^2 / chunk))."""
+
+
+class _Chunks(NamedTuple):
+    """``x`` ``[batch pos d_model]`` cut into chunks of positions: runs of equal chunks
+    ``[batch n k d_model]`` in order (a whole-chunk run and / or one shorter tail chunk), with
+    each chunk's Gram matrix ``[batch n k k]``."""
+
+    x: torch.Tensor
+    pieces: list[torch.Tensor]
+    grams: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, x: torch.Tensor, chunk: int) -> _Chunks:
+        batch, n_pos, d_model = x.shape
+        full = n_pos // chunk * chunk
+        pieces = []
+        if full:
+            pieces.append(x[:, :full].view(batch, full // chunk, chunk, d_model))
+        if full < n_pos:
+            pieces.append(x[:, None, full:])
+        return cls(x, pieces, [xs @ xs.transpose(-1, -2) for xs in pieces])
+
+    def norms(self) -> torch.Tensor:
+        """``[batch pos]`` ||x_p||, from the Grams' diagonals."""
+        parts = [g.diagonal(dim1=-2, dim2=-1).reshape(g.shape[0], -1) for g in self.grams]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).sqrt()
+
+    def split(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """``[batch pos]`` values as ``[batch n k]`` per piece."""
+        out, start = [], 0
+        for xs in self.pieces:
+            n, k = xs.shape[1:3]
+            out.append(values[:, start : start + n * k].view(-1, n, k))
+            start += n * k
+        return out
+
+
+@functools.lru_cache(maxsize=32)
+def _column_masks(
+    n_pos: int, chunk: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For ``_position_dots`` on ``n_pos`` positions in chunks of ``chunk``: ``[n_chunk pos]``
+    one-hot of each position's chunk, and ``[n_chunk + 1 pos 3]`` weights that turn the dot
+    products of x_p with every chunk's unit sum and with sum_j x_j into x_p . (sum of the
+    chunks before p's), x_p . S and x_p . sum_j x_j."""
+    chunk_of = torch.arange(n_pos, device=device) // chunk
+    n_chunk = int(chunk_of[-1]) + 1
+    columns = torch.arange(n_chunk + 1, device=device)[:, None]  # [n_chunk + 1, 1]
+    every = torch.ones(n_pos, dtype=torch.bool, device=device)
+    weights = torch.stack(
+        [columns < chunk_of, (columns < n_chunk) & every, (columns == n_chunk) & every], dim=-1
+    )
+    return (columns[:-1] == chunk_of).to(dtype), weights.to(dtype)
 
 
 def _position_dots(
-    x: Float[torch.Tensor, "batch pos d_model"],
+    chunks: _Chunks,
     scale: Float[torch.Tensor, "batch pos"],
     weight: Float[torch.Tensor, "batch pos"],
-    n_tokens: Float[torch.Tensor, " batch"],
-    chunk: int | None = None,
-) -> tuple[torch.Tensor, ...]:
-    """The dot products of :func:`homogenization_sums`, from three reads of ``x`` in matrix
-    products over chunks of ``chunk`` positions, with u_p = scale_p * x_p never materialised.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The dot products of :func:`homogenization_sums`, from the chunks' Gram matrices and two
+    more reads of ``x`` in matrix products, with u_p = scale_p * x_p never materialised.
 
     Returns:
-        ``S = sum_p u_p`` and ``sum_p weight_p x_p`` ``[batch d_model]``; ``u_p . S``,
-        ``x_p . xbar`` (xbar = that sum / ``n_tokens``) and ``u_p . (sum_{j<p} u_j)``
-        ``[batch pos]``. Per chunk, the prefix term is the strictly lower triangle of the
-        chunk's Gram matrix plus a dot with the sum of all earlier chunks: O(T * chunk * d_model)
-        work in a few matrix products, several times faster on CPU than a cumulative sum over
-        ``pos`` followed by a dot product. The chunk length divides ``pos`` where it can (a
-        split-off remainder makes the matrix products copy ``x``); else the positions beyond the
-        last whole chunk form one more, shorter chunk.
+        ``[batch 2 d_model]``: S = sum_p u_p and sum_p weight_p x_p; ``[batch pos]``: x_p .
+        sum of u_j over the earlier j of p's chunk; ``[batch pos 3]``: x_p . (sum of u_j over
+        the chunks before p's), x_p . S and x_p . sum_j weight_j x_j. So u_p . (sum_{j<p} u_j)
+        = scale_p (within_p + proj_p0): the prefix term is the strictly lower triangle of each
+        chunk's Gram matrix plus a dot with the sum of all earlier chunks, O(T * chunk *
+        d_model) work in a few matrix products, several times faster on CPU than a cumulative
+        sum over ``pos`` followed by a dot product.
     """
-    batch, n_pos, d_model = x.shape
-    chunk = chunk or _chunk_for(n_pos)
-    full = n_pos // chunk * chunk
-    # (x [batch n k d_model], scale and weight [batch n k]) per run of equal chunks, in order
-    pieces = []
-    if full:
-        pieces.append(
-            (
-                x[:, :full].view(batch, full // chunk, chunk, d_model),
-                scale[:, :full].view(batch, -1, chunk),
-                weight[:, :full].view(batch, -1, chunk),
-            )
-        )
-    if full < n_pos:
-        pieces.append((x[:, None, full:], scale[:, None, full:], weight[:, None, full:]))
+    pieces = chunks.pieces
+    batch, n_pos = scale.shape
+    scales, weights = chunks.split(scale), chunks.split(weight)
+    within = [
+        (g * sc[..., None, :]).tril_(-1).sum(-1).view(batch, -1)
+        for g, sc in zip(chunks.grams, scales, strict=True)
+    ]
+    within_all = within[0] if len(within) == 1 else torch.cat(within, 1)
+    if n_pos <= _COLUMNS_UP_TO:
+        x = chunks.x
+        onehot, combine = _column_masks(n_pos, pieces[0].shape[2], x.device, x.dtype)
+        rows = torch.cat([scale[:, None] * onehot, weight[:, None]], 1)  # [batch n_chunk+1 pos]
+        chunk_sums = rows @ x  # every chunk's unit sum, then sum_p weight_p x_p
+        dots = chunk_sums @ x.transpose(1, 2)  # [batch n_chunk+1 pos]
+        proj = (dots[..., None] * combine).sum(1)  # [batch pos 3]
+        sums = torch.stack([chunk_sums[:, :-1].sum(1), chunk_sums[:, -1]], 1)
+        return sums, within_all, proj
     # Per chunk: sum of its unit vectors and of its counted vectors -> [batch n_chunk 2 d_model]
-    parts = [torch.stack([sc, wt], dim=-2) @ xs for xs, sc, wt in pieces]
+    parts = [
+        torch.stack([sc, wt], dim=-2) @ xs
+        for xs, sc, wt in zip(pieces, scales, weights, strict=True)
+    ]
     chunk_sums = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    s, xsum = chunk_sums.sum(1).unbind(1)
+    sums = chunk_sums.sum(1)  # [batch 2 d_model]
     unit = chunk_sums[:, :, 0]  # [batch n_chunk d_model]
     earlier = torch.cumsum(unit, dim=1) - unit  # sum of the chunks before each
-    xbar = xsum / n_tokens[:, None]
-    u_dot_s, x_dot_xbar, prefix, start = [], [], [], 0
-    for xs, sc, _ in pieces:
+    totals = sums.transpose(1, 2)[:, None]  # [batch 1 d_model 2]
+    proj, start = [], 0
+    for xs in pieces:
         n = xs.shape[1]
-        gram = xs @ xs.transpose(-1, -2)  # [batch n k k]
-        within = (gram * sc[..., None, :]).tril_(-1).sum(-1) * sc  # earlier tokens of the chunk
-        vectors = torch.stack(
-            [
-                earlier[:, start : start + n],
-                s[:, None].expand(-1, n, -1),
-                xbar[:, None].expand(-1, n, -1),
-            ],
-            dim=-1,
+        vectors = torch.cat(
+            [earlier[:, start : start + n, :, None], totals.expand(-1, n, -1, -1)], dim=-1
         )  # [batch n d_model 3]
-        proj = xs @ vectors  # [batch n k 3]
-        prefix.append((within + sc * proj[..., 0]).reshape(batch, -1))
-        u_dot_s.append((sc * proj[..., 1]).reshape(batch, -1))
-        x_dot_xbar.append(proj[..., 2].reshape(batch, -1))
+        proj.append((xs @ vectors).view(batch, -1, 3))
         start += n
-    if len(pieces) == 1:
-        return s, xsum, u_dot_s[0], x_dot_xbar[0], prefix[0]
-    return s, xsum, torch.cat(u_dot_s, 1), torch.cat(x_dot_xbar, 1), torch.cat(prefix, 1)
+    return sums, within_all, proj[0] if len(proj) == 1 else torch.cat(proj, 1)
 
 
 def scalar_metric_weights(

@@ -42,11 +42,13 @@ from homoglens.engine import (
 )
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import (
+    counted_tokens,
     entry_terms,
     homogenization_sums,
     positions_from_mask,
     stack_terms,
     sums_of_terms,
+    work_dtype,
 )
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
@@ -304,11 +306,17 @@ class ProfileReducer(Reducer):
     def _hook(self, i: int, name: str) -> HookFn:
         def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
             state = self.state
+            key = (resid.device, resid.dtype)
+            counted = state["counted"].get(key)
+            if counted is None:  # once per batch (and device / dtype)
+                pos_index = state["pos_index"].to(resid.device)
+                counted = state["counted"][key] = (
+                    pos_index,
+                    counted_tokens(pos_index, work_dtype(resid.dtype), resid.device),
+                )
             try:  # the part that reads the vectors; the rest runs once per batch, in end()
                 terms = entry_terms(
-                    resid,
-                    state["pos_index"].to(resid.device),
-                    effective_rank=self.effective_rank,
+                    resid, counted[0], effective_rank=self.effective_rank, counted=counted[1]
                 )
             except NonFiniteActivationError as err:
                 raise NonFiniteActivationError(f"{name}: {err}") from None
@@ -318,6 +326,7 @@ class ProfileReducer(Reducer):
 
     def begin(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
         self.state["pos_index"] = positions_from_mask(mask, exclude_first=self.exclude_first)
+        self.state["counted"] = {}
         self.state["terms"] = [None] * len(self.chosen)
 
     def end(self) -> None:

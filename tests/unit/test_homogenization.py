@@ -42,6 +42,23 @@ def test_identical_vectors_give_one() -> None:
     assert prof.relative_residual.item() == pytest.approx(0.0, abs=1e-7)
 
 
+def test_nearly_constant_rows_keep_their_relative_residual() -> None:
+    """float32 rows that differ by 1e-3 of their norm (sequence 0) beside ordinary ones
+    (sequence 1): ||X - 1 xbar^T|| would lose its digits to cancellation in sum ||x||^2 -
+    ||sum x||^2 / T, so such sequences take the direct sum; both match float64 brute force."""
+    torch.manual_seed(6)
+    base = torch.randn(1, 1, 64, dtype=torch.float64) * 5.0
+    near = base + 5e-3 * torch.randn(1, 40, 64, dtype=torch.float64)
+    x64 = torch.cat([near, torch.randn(1, 40, 64, dtype=torch.float64)])
+    x = x64.float()
+    got = [cosine_homogenization(x[b : b + 1]).relative_residual.item() for b in range(2)]
+    want = [brute(x[b].double())["relative_residual"].item() for b in range(2)]
+    assert got[0] == pytest.approx(want[0], rel=1e-4)  # ~1e-3; the formula alone: 2 % off
+    assert got[1] == pytest.approx(want[1], rel=1e-6)
+    both = cosine_homogenization(x).relative_residual.item()  # one batch, one row of each
+    assert both == pytest.approx(sum(want) / 2, rel=1e-6)
+
+
 def test_orthonormal_set_gives_zero() -> None:
     q, _ = torch.linalg.qr(torch.randn(32, 32, dtype=torch.float64))
     x = q[:10][None]  # ten orthonormal rows
@@ -76,11 +93,13 @@ def test_statistics_match_brute_force_per_position() -> None:
     assert prof.count.tolist() == [4.0] * 9
 
 
-@pytest.mark.parametrize("n_pos", [70, 71])
+@pytest.mark.parametrize("n_pos", [70, 71, 300, 307])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_chunked_dot_products_match_brute_force_across_chunks(dtype, n_pos: int) -> None:
-    """T = 70 is tiled by two chunks of 35 positions; T = 71 (prime) by two of 32 and a tail
-    of 7; padded rows end mid-chunk."""
+    """Up to T = 256 the cross-chunk products run against every chunk's sum, beyond against
+    the sum of the earlier chunks: T = 70 is tiled by five chunks of 14 positions, T = 71
+    (prime) by four of 16 and a tail of 7, T = 300 by ten of 30, T = 307 (prime) by nine of 32
+    and a tail of 19; padded rows end mid-chunk."""
     torch.manual_seed(3)
     x = (torch.randn(3, n_pos, 24, dtype=torch.float64) + 0.4).to(dtype)
     mask = torch.ones(3, n_pos, dtype=torch.long)
@@ -90,7 +109,9 @@ def test_chunked_dot_products_match_brute_force_across_chunks(dtype, n_pos: int)
     expected = [brute(x[b][mask[b].bool()]) for b in range(3)]
     atol = 1e-12 if dtype == torch.float64 else 2e-6
     for name in ("to_others", "to_prefix", "to_mean"):
-        for p in (0, 31, 32, 34, 35, 39, 40, 64, 69, n_pos - 1):
+        for p in (0, 13, 14, 15, 16, 31, 32, 35, 39, 40, 64, 69, 149, 255, 270, 288, n_pos - 1):
+            if p >= n_pos:
+                continue
             rows = [e[name][p] for e in expected if p < len(e[name])]
             want = torch.stack(rows).mean()
             got = getattr(prof, name)[0, p]
