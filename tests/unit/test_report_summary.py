@@ -112,4 +112,10 @@ def test_studies_from_other_windows_or_of_the_other_kind_are_refused_or_not_quot
         write_profile_report(other, tmp_path / "a", study=massive)
     with pytest.raises(InvalidInputError, match="massive_ablation_study"):
         write_profile_report(other, tmp_path / "b", massive=study)
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    with pytest.raises(InvalidInputError, match="HomogenizationProfile"):
+        write_profile_report(study, tmp_path / "c")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="sinks= takes a SinkAnalysis"):
+        write_profile_report(other, tmp_path / "d", sinks=study)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="patching= takes"):
+        write_profile_report(other, tmp_path / "e", patching=[other])  # type: ignore[list-item]
+    assert not any((tmp_path / n).exists() for n in "abcde")

@@ -29,7 +29,7 @@ from homoglens.report.sections import (
     study_section,
 )
 from homoglens.report.summary import (
-    check_studies,
+    check_results,
     edge_intervals,
     summary_html,
     summary_rows,
@@ -212,10 +212,14 @@ def write_profile_report(
 
     Raises:
         MissingDependencyError: ``interactive`` without plotly installed.
-        InvalidInputError: a massive-activation study given as ``study`` or a positional one as
-            ``massive`` (before anything is written).
+        InvalidInputError: ``profile`` or another result of the wrong kind, a massive-activation
+            study given as ``study`` or a positional one as ``massive`` (before anything is
+            written).
     """
-    check_studies(study, massive)
+    check_results(
+        profile, study=study, sinks=sinks, patching=patching, similarity=similarity, bias=bias,
+        massive=massive,
+    )  # fmt: skip
     _off_screen()
     with interactive_figures(interactive):
         return _profile_page(

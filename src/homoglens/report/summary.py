@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "edge_intervals",
     "same_run",
+    "check_results",
     "check_studies",
     "summary_rows",
     "summary_html",
@@ -72,6 +73,46 @@ def same_run(profile: HomogenizationProfile, study: PositionAblationStudy | None
         and a.exclude_first == b.exclude_first
         and a.data_sha256 == b.data_sha256
     )
+
+
+def check_results(profile: Any, **results: Any) -> None:
+    """Refuse a report input of the wrong kind before anything is written: ``profile`` must be
+    a :class:`~homoglens.results.HomogenizationProfile`, each of ``results`` (by the
+    :func:`~homoglens.report.write_profile_report` argument it was given as) None or its
+    result type."""
+    from homoglens.errors import InvalidInputError
+    from homoglens.results import HomogenizationProfile, PositionAblationStudy
+    from homoglens.results.bias import AttentionBiasStudy
+    from homoglens.results.patching import PositionalPatchingResult
+    from homoglens.results.similarity import PositionalSimilarity
+    from homoglens.results.sinks import SinkAnalysis
+
+    expected: dict[str, tuple[type, ...]] = {
+        "study": (PositionAblationStudy,),
+        "massive": (PositionAblationStudy,),
+        "sinks": (SinkAnalysis,),
+        "patching": (PositionalPatchingResult, list),
+        "similarity": (PositionalSimilarity,),
+        "bias": (AttentionBiasStudy,),
+    }
+    if not isinstance(profile, HomogenizationProfile):
+        raise InvalidInputError(
+            f"the report is built on a HomogenizationProfile (homogenization_profile), not a "
+            f"{type(profile).__name__}; pass the others by name (study=, sinks=, ...)"
+        )
+    for name, value in results.items():
+        if value is None:
+            continue
+        items = value if isinstance(value, list) else [value]
+        if not isinstance(value, expected[name]) or not all(
+            isinstance(v, expected[name][0]) for v in items
+        ):
+            raise InvalidInputError(
+                f"{name}= takes a {expected[name][0].__name__}"
+                f"{' or a list of them' if name == 'patching' else ''}, not a "
+                f"{type(value).__name__}"
+            )
+    check_studies(results.get("study"), results.get("massive"))
 
 
 def check_studies(
