@@ -51,7 +51,8 @@ class Estimate:
     Attributes:
         value: Point estimate (mean over seeds of the mean over windows).
         se: Bootstrap standard error.
-        ci_low, ci_high: Wald interval ``value -+ q * se`` at the requested coverage.
+        ci_low, ci_high: Wald interval ``value -+ q * se`` at the requested coverage (NaN, as
+            ``se``, from a single window and no seeds to resample).
         p: Two-sided p-value of "the true value is 0".
         p_tost: TOST p-value of "|true value| >= sesoi" (small: equivalent to no effect).
         sesoi: Smallest effect size of interest used by ``p_tost``.
@@ -250,6 +251,8 @@ def estimate(
             seed_df_den += part * part / (n_g - 1)
     se = float(dist.std(unbiased=True)) if n_boot > 1 else math.nan
     fewest = min(int(g.shape[0]) for g in groups)
+    if n_window < 2 and not (resample_seeds and fewest > 1):
+        se = math.nan  # one unit of replication: resampling it shows no spread, so no interval
     df = math.inf
     if resample_seeds and fewest > 1:
         se *= math.sqrt(fewest / (fewest - 1))

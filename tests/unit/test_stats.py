@@ -110,3 +110,15 @@ def test_holm_matches_the_textbook_example() -> None:
 def test_seed_resamples_shape() -> None:
     assert seed_resamples(3, n_boot=7).shape == (7, 3)
     assert bool((seed_resamples(1, n_boot=4) == 0).all())
+
+
+def test_one_window_gives_no_interval() -> None:
+    """One window (the unit of replication of one model) shows no spread when resampled: the
+    estimate keeps its value with a NaN interval and no test, not a zero-width interval."""
+    x = torch.tensor([[0.25]])
+    est = estimate([x], windows=window_resamples(1, block=1, n_boot=50), resample_seeds=False)
+    assert est.value == pytest.approx(0.25)
+    assert math.isnan(est.ci_low) and math.isnan(est.ci_high) and math.isnan(est.p)
+    seeds = torch.tensor([[0.2], [0.3], [0.25]])  # three seeds of one window each: an interval
+    est = estimate([seeds], windows=window_resamples(1, block=1, n_boot=200), resample_seeds=True)
+    assert est.ci_low < est.value < est.ci_high

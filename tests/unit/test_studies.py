@@ -102,6 +102,18 @@ def test_tables_and_intervals(study_and_batch) -> None:
     assert len(study.plot().axes) == 2
 
 
+def test_paired_bootstrap_gives_no_interval_from_one_sequence() -> None:
+    """One sequence (or one value in a column) gives the mean and a NaN interval, not a
+    zero-width one."""
+    mean, low, high = paired_bootstrap(torch.tensor([[0.3, 0.5]]), n_boot=50)
+    assert mean.tolist() == pytest.approx([0.3, 0.5])
+    assert low.isnan().all() and high.isnan().all()
+    nan = float("nan")
+    mean, low, high = paired_bootstrap(torch.tensor([[0.1, nan], [0.2, 0.4], [0.4, nan]]))
+    assert mean[1].item() == pytest.approx(0.4) and low[1].isnan() and high[1].isnan()
+    assert low[0] < high[0]
+
+
 def test_paired_bootstrap_covers_known_mean() -> None:
     gen = torch.Generator().manual_seed(0)
     values = torch.randn(400, 2, generator=gen) + torch.tensor([0.0, 3.0])

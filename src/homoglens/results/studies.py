@@ -5,6 +5,7 @@ paired over the same sequences, with paired bootstrap intervals.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -43,7 +44,9 @@ def paired_bootstrap(
         seed: Seed of the resampling.
 
     Returns:
-        ``(mean, low, high)``, each of shape ``values.shape[1:]``.
+        ``(mean, low, high)``, each of shape ``values.shape[1:]``; ``low`` and ``high`` are NaN
+        where fewer than 2 sequences hold a value (resampling one value gives a zero-width
+        interval, which would claim a precision that one unit of replication cannot show).
     """
     gen = torch.Generator().manual_seed(seed)
     x = values.double()
@@ -57,6 +60,9 @@ def paired_bootstrap(
     alpha = (1 - ci) / 2
     low = dist.nanquantile(alpha, dim=0)
     high = dist.nanquantile(1 - alpha, dim=0)
+    few = (~torch.isnan(x)).sum(0) < 2
+    if bool(few.any()):
+        low, high = low.masked_fill(few, math.nan), high.masked_fill(few, math.nan)
     return mean, low, high
 
 
@@ -173,8 +179,6 @@ class PositionAblationStudy:
         """Per mode: the context-task costs (C3c) beside the mean loss: the in-context-learning
         score (``icl``, over windows) and the induction loss (over repeated sequences), each with
         its bootstrap interval and paired difference to ``"none"`` (NaN when not measured)."""
-        import math
-
         import pandas as pd
 
         rows = []
