@@ -60,7 +60,7 @@ from homoglens.similarity import positional_similarity
 from homoglens.sinks import sink_pass
 from homoglens.studies import position_ablation_study
 from homoglens.types import Backend, Centring, GroupBy, HookedModel, PositionAblation
-from homoglens.validate import as_float, as_int, check_key_eps, check_model
+from homoglens.validate import as_bool, as_float, as_int, check_key_eps, check_model
 
 if TYPE_CHECKING:
     pass
@@ -271,6 +271,7 @@ def compare_models(
         >>> result = compare_models(n_seq=8, n_boot=50, progress=False)  # doctest: +SKIP
         >>> result.claims()[["claim", "model", "primary", "verdict"]]  # doctest: +SKIP
     """
+    progress = as_bool("progress", progress)
     if isinstance(models, str) or not isinstance(models, Mapping | Sequence):
         raise InvalidInputError(
             "models must be a list of names or a {label: model} mapping, "

@@ -35,7 +35,7 @@ from homoglens.errors import ModelStateError
 from homoglens.fast_attention import fast_attention
 from homoglens.results import Provenance
 from homoglens.types import HookedModel, HookFn, HookSpec
-from homoglens.validate import first_few
+from homoglens.validate import as_bool, first_few
 
 
 def _any_training(model: Any) -> bool:
@@ -397,10 +397,12 @@ def stream(
         The model's device.
 
     Raises:
+        InvalidInputError: ``progress`` is not a bool.
         ModelStateError: a submodule is in training mode (or inference-mode weights with
             ``needs_grad``).
         DistributedError: the ranks hold different data, or a collective failed.
     """
+    progress = as_bool("progress", progress)  # every measurement's progress= lands here
     device = model_device(model, needs_grad=needs_grad)
     n_all = len(batch)
     rank, size = world()

@@ -61,7 +61,7 @@ from homoglens.types import (
     PatchMetric,
     PositionAblation,
 )
-from homoglens.validate import as_int, require_finite
+from homoglens.validate import as_bool, as_int, require_finite
 
 if TYPE_CHECKING:
     pass
@@ -198,6 +198,7 @@ def positional_patching(
         Heimersheim & Nanda 2024, arXiv 2404.15255; Zhang & Nanda 2024, arXiv 2309.16042;
         Yusupov et al. 2025, arXiv 2508.17126.
     """
+    progress = as_bool("progress", progress)
     info = model_info(model)
     # only component="positions" needs to know where position enters (a table row)
     spec = architecture_of(model) if component == "positions" else None

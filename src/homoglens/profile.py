@@ -147,6 +147,7 @@ def homogenization_profile(
         >>> tuple(prof.to_others.shape), tuple(prof.mean_pairwise.shape)
         ((3, 7), (3,))
     """
+    progress = as_bool("progress", progress)
     info = model_info(model)
     chosen = check_layers(layers, int(model.cfg.n_layers))
     batch_size = positive_int("batch_size", batch_size)

@@ -104,6 +104,7 @@ def position_ablation_study(
         arXiv 2305.19466 (NoPE models still infer position from the causal mask); Olsson et al.
         2022, arXiv 2209.11895 (in-context-learning score, induction on repeated tokens).
     """
+    progress = as_bool("progress", progress)
     info = model_info(model)
     chosen_modes = list(default_ablation_modes(model) if modes is None else modes)
     unknown = [m for m in chosen_modes if m not in POSITION_ABLATIONS]
@@ -242,6 +243,7 @@ def massive_ablation_study(
         >>> study.modes
         ('none', 'mean', 'zero')
     """
+    progress = as_bool("progress", progress)
     from homoglens.sinks.massive import find_massive_sites, massive_activation_means
 
     info = model_info(model)

@@ -44,7 +44,7 @@ import torch
 from homoglens.assets import staged_output
 from homoglens.data import HELD_OUT, TokenBatch, split_austen
 from homoglens.errors import InvalidInputError
-from homoglens.validate import as_int
+from homoglens.validate import as_bool, as_int
 
 __all__ = [
     "TrainingConfig",
@@ -392,6 +392,7 @@ def train_model(
     References:
         Yusupov et al. 2025, arXiv 2508.17126.
     """
+    progress = as_bool("progress", progress)
     out = Path(out).expanduser()
     steps = checkpoint_steps(config.steps, save_every, save_steps)
     with _torch_globals(config.threads), staged_output(out) as tmp:

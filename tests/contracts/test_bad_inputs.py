@@ -255,6 +255,11 @@ def test_options_validated_before_any_forward(get_model):
         homogenization_profile(model, MIXED_LENGTHS, exclude_first="no", progress=False)
     with pytest.raises(InvalidInputError, match="bos="):
         homogenization_profile(model, torch.tensor([[1, 2, 3]]), bos="junk", progress=False)
+    for progress in ("no", 0, None):  # not silently read as truthy or falsy
+        with pytest.raises(InvalidInputError, match="progress"):
+            homogenization_profile(model, MIXED_LENGTHS, progress=progress)
+        with pytest.raises(InvalidInputError, match="progress"):
+            position_ablation_study(model, MIXED_LENGTHS, modes=["zero"], progress=progress)
     assert hook_count(model) == 0
 
 

@@ -19,7 +19,7 @@ from homoglens.sinks.attribution import sink_attribution
 from homoglens.sinks.massive import massive_reducer
 from homoglens.sinks.scores import check_edge, check_key_in, sink_reducer
 from homoglens.types import BosPolicy, HookedModel
-from homoglens.validate import check_heads, check_key_eps, positive_int
+from homoglens.validate import as_bool, check_heads, check_key_eps, positive_int
 
 if TYPE_CHECKING:
     pass
@@ -113,6 +113,7 @@ def sink_analysis(
         Gu et al. 2024, arXiv 2410.10781; Sun et al. 2024, arXiv 2402.17762;
         Barbero et al. 2025, arXiv 2504.02732; Syed, Rager, Conmy 2023, arXiv 2310.10348.
     """
+    progress = as_bool("progress", progress)
     from homoglens.validate import as_int
 
     key, eps = check_key_eps(key, eps, int(model.cfg.n_ctx))

@@ -225,6 +225,8 @@ def sink_attribution(
     """
     from homoglens.validate import as_bool, as_int
 
+    progress = as_bool("progress", progress)
+
     info = model_info(model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     if method not in ("exact", "fast"):

@@ -31,7 +31,7 @@ from homoglens.interventions import massive_activation_sites
 from homoglens.models import model_info
 from homoglens.results.sinks import MassiveActivations
 from homoglens.types import MASSIVE_MEDIANS, BosPolicy, HookedModel, HookFn, MassiveMedian
-from homoglens.validate import as_float, positive_int, require_finite
+from homoglens.validate import as_bool, as_float, positive_int, require_finite
 
 SUN_THRESHOLD = 1000.0
 """Sun et al.'s ratio rule: about 1000 x the median magnitude of the hidden state."""
@@ -105,6 +105,7 @@ def massive_activations(
         >>> acts.median, tuple(acts.ratio_mean.shape), tuple(acts.layer_top.shape)
         ('layer', (3, 3), (3, 3))
     """
+    progress = as_bool("progress", progress)
     if not isinstance(median, str) or median not in MASSIVE_MEDIANS:
         raise InvalidInputError(f"median={median!r} must be one of {list(MASSIVE_MEDIANS)}")
     sun = median == "layer"
@@ -259,6 +260,7 @@ def massive_activation_means(
         >>> tuple(means.shape)
         (1, 2)
     """
+    progress = as_bool("progress", progress)
     layer, chosen_dims, chosen_pos = massive_activation_sites(
         model, layer=layer, dims=dims, positions=positions
     )
@@ -345,6 +347,7 @@ def find_massive_sites(
         >>> find_massive_sites(model, ["Hello world", "Hi there"], progress=False) is None
         True
     """
+    progress = as_bool("progress", progress)
     threshold = as_float("threshold", threshold, low=1.0, high=math.inf)
     min_magnitude = as_float("min_magnitude", min_magnitude, low=-math.inf, high=math.inf)
     if min_magnitude < 0:

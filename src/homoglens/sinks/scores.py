@@ -19,7 +19,7 @@ from homoglens.homogenization import nan_div
 from homoglens.models import model_info
 from homoglens.results.sinks import SinkScores
 from homoglens.types import BosPolicy, HookedModel, HookFn
-from homoglens.validate import check_key_eps, positive_int
+from homoglens.validate import as_bool, check_key_eps, positive_int
 
 if TYPE_CHECKING:
     pass
@@ -147,6 +147,7 @@ def sink_scores(
         >>> tuple(scores.mass.shape)
         (2, 4)
     """
+    progress = as_bool("progress", progress)
     return sink_pass(model, data, key, eps, batch_size, attention_mask, bos, progress)[0]
 
 
