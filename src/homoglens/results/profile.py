@@ -666,30 +666,23 @@ class ProfileSums:
     def add(self, i: int, sums: dict[str, torch.Tensor], first: bool) -> None:
         """Add one batch's sums of layer-axis entry ``i``; ``first``: the batch's first entry
         (the layer-independent counts are added once per batch)."""
-        # .to(): with a model split over devices, later blocks run on other devices
-        for name, acc in self.layer_pos.items():
-            acc[i] += sums[name].to(acc.device)
-        for name, acc in self.layer.items():
-            acc[i] += sums[name].to(acc.device)
-        self.unit_sum[i] += sums["unit_sum"].to(self.unit_sum.device)
-        if first:  # layer-independent quantities, counted once per batch
-            for name, acc in self.pos.items():
-                acc += sums[name].to(acc.device)
-            for name in self.scalars:
-                self.scalars[name] += int(round(float(sums[name])))
+        self._add(i, sums, counts=first)
 
     def add_layers(self, sums: dict[str, torch.Tensor]) -> None:
         """Add one batch's sums of every layer-axis entry at once: the output of
         :func:`~homoglens.homogenization.sums_of_terms` on a stack of all entries."""
-        for name, acc in self.layer_pos.items():
-            acc += sums[name].to(acc.device)
-        for name, acc in self.layer.items():
-            acc += sums[name].to(acc.device)
-        self.unit_sum += sums["unit_sum"].to(self.unit_sum.device)
-        for name, acc in self.pos.items():
-            acc += sums[name].to(acc.device)
-        for name in self.scalars:
-            self.scalars[name] += int(round(float(sums[name])))
+        self._add(slice(None), sums, counts=True)
+
+    def _add(self, at: int | slice, sums: dict[str, torch.Tensor], *, counts: bool) -> None:
+        # .to(): with a model split over devices, later blocks run on other devices
+        for name, acc in (*self.layer_pos.items(), *self.layer.items()):
+            acc[at] += sums[name].to(acc.device)
+        self.unit_sum[at] += sums["unit_sum"].to(self.unit_sum.device)
+        if counts:  # layer-independent quantities, counted once per batch
+            for name, acc in self.pos.items():
+                acc += sums[name].to(acc.device)
+            for name in self.scalars:
+                self.scalars[name] += int(round(float(sums[name])))
 
     def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
         """The finished profile of the sums (CPU tensors, exact integer counts)."""
