@@ -37,6 +37,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--kind", default="first")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--no-gradient", action="store_true", help="time the default study only (half the time)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     model = load_model(args.model, backend=args.backend, device="cpu")
@@ -56,6 +59,8 @@ def main() -> None:
             model, batch, gradient_windows=8, **common
         ),
     }
+    if args.no_gradient:
+        del runs["study, 7 strengths, gradient cross-check on 8 windows"]
     times: dict[str, list[float]] = {name: [] for name in runs}
     ratios: dict[str, list[float]] = {name: [] for name in runs}
 

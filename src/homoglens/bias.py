@@ -16,7 +16,14 @@ from jaxtyping import Float, Int
 from homoglens.architectures import block_hook_name, resid_hook_name
 from homoglens.data import DataInput, to_token_batch
 from homoglens.distributed import all_reduce_sum, gather_rows, shard_bounds, world
-from homoglens.engine import model_device, next_token_loss, provenance_of, run_logits, stream
+from homoglens.engine import (
+    LossHead,
+    model_device,
+    next_token_loss,
+    provenance_of,
+    run_logits,
+    stream,
+)
 from homoglens.errors import InvalidInputError
 from homoglens.hooks import AttentionBiasPlan, bias_pattern
 from homoglens.interventions import attention_bias_plan
@@ -188,7 +195,9 @@ def attention_bias_study(
     of every readout for :meth:`~AttentionBiasStudy.slope_at_zero`'s cross-check.
 
     Cost: one forward pass per strength, plus the tangent pass's overhead on the differentiated
-    windows (docs/performance.md).
+    windows (docs/performance.md). The passes compute no ``[batch pos d_vocab]`` logits: the
+    loss is read from the unembedding's input (:class:`homoglens.engine.LossHead`, checked bit
+    for bit against the model's logits on the first pass).
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge`` in eval mode (any family whose
@@ -292,6 +301,7 @@ def attention_bias_study(
     rank, size = world()
     offset = shard_bounds(n_all, size)[rank][0]
     buffers: dict[str, Any] = {}
+    head = LossHead(model)  # the loss without [batch pos d_vocab] logits
     seen = 0
     temperature = kind == "temperature"
 
@@ -404,8 +414,7 @@ def attention_bias_study(
             g = here if si == base else 0
             hooks = [*pattern_hooks(plan, attention[si], g), *resid_hooks(si, g)]
             if not g:
-                logits = run_logits(model, tokens, hooks, attention_mask=mask)
-                losses[si].append(next_token_loss(logits, tokens, mask).double().cpu())
+                losses[si].append(head.loss(tokens, hooks, mask).double().cpu())
                 continue
             with torch.inference_mode(False), torch.no_grad(), fwad.dual_level():
                 dual = run_logits(model, tokens.clone(), hooks, attention_mask=mask.clone())

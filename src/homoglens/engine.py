@@ -96,17 +96,134 @@ def next_token_nll(
     17 % of an ablation study's time), and the temporaries stay small (about 16 MB: fresh
     large buffers cost page faults on every call)."""
     n_batch, n_pos, n_vocab = (int(s) for s in logits.shape)
-    rows = max(1, (1 << 22) // max(n_vocab, 1))  # ~4M floats per block
     out = torch.empty(n_batch, max(n_pos - 1, 0), dtype=torch.float32, device=logits.device)
     for b in range(n_batch):
-        z_all, tgt_all = logits[b, :-1], tokens[b, 1:]
-        for start in range(0, n_pos - 1, rows):
-            z = z_all[start : start + rows].float()
-            tgt = tgt_all[start : start + rows]
-            out[b, start : start + rows] = torch.logsumexp(z, dim=-1) - z.gather(
-                -1, tgt[:, None]
-            ).squeeze(-1)
+        _nll_rows(logits[b, :-1], tokens[b, 1:], out[b])
     return out
+
+
+def _nll_rows(
+    z_all: Float[torch.Tensor, "row d_vocab"],
+    targets: Int[torch.Tensor, " row"],
+    out: Float[torch.Tensor, " row"],
+) -> None:
+    """``out = logsumexp(z) - z[target]`` per row, in float32, ~4M floats at a time."""
+    rows = max(1, (1 << 22) // max(int(z_all.shape[-1]), 1))
+    for start in range(0, int(z_all.shape[0]), rows):
+        z = z_all[start : start + rows].float()
+        tgt = targets[start : start + rows]
+        out[start : start + rows] = torch.logsumexp(z, dim=-1) - z.gather(-1, tgt[:, None]).squeeze(
+            -1
+        )
+
+
+class LossHead:
+    """The next-token loss of full passes, read from the unembedding's input a block of rows at
+    a time through one reused buffer, instead of from ``[batch pos d_vocab]`` logits.
+
+    A pass that needs only the loss (the attention-bias study's) ends at ``unembed.hook_in``;
+    the head multiplies the final residual by the unembedding (``W_U``, ``b_U``: the bridge's
+    ``lm_head`` or ``HookedTransformer``'s ``Unembed``) into a buffer of at most 32M values and
+    takes each row's logsumexp there. The first pass it serves runs in full: where the
+    per-sequence losses of the two ways are not bit for bit equal (a logit soft-cap or scale
+    after the unembedding, an unembedding of another form, another matrix-product library) it
+    keeps the model's own logits for every pass. No ``[batch pos d_vocab]`` tensor is
+    allocated: each pass's fresh logits cost the page faults of their first touch (0.4 GB at
+    8 x 256 for a 49k vocabulary; 2 GB for a 256k one), which on a 2-core virtual machine made
+    a pass's unembedding take 1.5-4 x its usual time.
+    """
+
+    _BUFFER = 1 << 25
+
+    def __init__(self, model: HookedModel) -> None:
+        self.model = model
+        self.exact: bool | None = None  # unknown until the first pass
+        self.hidden: torch.Tensor | None = None
+        self.buffer: torch.Tensor | None = None
+        self.weights = _unembedding(model)
+        if self.weights is None:
+            self.exact = False
+
+    def _capture(self, x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+        self.hidden = x
+
+    def loss(
+        self,
+        tokens: Int[torch.Tensor, "batch pos"],
+        fwd_hooks: Sequence[HookSpec],
+        mask: Int[torch.Tensor, "batch pos"],
+    ) -> Float[torch.Tensor, " batch"]:
+        """One full pass with ``fwd_hooks``: the mean next-token loss per sequence (nats, float32
+        as :func:`next_token_loss` gives it)."""
+        hooks = [*fwd_hooks, ("unembed.hook_in", self._capture)]
+        try:
+            if self.exact:
+                run_through(
+                    self.model,
+                    tokens,
+                    "unembed.hook_in",
+                    hooks,
+                    return_type="logits",
+                    attention_mask=mask,
+                )
+                return self._from_hidden(tokens, mask)
+            logits = run_logits(self.model, tokens, hooks, attention_mask=mask)
+            full = next_token_loss(logits, tokens, mask)
+            del logits  # before the check allocates its buffer
+            if self.exact is None:  # (a backend whose unembedding fires no hook_in: never)
+                self.exact = self.hidden is not None and torch.equal(
+                    full, self._from_hidden(tokens, mask)
+                )
+                if not self.exact:
+                    self.buffer = None
+            return full
+        finally:
+            self.hidden = None
+
+    def _from_hidden(
+        self, tokens: Int[torch.Tensor, "batch pos"], mask: Int[torch.Tensor, "batch pos"]
+    ) -> Float[torch.Tensor, " batch"]:
+        assert self.hidden is not None and self.weights is not None
+        w_u, b_u = self.weights
+        x = self.hidden[:, :-1]
+        n_batch, n_target = int(x.shape[0]), int(x.shape[1])
+        n_vocab = int(w_u.shape[-1])
+        # whole sequences per block where they fit, so that every block has the same rows
+        per = max(1, self._BUFFER // max(n_target * n_vocab, 1))
+        rows = per * n_target if n_target * n_vocab <= self._BUFFER else self._BUFFER // n_vocab
+        rows = max(1, min(rows, n_batch * n_target))
+        if (
+            self.buffer is None
+            or self.buffer.shape[0] < rows
+            or self.buffer.shape[1] != n_vocab
+            or self.buffer.dtype != x.dtype
+            or self.buffer.device != x.device
+        ):
+            self.buffer = torch.empty(rows, n_vocab, dtype=x.dtype, device=x.device)
+        flat = x.reshape(-1, int(x.shape[-1]))
+        targets = tokens[:, 1:].reshape(-1)
+        nll = torch.empty(n_batch * n_target, dtype=torch.float32, device=x.device)
+        for start in range(0, int(flat.shape[0]), rows):
+            part = flat[start : start + rows]
+            z = self.buffer[: int(part.shape[0])]
+            if b_u is None:
+                torch.mm(part, w_u, out=z)
+            else:
+                torch.addmm(b_u, part, w_u, out=z)
+            _nll_rows(z, targets[start : start + rows], nll[start : start + rows])
+        return mean_nll(nll.view(n_batch, n_target), mask)
+
+
+def _unembedding(model: HookedModel) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(W_U [d_model d_vocab], b_U or None)`` of a plain linear unembedding, else ``None``."""
+    unembed = getattr(model, "unembed", None)
+    inner = getattr(unembed, "original_component", None)
+    if isinstance(inner, torch.nn.Linear):
+        return inner.weight.t(), inner.bias
+    w_u, b_u = getattr(unembed, "W_U", None), getattr(unembed, "b_U", None)
+    if isinstance(w_u, torch.Tensor) and w_u.ndim == 2:
+        return w_u, b_u if isinstance(b_u, torch.Tensor) else None
+    return None
 
 
 def next_token_loss(
@@ -206,6 +323,8 @@ def run_through(
     inputs: torch.Tensor,
     last: str | Sequence[str],
     fwd_hooks: Sequence[HookSpec],
+    *,
+    return_type: str | None = None,
     **kwargs: Any,
 ) -> None:
     """``model.run_with_hooks(inputs, return_type=None, fwd_hooks=..., **kwargs)``, ended right
@@ -223,6 +342,8 @@ def run_through(
         inputs: ``[batch pos]`` token ids, or the residual stream with ``start_at_layer``.
         last: The hook point(s) read; the pass ends once all of them have fired.
         fwd_hooks: ``(hook name, hook function)`` pairs, attached for this pass only.
+        return_type: Passed to ``run_with_hooks``: ``"logits"`` to end at a hook point of the
+            unembedding (``HookedTransformer`` skips the unembedding with ``None``).
         **kwargs: Passed to ``run_with_hooks`` (``attention_mask``, ``start_at_layer``).
     """
     names = {last} if isinstance(last, str) else set(last)
@@ -242,7 +363,7 @@ def run_through(
     hooks = [*fwd_hooks, *enders]
     try:
         with fast_attention(model, hooks):
-            model.run_with_hooks(inputs, return_type=None, fwd_hooks=hooks, **kwargs)
+            model.run_with_hooks(inputs, return_type=return_type, fwd_hooks=hooks, **kwargs)
     except _Through:
         pass
 

@@ -70,6 +70,7 @@ def _loss(model: HookedModel, batch: Any, batch_size: int) -> dict[str, Any]:
             mask = batch.attention_mask[start : start + batch_size].to(device)
             logits = run_logits(model, tokens, [], attention_mask=mask)
             loss = next_token_loss(logits, tokens, mask).double()
+            del logits  # before the next pass allocates its own: two alive cost page faults
             total += float(loss.sum())
             count += int(loss.numel())
     return {"loss": total / max(count, 1)}

@@ -202,14 +202,14 @@ def test_windows_must_be_equal_and_several() -> None:
 
 
 def test_an_error_inside_the_pass_leaves_no_hook(monkeypatch) -> None:
-    import homoglens.bias as bias
+    import homoglens.engine as engine
 
     model = _model()
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(bias, "next_token_loss", broken)
+    monkeypatch.setattr(engine, "next_token_loss", broken)
     with pytest.raises(RuntimeError, match="boom"):
         attention_bias_study(model, WINDOWS, kind="first", strengths=[0.0, 1.0], **COMMON)
     assert hook_count(model) == 0
@@ -226,3 +226,55 @@ def test_strengths_and_lengths_as_arrays() -> None:
     assert study.strengths == (-1.0, 0.0, 1.0)
     lengths = length_study(_model(), WINDOWS, lengths=np.array([10, 20]), edge_k=2, progress=False)
     assert lengths.lengths == (10, 20)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ["gpt2", "neox", "llama"])
+def test_loss_head_is_the_loss_of_the_model_logits_bit_for_bit(arch: str, backend: str) -> None:
+    from homoglens.engine import LossHead
+
+    model = _model(arch, backend)
+    mask = torch.ones_like(WINDOWS)
+    with torch.inference_mode(), eager_attention():  # as the study's passes run
+        want = next_token_loss(model(WINDOWS), WINDOWS, mask)
+        head = LossHead(model)
+        first = head.loss(WINDOWS, [], mask)  # the checked pass: the model's logits
+        assert head.exact is not None
+        again = head.loss(WINDOWS, [], mask)  # no logits when the check passed
+    assert torch.equal(first, want) and torch.equal(again, want)
+    if backend == "bridge":
+        assert head.exact  # a plain lm_head: the blocks of rows give the same bits on the CPU
+    assert hook_count(model) == 0
+
+
+def test_loss_head_keeps_the_logits_where_the_unembedding_is_not_all(monkeypatch) -> None:
+    # Something after W_U (here a hook on the logits; in Gemma 2 a soft-cap) fails the check:
+    # every pass then reads the model's own logits, and the loss is theirs.
+    import homoglens.engine as engine
+
+    model = _model()
+    mask = torch.ones_like(WINDOWS)
+    doubled = [("unembed.hook_out", lambda z, hook: z * 2.0)]
+    calls = []
+    monkeypatch.setattr(engine, "run_through", lambda *a, **k: calls.append(a))
+    with torch.inference_mode(), eager_attention():
+        want = next_token_loss(2.0 * model(WINDOWS), WINDOWS, mask)
+        head = engine.LossHead(model)
+        losses = [head.loss(WINDOWS, doubled, mask) for _ in range(2)]
+    assert head.exact is False and not calls
+    assert all(torch.equal(loss, want) for loss in losses)
+
+
+def test_the_study_reads_logits_once_only(monkeypatch) -> None:
+    import homoglens.engine as engine
+
+    calls = []
+    real = engine.run_logits
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "run_logits", counted)
+    attention_bias_study(_model(), WINDOWS, kind="first", strengths=[-1.0, 0.0, 1.0], **COMMON)
+    assert len(calls) == 1  # the check; 5 more passes (3 strengths x 2 batches) end at W_U
