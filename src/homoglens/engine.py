@@ -92,9 +92,10 @@ def next_token_nll(
     """Next-token cross-entropy (nats) of every target: ``logsumexp(z) - z[target]`` of the
     logits at position p for the token at p + 1 (``target`` = pos - 1), along the vocabulary
     (the last, contiguous axis), in float32, a block of rows at a time: no copy of the
-    ``[batch pos d_vocab]`` logits is made (the transposed layout ``cross_entropy`` wants cost
-    17 % of an ablation study's time), and the temporaries stay small (about 16 MB: fresh
-    large buffers cost page faults on every call)."""
+    ``[batch pos d_vocab]`` logits is made (the transposed ``[batch d_vocab pos]`` layout that
+    ``cross_entropy`` wants for 3-d input cost 17 % of an ablation study's time; each block is
+    passed as 2-d ``[row d_vocab]``), and the temporaries stay small (about 4 MB: fresh large
+    buffers cost page faults on every call)."""
     n_batch, n_pos, n_vocab = (int(s) for s in logits.shape)
     out = torch.empty(n_batch, max(n_pos - 1, 0), dtype=torch.float32, device=logits.device)
     for b in range(n_batch):
@@ -107,14 +108,14 @@ def _nll_rows(
     targets: Int[torch.Tensor, " row"],
     out: Float[torch.Tensor, " row"],
 ) -> None:
-    """``out = logsumexp(z) - z[target]`` per row, in float32, ~4M floats at a time."""
-    rows = max(1, (1 << 22) // max(int(z_all.shape[-1]), 1))
+    """``out = logsumexp(z) - z[target]`` per row, in float32, ~1M floats at a time: the fused
+    ``cross_entropy`` kernel on ``[row d_vocab]`` blocks (one pass for the row maxima, one for
+    the sums of exponentials; 3 x faster on CPU than ``logsumexp``'s max, subtract, exp, sum)."""
+    rows = max(1, (1 << 20) // max(int(z_all.shape[-1]), 1))
     for start in range(0, int(z_all.shape[0]), rows):
         z = z_all[start : start + rows].float()
-        tgt = targets[start : start + rows]
-        out[start : start + rows] = torch.logsumexp(z, dim=-1) - z.gather(-1, tgt[:, None]).squeeze(
-            -1
-        )
+        tgt = targets[start : start + rows].long()
+        out[start : start + rows] = torch.nn.functional.cross_entropy(z, tgt, reduction="none")
 
 
 class LossHead:
