@@ -4,6 +4,7 @@ the same windows, with the slope at zero by central difference and by forward-mo
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Sequence
@@ -13,7 +14,8 @@ import torch
 import torch.autograd.forward_ad as fwad
 from jaxtyping import Float, Int
 
-from homoglens.architectures import block_hook_name, resid_hook_name
+from homoglens.architectures import resid_hook_name
+from homoglens.blocked_attention import AttentionJob
 from homoglens.data import DataInput, to_token_batch
 from homoglens.distributed import all_reduce_sum, gather_rows, shard_bounds, world
 from homoglens.engine import (
@@ -29,12 +31,10 @@ from homoglens.hooks import AttentionBiasPlan, bias_pattern
 from homoglens.interventions import attention_bias_plan
 from homoglens.models import check_writable, model_info
 from homoglens.results.bias import ATTENTION_CHECKS, AttentionBiasStudy
-from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity_math import (
     SIMILARITY_STATISTICS,
-    SimilaritySums,
+    WindowSums,
     edge_groups,
-    finish_fields,
     first_counted,
     on_cpu_rows,
     similarity_coefficients,
@@ -84,15 +84,44 @@ class _Gradient:
     differentiated windows: their unit vectors, Gram matrices and derivatives."""
 
     def __init__(self, n_layer: int, n_pos: int, d: int, edge_k: int, device: torch.device):
-        f64 = {"dtype": torch.float64, "device": device}
-        self.within = torch.zeros(n_layer, n_pos, n_pos, **f64)
-        self.units = torch.zeros(n_layer, n_pos, d, **f64)
-        self.d_within = torch.zeros(n_layer, n_pos, n_pos, **f64)
-        self.d_units = torch.zeros(n_layer, n_pos, d, **f64)
-        self.coef = similarity_coefficients(n_pos, edge_k).to(device)
+        self.shape, self.edge_k, self.device = (n_layer, n_pos, d), edge_k, device
         self.rows: list[torch.Tensor] = []  # [g layer stat] d stat(U_s U_s^T)
         self.attention: list[torch.Tensor] = []  # [g block check]
         self.loss: list[torch.Tensor] = []  # [g]
+
+    @functools.cached_property
+    def _sums(self) -> tuple[torch.Tensor, ...]:
+        """``(within, units, d_within, d_units, coefficients)``, made on first use only: the
+        Gram sums are ``[layer pos pos]`` (the cross-check is for windows of moderate T)."""
+        n_layer, n_pos, d = self.shape
+        f64 = {"dtype": torch.float64, "device": self.device}
+        return (
+            torch.zeros(n_layer, n_pos, n_pos, **f64),
+            torch.zeros(n_layer, n_pos, d, **f64),
+            torch.zeros(n_layer, n_pos, n_pos, **f64),
+            torch.zeros(n_layer, n_pos, d, **f64),
+            similarity_coefficients(n_pos, self.edge_k).to(self.device),
+        )
+
+    @property
+    def within(self) -> torch.Tensor:
+        return self._sums[0]
+
+    @property
+    def units(self) -> torch.Tensor:
+        return self._sums[1]
+
+    @property
+    def d_within(self) -> torch.Tensor:
+        return self._sums[2]
+
+    @property
+    def d_units(self) -> torch.Tensor:
+        return self._sums[3]
+
+    @property
+    def coef(self) -> torch.Tensor:
+        return self._sums[4]
 
     def add(self, i: int, u: torch.Tensor, norms: torch.Tensor, dx: torch.Tensor) -> None:
         """Layer ``i``: unit vectors ``u``, their norms and the tangent ``dx`` of the vectors."""
@@ -139,16 +168,94 @@ class _Gradient:
         return rows, rows.mean(0), torch.diagonal(d_cross, dim1=1, dim2=2).clone()
 
 
-def _check_tangents(
-    chosen: torch.Tensor, tangent: torch.Tensor, phi: torch.Tensor, temperature: bool
-) -> torch.Tensor:
-    """``[batch check]`` d(mass, entropy, KL) / db at zero from the pattern's total tangent."""
-    a, t = chosen.double(), tangent.double()
-    d_mass = (t * phi).sum(-1) if not temperature else torch.full(a.shape[:-1], math.nan)
-    log_a = torch.where(a > 0, torch.log(a), 0.0)
-    d_entropy = -(t * log_a).sum(-1)
-    out = torch.stack([d_mass.to(a.device), d_entropy, torch.zeros_like(d_entropy)], -1)
-    return out.mean((1, 2))
+def _biased_rows(
+    plan: AttentionBiasPlan,
+    bi: int,
+    checks: dict[int, torch.Tensor],
+    tangents: dict[int, torch.Tensor],
+    *,
+    value_zero_first: bool,
+    dual: bool,
+) -> Any:
+    """The ``edit`` of one biased block's :class:`~homoglens.blocked_attention.AttentionJob`:
+    from a block of query rows' masked scores s, the chosen heads' rows
+    A' = softmax(beta * s + b * phi) (the others softmax(s)), and each window's sums over the
+    block's chosen heads and queries of the checks (E_{A'}[phi], the entropy of A', KL(A' || A),
+    nats) into ``checks[bi]`` ``[batch 3]``. With ``dual``, b (beta for ``"temperature"``)
+    enters as a forward-mode dual number at the plan's value, so every readout downstream
+    carries its derivative, and the checks' derivatives go to ``tangents[bi]``. With
+    ``value_zero_first``, the chosen heads' first ``first_k`` columns are zeroed after the
+    checks, without renormalising (what the first keys write is gone)."""
+    heads = None if plan.heads is None else list(plan.heads)
+    temperature = plan.kind == "temperature"
+
+    def edit(q0: int, s: torch.Tensor) -> torch.Tensor | None:
+        if not dual:
+            return closed_form(q0, s)
+        n, n_key = int(s.shape[-2]), int(s.shape[-1])
+        chosen = s if heads is None else s[:, heads]
+        phi = plan.phi(n, n_key, q0, s.device).to(s.dtype)
+        strength = plan.beta if temperature else plan.bias
+        value: Any = strength
+        if dual:
+            value = fwad.make_dual(
+                torch.tensor(strength, dtype=phi.dtype, device=s.device),
+                torch.ones((), dtype=phi.dtype, device=s.device),
+            )
+        logits = chosen * value if temperature else chosen + value * phi
+        log_a = torch.log_softmax(chosen, -1)
+        log_b = torch.log_softmax(logits, -1)
+        biased = log_b.exp()
+        some = biased > 0
+        found = torch.stack(
+            [
+                (biased * phi).sum(-1),
+                -torch.where(some, biased * log_b, 0.0).sum(-1),
+                torch.where(some, biased * (log_b - log_a), 0.0).sum(-1),
+            ],
+            -1,
+        ).sum((1, 2))  # [batch 3], summed over the chosen heads and the block's queries
+        primal, tangent = fwad.unpack_dual(found) if dual else (found, None)
+        primal = primal.double()
+        if temperature:
+            primal[:, 0] = math.nan
+        checks[bi] = primal if q0 == 0 else checks[bi] + primal
+        if dual:
+            t = torch.zeros_like(primal) if tangent is None else tangent.double()
+            if temperature:
+                t[:, 0] = math.nan
+            t[:, 2] = 0.0  # KL is flat at the baseline
+            tangents[bi] = t if q0 == 0 else tangents[bi] + t
+        if value_zero_first:
+            keep = torch.ones(n_key, dtype=biased.dtype, device=biased.device)
+            keep[: plan.first_k] = 0.0
+            biased = biased * keep
+        if heads is None:
+            return biased
+        rows = torch.softmax(s, -1)
+        rows[:, heads] = biased
+        return rows
+
+    def closed_form(q0: int, s: torch.Tensor) -> torch.Tensor | None:
+        """The same without tangents, in probability space (:func:`homoglens.hooks.
+        bias_pattern`'s closed form: the checks from a few row sums, cache-sized chunks)."""
+        rows = torch.softmax(s, -1)
+        chosen = rows if heads is None else rows[:, heads]
+        biased, found = bias_pattern(chosen, plan, checks=True, q_offset=q0)
+        assert found is not None
+        block = found.sum((1, 2))  # [batch 3], summed over the chosen heads and the queries
+        checks[bi] = block if q0 == 0 else checks[bi] + block
+        if plan.identity and not value_zero_first:
+            return None  # rows unchanged (the eager pattern: bit for bit)
+        if value_zero_first:
+            biased = biased.clone() if biased is chosen else biased
+            biased[..., : plan.first_k] = 0.0
+        if heads is None:
+            return biased
+        rows[:, heads] = biased
+        return rows
+
+    return edit
 
 
 def attention_bias_study(
@@ -294,96 +401,45 @@ def attention_bias_study(
     gradient_windows = min(gradient_windows, n_all)
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
     entries = tuple(range(n_layers + 1))
-    sums = [SimilaritySums(len(entries), n_pos, d_model, edge_k, device) for _ in plans]
+    sums = [WindowSums(len(entries), n_pos, d_model, edge_k, device) for _ in plans]
     grad = _Gradient(len(entries), n_pos, d_model, edge_k, device)
     attention: list[list[torch.Tensor]] = [[] for _ in plans]
     losses: list[list[torch.Tensor]] = [[] for _ in plans]
     rank, size = world()
     offset = shard_bounds(n_all, size)[rank][0]
-    buffers: dict[str, Any] = {}
     head = LossHead(model)  # the loss without [batch pos d_vocab] logits
     seen = 0
-    temperature = kind == "temperature"
 
-    def pattern_hooks(plan: AttentionBiasPlan, out: list[torch.Tensor], g: int) -> list[HookSpec]:
-        """Bias (or only read) each chosen block's pattern; checks into ``out``; with ``g``
-        windows differentiated, add the local tangent of b to the pattern's own."""
-        heads = None if plan.heads is None else list(plan.heads)
-        rows: dict[int, torch.Tensor] = {}
-
-        def make(bi: int) -> Any:
-            def hook(
-                pattern: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any
-            ) -> Any:
-                primal, tangent = fwad.unpack_dual(pattern) if g else (pattern, None)
-                chosen = primal if heads is None else primal[:, heads]
-                key = (tuple(chosen.shape), chosen.dtype, chosen.device)
-                if not g and buffers.get("key") != key:  # reused by every block and pass
-                    buffers.clear()
-                    buffers.update(
-                        key=key,
-                        a=torch.zeros_like(chosen),  # zero above the diagonal
-                        b=torch.zeros_like(chosen),
-                        x=torch.empty_like(chosen),
-                    )
-                # two output buffers in turn: a block's pattern stays intact through the next
-                own = None if g else buffers["ab"[bi % 2]]
-                biased, row_checks = bias_pattern(
-                    chosen, plan, checks=True, out=own, scratch=None if g else buffers["x"]
+    def jobs_of(plan: AttentionBiasPlan, out: list[torch.Tensor], g: int) -> dict[int, Any]:
+        """Each chosen block's attention, biased (or, at the baseline, only read) a block of
+        queries at a time; its checks into ``out``; with ``g`` windows differentiated, b (or
+        beta) enters as a dual number and the checks' derivatives go to ``grad.attention``."""
+        checks: dict[int, torch.Tensor] = {}
+        tangents: dict[int, torch.Tensor] = {}
+        jobs = {
+            block: AttentionJob(
+                edit=_biased_rows(
+                    plan, bi, checks, tangents, value_zero_first=value_zero_first, dual=g > 0
                 )
-                assert row_checks is not None
-                checks = row_checks.mean((1, 2))
-                if bi == 0:
-                    rows[0] = torch.zeros(
-                        primal.shape[0],
-                        len(plan.blocks),
-                        len(ATTENTION_CHECKS),
-                        dtype=torch.float64,
-                        device=primal.device,
-                    )
-                rows[0][:, bi] = checks
-                if bi == len(plan.blocks) - 1:
-                    out.append(rows.pop(0).cpu())
-                if plan.identity and not value_zero_first and not g:
-                    return None  # read only: the pass stays the unhooked one bit for bit
-                if heads is None:
-                    new = biased if not plan.identity else primal.clone()
-                else:
-                    new = primal.clone()
-                    new[:, heads] = biased
-                total: torch.Tensor | None = None
-                if g:
-                    phi = plan.phi(primal.shape[-2], primal.shape[-1]).to(primal.device)
-                    a = chosen.double()
-                    psi = torch.where(a > 0, torch.log(a), 0.0) if temperature else phi
-                    local = a * (psi - (a * psi).sum(-1, keepdim=True))
-                    total = torch.zeros_like(primal) if tangent is None else tangent.clone()
-                    if heads is None:
-                        total = total + local.to(total.dtype)
-                    else:
-                        total[:, heads] += local.to(total.dtype)
-                    sel = total if heads is None else total[:, heads]
-                    if bi == 0:
-                        rows[1] = torch.zeros(
-                            g, len(plan.blocks), len(ATTENTION_CHECKS), dtype=torch.float64
-                        )
-                    rows[1][:, bi] = _check_tangents(chosen, sel, phi, temperature)[:g].cpu()
-                    if bi == len(plan.blocks) - 1:
-                        grad.attention.append(rows.pop(1))
-                if value_zero_first:  # what the first keys write is gone: so is its derivative
-                    cols = slice(0, plan.first_k)
-                    for t in (new, total) if total is not None else (new,):
-                        if heads is None:
-                            t[..., cols] = 0.0
-                        else:
-                            t[:, heads, :, cols] = 0.0
-                return new if total is None else fwad.make_dual(new, total)
+            )
+            for bi, block in enumerate(plan.blocks)
+        }
 
-            return hook
+        def collect(n_query: int) -> None:
+            """After the pass: the mean checks per window ``[batch block check]``."""
+            n_heads = len(plan.heads) if plan.heads is not None else int(model.cfg.n_heads)
+            scale = 1.0 / (n_heads * n_query)
+            out.append(
+                (torch.stack([checks[bi] for bi in range(len(plan.blocks))], 1) * scale).cpu()
+            )
+            if g:
+                found = torch.stack([tangents[bi] for bi in range(len(plan.blocks))], 1)
+                grad.attention.append((found * scale)[:g].cpu())
+            checks.clear()
+            tangents.clear()
 
-        return [
-            (block_hook_name(b, "attn.hook_pattern"), make(bi)) for bi, b in enumerate(plan.blocks)
-        ]
+        jobs_collect[id(jobs)] = collect
+        return jobs
 
     def resid_hooks(si: int, g: int) -> list[HookSpec]:
         feed = on_cpu_rows(sums[si], len(entries))
@@ -405,6 +461,8 @@ def attention_bias_study(
 
         return [(resid_hook_name(layer), make(i)) for i, layer in enumerate(entries)]
 
+    jobs_collect: dict[int, Any] = {}
+
     def step(tokens: torch.Tensor, mask: torch.Tensor) -> None:
         nonlocal seen
         b = int(tokens.shape[0])
@@ -412,55 +470,47 @@ def attention_bias_study(
         seen += b
         for si, plan in enumerate(plans):
             g = here if si == base else 0
-            hooks = [*pattern_hooks(plan, attention[si], g), *resid_hooks(si, g)]
+            hooks = resid_hooks(si, g)
             if not g:
-                losses[si].append(head.loss(tokens, hooks, mask).double().cpu())
+                jobs = jobs_of(plan, attention[si], 0)
+                losses[si].append(head.loss(tokens, hooks, mask, jobs=jobs).double().cpu())
+                jobs_collect.pop(id(jobs))(int(tokens.shape[1]))
                 continue
             with torch.inference_mode(False), torch.no_grad(), fwad.dual_level():
-                dual = run_logits(model, tokens.clone(), hooks, attention_mask=mask.clone())
+                jobs = jobs_of(plan, attention[si], g)
+                dual = run_logits(
+                    model, tokens.clone(), hooks, jobs=jobs, attention_mask=mask.clone()
+                )
                 logits, d_logits = fwad.unpack_dual(dual)
                 losses[si].append(next_token_loss(logits, tokens, mask).double().cpu())
                 grad.loss.append(_loss_tangent(logits[:g], d_logits, tokens[:g], mask[:g]))
+                jobs_collect.pop(id(jobs))(int(tokens.shape[1]))
             del dual, logits, d_logits
 
-    try:
-        stream(
-            model,
-            batch,
-            [],
-            batch_size=batch_size,
-            desc=f"attention bias ({kind})",
-            progress=progress,
-            step=step,
-        )
-    finally:
-        buffers.clear()
+    stream(
+        model,
+        batch,
+        [],
+        batch_size=batch_size,
+        desc=f"attention bias ({kind})",
+        progress=progress,
+        step=step,
+    )
     provenance = provenance_of(info, batch, entries, bool(first))
-    window_stats, sp, to_first = [], [], []
-    for s_sums in sums:
-        if size > 1:
-            all_reduce_sum([s_sums.within, s_sums.units, s_sums.n])
-        fields = finish_fields(
-            s_sums,
-            entries,
-            n_all,
-            device,
-            first=first,
-            edge_k=edge_k,
-            space="resid",
-            centre=None,
-            standardize=False,
-            massive_threshold=100.0,
-            pseudo=False,
-        )
-        sim = PositionalSimilarity(**fields, provenance=provenance)
-        window_stats.append(torch.stack([sim.per_window(s) for s in SIMILARITY_STATISTICS], -1))
-        sp.append(sim.SP)
-        to_first.append(sim.to_first)
 
     def rows(parts: list[torch.Tensor], shape: tuple[int, ...], n: int) -> torch.Tensor:
         local = torch.cat([torch.empty(0, *shape, dtype=torch.float64), *parts])
         return gather_rows(local, n, device).cpu() if size > 1 else local
+
+    window_stats, sp, to_first = [], [], []
+    for s_sums in sums:
+        if size > 1:
+            s_sums.all_reduce()
+        per_window = rows(s_sums.rows, (len(entries), len(SIMILARITY_STATISTICS)), n_all)
+        stats, s_sp, s_first = s_sums.finish(per_window)
+        window_stats.append(stats)
+        sp.append(s_sp)
+        to_first.append(s_first)
 
     n_blocks, n_checks = len(plan0.blocks), len(ATTENTION_CHECKS)
     f64 = torch.float64

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from homoglens.architectures import resid_hook_name
+from homoglens.architectures import block_hook_name, resid_hook_name
 from homoglens.assets import package_version
+from homoglens.blocked_attention import AttentionJob
 from homoglens.data import TokenBatch, right_aligned
 from homoglens.distributed import (
     all_reduce_max,
@@ -153,9 +154,11 @@ class LossHead:
         tokens: Int[torch.Tensor, "batch pos"],
         fwd_hooks: Sequence[HookSpec],
         mask: Int[torch.Tensor, "batch pos"],
+        *,
+        jobs: Mapping[int, AttentionJob] | None = None,
     ) -> Float[torch.Tensor, " batch"]:
-        """One full pass with ``fwd_hooks``: the mean next-token loss per sequence (nats, float32
-        as :func:`next_token_loss` gives it)."""
+        """One full pass with ``fwd_hooks`` (and attention ``jobs``): the mean next-token loss
+        per sequence (nats, float32 as :func:`next_token_loss` gives it)."""
         hooks = [*fwd_hooks, ("unembed.hook_in", self._capture)]
         try:
             if self.exact:
@@ -165,10 +168,11 @@ class LossHead:
                     "unembed.hook_in",
                     hooks,
                     return_type="logits",
+                    jobs=jobs,
                     attention_mask=mask,
                 )
                 return self._from_hidden(tokens, mask)
-            logits = run_logits(self.model, tokens, hooks, attention_mask=mask)
+            logits = run_logits(self.model, tokens, hooks, jobs=jobs, attention_mask=mask)
             full = next_token_loss(logits, tokens, mask)
             del logits  # before the check allocates its buffer
             if self.exact is None:  # (a backend whose unembedding fires no hook_in: never)
@@ -326,6 +330,7 @@ def run_through(
     fwd_hooks: Sequence[HookSpec],
     *,
     return_type: str | None = None,
+    jobs: Mapping[int, AttentionJob] | None = None,
     **kwargs: Any,
 ) -> None:
     """``model.run_with_hooks(inputs, return_type=None, fwd_hooks=..., **kwargs)``, ended right
@@ -345,6 +350,9 @@ def run_through(
         fwd_hooks: ``(hook name, hook function)`` pairs, attached for this pass only.
         return_type: Passed to ``run_with_hooks``: ``"logits"`` to end at a hook point of the
             unembedding (``HookedTransformer`` skips the unembedding with ``None``).
+        jobs: ``{block: AttentionJob}``: what the pass reads from (or changes in) attention,
+            a block of queries at a time (:mod:`homoglens.blocked_attention`); ``last`` must
+            reach every block named.
         **kwargs: Passed to ``run_with_hooks`` (``attention_mask``, ``start_at_layer``).
     """
     names = {last} if isinstance(last, str) else set(last)
@@ -363,25 +371,44 @@ def run_through(
     enders = [(name, ender(name)) for name in sorted(names)]
     hooks = [*fwd_hooks, *enders]
     try:
-        with fast_attention(model, hooks):
+        with fast_attention(model, hooks, jobs) as job_hooks:
+            hooks = [*fwd_hooks, *job_hooks, *enders]
             model.run_with_hooks(inputs, return_type=return_type, fwd_hooks=hooks, **kwargs)
     except _Through:
         pass
+    _check_jobs(jobs)
+
+
+def _check_jobs(jobs: Mapping[int, AttentionJob] | None) -> None:
+    """Every attention job of a finished pass ran (else its block's attention was computed
+    where homoglens could not see it, and the measurement would be silently empty)."""
+    missing = sorted(layer for layer, job in (jobs or {}).items() if job.calls == 0)
+    if missing:
+        raise RuntimeError(
+            f"homoglens: the attention of blocks {missing} ran without the measurement's "
+            "attention job (an attention implementation homoglens does not serve); set "
+            "HOMOGLENS_EAGER=1 to read the eager pattern instead, and please report it"
+        )
 
 
 def run_logits(
     model: HookedModel,
     inputs: torch.Tensor,
     fwd_hooks: Sequence[HookSpec],
+    *,
+    jobs: Mapping[int, AttentionJob] | None = None,
     **kwargs: Any,
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """A full pass with ``fwd_hooks`` attached for it only: ``model.run_with_hooks(inputs,
     return_type="logits", fwd_hooks=..., **kwargs)``; the hooks are removed however it ends.
     A pass that hooks no attention internals runs SDPA attention on the bridge
-    (:mod:`homoglens.fast_attention`)."""
+    (:mod:`homoglens.fast_attention`); ``jobs`` as for :func:`run_through`."""
     hooks = list(fwd_hooks)
-    with fast_attention(model, hooks):
-        return model.run_with_hooks(inputs, return_type="logits", fwd_hooks=hooks, **kwargs)
+    with fast_attention(model, hooks, jobs) as job_hooks:
+        hooks = [*hooks, *job_hooks]
+        logits = model.run_with_hooks(inputs, return_type="logits", fwd_hooks=hooks, **kwargs)
+    _check_jobs(jobs)
+    return logits
 
 
 class Reducer:
@@ -399,6 +426,12 @@ class Reducer:
     def hooks(self) -> list[HookSpec]:
         """``(hook name, hook function)`` pairs the pass attaches; none by default."""
         return []
+
+    def jobs(self) -> dict[int, AttentionJob]:
+        """``{block: AttentionJob}``: what the pass reads from each block's attention, a block
+        of queries at a time (:mod:`homoglens.blocked_attention`); none by default. Reading
+        jobs only (no ``edit``): a pass that changes attention runs its own ``step``."""
+        return {}
 
     def begin(
         self, tokens: Int[torch.Tensor, "batch pos"], mask: Int[torch.Tensor, "batch pos"]
@@ -437,8 +470,10 @@ class Sums(Reducer):
         sums: dict[str, torch.Tensor] | None = None,
         maxima: dict[str, torch.Tensor] | None = None,
         rows: dict[str, tuple[int, ...]] | None = None,
+        jobs: Mapping[int, AttentionJob] | None = None,
     ) -> None:
         self._hooks = list(hooks)
+        self._jobs = dict(jobs or {})
         self.sums = dict(sums or {})
         self.maxima = dict(maxima or {})
         self._row_shapes = dict(rows or {})
@@ -452,6 +487,14 @@ class Sums(Reducer):
     def add_hooks(self, hooks: Sequence[HookSpec]) -> None:
         """Declare more hook points read (built after the sums they add into)."""
         self._hooks.extend(hooks)
+
+    def jobs(self) -> dict[int, AttentionJob]:
+        """The attention jobs declared at construction and with :meth:`add_jobs`."""
+        return dict(self._jobs)
+
+    def add_jobs(self, jobs: Mapping[int, AttentionJob]) -> None:
+        """Declare attention read in more blocks."""
+        self._jobs.update(jobs)
 
     def begin(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
         """Hold the batch's ``tokens``, ``mask`` and ``lengths`` for the hooks."""
@@ -532,8 +575,11 @@ def stream(
     start, stop = shard_bounds(n_all, size)[rank]
     reader_hooks = [spec for reducer in reducers for spec in reducer.hooks()]
     fwd_hooks = [*extra_hooks, *reader_hooks]
+    jobs = merged_jobs([reducer.jobs() for reducer in reducers])
     needs_logits = any(reducer.needs_logits for reducer in reducers)
     read = [name for name, _ in reader_hooks]
+    if jobs:  # the deepest attention read has run (eager bridges fire some patterns late)
+        read.append(block_hook_name(max(jobs), "hook_resid_post"))
     if step is None and not needs_logits and not read:
         raise ValueError("stream: no reducer reads a hook point and none needs the logits")
     batches = forward_batches(
@@ -555,19 +601,47 @@ def stream(
             if step is not None:
                 step(tokens, mask)
             elif needs_logits:
-                logits = run_logits(model, tokens, fwd_hooks, attention_mask=mask)
+                logits = run_logits(model, tokens, fwd_hooks, jobs=jobs, attention_mask=mask)
                 for reducer in reducers:
                     if reducer.needs_logits:
                         reducer.logits(logits, tokens, mask)
                 del logits
             else:
-                run_through(model, tokens, read, fwd_hooks, attention_mask=mask)
+                run_through(model, tokens, read, fwd_hooks, jobs=jobs, attention_mask=mask)
             for reducer in reducers:
                 reducer.end()
     if size > 1:
         for reducer in reducers:
             reducer.all_reduce(n_all, device)
     return device
+
+
+def merged_jobs(parts: Sequence[Mapping[int, AttentionJob]]) -> dict[int, AttentionJob]:
+    """The reading jobs of several reducers, one per block (a block read by several reducers
+    gets one job that hands its rows to each in turn).
+
+    Raises:
+        ValueError: a reducer's job changes attention (only a ``step`` may run such passes).
+    """
+    grouped: dict[int, list[AttentionJob]] = {}
+    for part in parts:
+        for layer, job in part.items():
+            if job.edit is not None:
+                raise ValueError("stream: a reducer's attention job changes attention")
+            grouped.setdefault(layer, []).append(job)
+    out = {}
+    for layer, group in sorted(grouped.items()):
+        if len(group) == 1:
+            out[layer] = group[0]
+            continue
+        reads = [job.read for job in group if job.read is not None]
+
+        def read(rows: Any, reads: list[Any] = reads) -> None:
+            for fn in reads:
+                fn(rows)
+
+        out[layer] = AttentionJob(read=read)
+    return out
 
 
 def forward_batches(

@@ -21,10 +21,28 @@ The pass stays eager, exactly as before, whenever the fast path could not be exa
 * the backend is ``HookedTransformer`` (TransformerLens computes its own attention);
 * the Hugging Face model does not support SDPA (GPT-Neo, BLOOM, MPT), soft-caps its attention
   logits (Gemma 2), or the bridge is configured to split the attention input per head
-  (``use_split_qkv_input``, ``use_attn_in``, ``use_attn_result``);
-* the weights are float16 / bfloat16 (SDPA rounds differently from eager's float32 softmax).
+  (``use_split_qkv_input``, ``use_attn_in``, ``use_attn_result``).
 
-The last two print a one-line notice, once per model.
+The last one prints a one-line notice, once per model.
+
+Half precision takes the fast path too. In float16 / bfloat16 neither path is the truth: eager
+rounds the scores and the pattern to the model's dtype, SDPA (flash / memory-efficient kernels)
+keeps its softmax in float32; each is judged by its distance from the same model in float32,
+and SDPA is the closer (docs/performance.md, "Half precision", gives each statistic's tolerance
+per dtype). In float32 the fast path equals eager within rounding (3e-6 on the table's
+families).
+
+The rotary tables (``blocks.{l}.attn.hook_cos`` / ``hook_sin``) are not attention internals
+here: the fast path fires them on the ``position_embeddings`` the Hugging Face decoder layer
+hands its attention module, as the bridge's own forward does, so a rotary position ablation
+keeps SDPA (:func:`homoglens.position_ablation_hooks`).
+
+Passes that read or change attention (sink scores, attention received, the attention-bias
+study, the length sweep) declare :class:`~homoglens.blocked_attention.AttentionJob` objects per
+block instead of hooks on ``hook_pattern``: on the fast path they run inside the
+``"homoglens"`` attention function, a block of queries at a time (no ``[batch head_index
+query_pos key_pos]`` tensor of a whole layer; :mod:`homoglens.blocked_attention`); elsewhere they
+run as hooks on the eager pattern.
 
 Normalisation takes a lean path too. The bridge's LayerNorm / RMSNorm components compute the
 norm's statistics a second time for ``hook_scale`` and ``hook_normalized`` (and for LayerNorm
@@ -42,16 +60,20 @@ turns the fast path off everywhere.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import types
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from homoglens.architectures import pattern_hook_name
+from homoglens.blocked_attention import ATTENTION_NAME, AttentionJob, active_jobs, pattern_hook
 from homoglens.types import HookedModel, HookSpec
 
 __all__ = ["ENABLED", "fast_attention", "fast_attention_status"]
@@ -60,7 +82,8 @@ ENABLED: bool = os.environ.get("HOMOGLENS_EAGER", "") not in ("1", "true", "yes"
 """Whether residual-only passes may run SDPA attention (see the module's docstring)."""
 
 _SPEAKING = ("hook_in", "hook_out")  # attention hook points the delegating forward fires
-_STATUS: weakref.WeakKeyDictionary[Any, tuple[str, frozenset[int]]] = weakref.WeakKeyDictionary()
+_POSITIONS = ("hook_cos", "hook_sin")  # fired too, where the module is handed the tables
+_STATUS: weakref.WeakKeyDictionary[Any, _Status] = weakref.WeakKeyDictionary()
 _TOLD: weakref.WeakSet[Any] = weakref.WeakSet()
 _NORMS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
@@ -89,23 +112,22 @@ def fast_attention_status(model: HookedModel) -> str:
     """
     if not ENABLED:
         return "eager: turned off (homoglens.fast_attention.ENABLED = False or HOMOGLENS_EAGER=1)"
-    status = _status(model)[0]
-    return status if status != "sdpa" else _dtype_status(model)
+    return _status(model).status
 
 
-def _dtype_status(model: Any) -> str:
-    """``"sdpa"``, or why the weights' dtype keeps the pass eager."""
-    dtype = next(iter(model.parameters())).dtype
-    if dtype in (torch.float32, torch.float64):
-        return "sdpa"
-    return (
-        f"eager: {dtype} weights (SDPA rounds differently from eager's float32 softmax, so it "
-        "is not exact there)"
-    )
+class _Status(NamedTuple):
+    status: str
+    """``"sdpa"`` or ``"eager: "`` and the reason."""
+    internal: frozenset[int]
+    """ids of the attention-internal hook points (empty: not a bridge of attention bridges)."""
+    modules: dict[int, int]
+    """id of each block's Hugging Face attention module -> its block, where every module runs
+    through transformers' attention interface (the ``"homoglens"`` function can serve them);
+    empty otherwise."""
 
 
-def _status(model: Any) -> tuple[str, frozenset[int]]:
-    """``(status, ids of the attention-internal hook points)``, cached per model."""
+def _status(model: Any) -> _Status:
+    """The model's :class:`_Status`, cached per model."""
     try:
         return _STATUS[model]
     except (KeyError, TypeError):
@@ -118,42 +140,76 @@ def _status(model: Any) -> tuple[str, frozenset[int]]:
     return found
 
 
-def _inspect(model: Any) -> tuple[str, frozenset[int]]:
+def _inspect(model: Any) -> _Status:
     try:
         from transformer_lens.hook_points import HookPoint
         from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
     except ImportError:  # pragma: no cover - every supported TransformerLens has both
-        return "eager: this TransformerLens has no AttentionBridge", frozenset()
+        return _Status("eager: this TransformerLens has no AttentionBridge", frozenset(), {})
     hf = getattr(model, "original_model", None)
     blocks = getattr(model, "blocks", None)
     if hf is None or blocks is None:
-        return "eager: HookedTransformer computes its own attention", frozenset()
+        return _Status("eager: HookedTransformer computes its own attention", frozenset(), {})
     attns = [getattr(block, "attn", None) for block in blocks]
     if not attns or not all(isinstance(a, AttentionBridge) for a in attns):
-        return "eager: a block's attention is not a TransformerLens AttentionBridge", frozenset()
+        reason = "eager: a block's attention is not a TransformerLens AttentionBridge"
+        return _Status(reason, frozenset(), {})
     attns = [a for a in attns if isinstance(a, AttentionBridge)]  # (for the type checker)
     internal = frozenset(
         id(module)
         for attn in attns
         for name, module in attn.named_modules()
-        if isinstance(module, HookPoint) and name not in _SPEAKING
+        if isinstance(module, HookPoint)
+        and name not in _SPEAKING
+        and not (name in _POSITIONS and _fires_positions(attn))
     )
+
+    def eager(reason: str) -> _Status:
+        return _Status(f"eager: {reason}", internal, {})
+
     cfg = model.cfg
     for flag in ("use_split_qkv_input", "use_attn_in", "use_attn_result"):
         if getattr(cfg, flag, False):
-            return f"eager: cfg.{flag} is set (the bridge splits attention per head)", internal
+            return eager(f"cfg.{flag} is set (the bridge splits attention per head)")
     config = getattr(hf, "config", None)
     if config is None or not hasattr(config, "_attn_implementation"):
-        return "eager: the Hugging Face model has no attention implementation to switch", internal
+        return eager("the Hugging Face model has no attention implementation to switch")
     if not getattr(hf, "_supports_sdpa", False):
-        return f"eager: {type(hf).__name__} does not support SDPA attention", internal
+        return eager(f"{type(hf).__name__} does not support SDPA attention")
     for attn in attns:
         original = attn.original_component
         cap = getattr(original, "attn_logit_softcapping", None)
         cap = cap if cap is not None else getattr(config, "attn_logit_softcapping", None)
         if cap is not None:
-            return "eager: the attention logits are soft-capped (SDPA cannot)", internal
-    return "sdpa", internal
+            return eager("the attention logits are soft-capped (SDPA cannot)")
+    modules: dict[int, int] = {}
+    if all(_uses_interface(type(attn.original_component)) for attn in attns):
+        modules = {id(attn.original_component): i for i, attn in enumerate(attns)}
+    return _Status("sdpa", internal, modules)
+
+
+@functools.cache
+def _uses_interface(cls: type) -> bool:
+    """Whether a Hugging Face attention class looks its attention function up in transformers'
+    ``ALL_ATTENTION_FUNCTIONS`` (so the ``"homoglens"`` function serves it)."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def _fires_positions(attn: Any) -> bool:
+    """Whether the fast path fires this attention bridge's ``hook_cos`` / ``hook_sin``: the
+    bridge has them (``_apply_position_embedding_hooks``) and its Hugging Face module is handed
+    ``position_embeddings`` (rather than computing its rotation itself, as GPT-J does)."""
+    if not hasattr(attn, "_apply_position_embedding_hooks"):
+        return False
+    try:
+        params = inspect.signature(type(attn.original_component).forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "position_embeddings" in params
 
 
 def _norms(model: Any) -> list[Any]:
@@ -244,38 +300,66 @@ def _configs(model: Any) -> list[Any]:
     return list(found.values())
 
 
+def _fast_attention_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """An attention bridge's forward on the fast path: ``hook_in``, the Hugging Face module (its
+    attention function: SDPA, or homoglens' for a pass with attention jobs), ``hook_out``; the
+    rotary tables the module is handed go through the bridge's ``hook_cos`` / ``hook_sin``
+    first, as in the bridge's own forward."""
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    tables = kwargs.get("position_embeddings")
+    if tables is not None and hasattr(self, "_apply_position_embedding_hooks"):
+        kwargs["position_embeddings"] = self._apply_position_embedding_hooks(tables)
+    return AttentionBridge.forward(self, *args, **kwargs)
+
+
+def _job_hooks(jobs: Mapping[int, AttentionJob]) -> list[HookSpec]:
+    """The jobs as hooks on the eager pattern (``blocks.{l}.attn.hook_pattern``)."""
+    return [(pattern_hook_name(layer), pattern_hook(job)) for layer, job in jobs.items()]
+
+
 @contextmanager
-def fast_attention(model: HookedModel, fwd_hooks: Sequence[HookSpec] = ()) -> Iterator[bool]:
+def fast_attention(
+    model: HookedModel,
+    fwd_hooks: Sequence[HookSpec] = (),
+    jobs: Mapping[int, AttentionJob] | None = None,
+) -> Iterator[list[HookSpec]]:
     """For the pass run inside the block: SDPA attention where it is exact for the hooks
-    attached (see the module docstring), restored however the block ends.
+    attached (see the module docstring), restored however the block ends; the attention
+    ``jobs`` run inside the attention function where it serves the model, else as hooks on the
+    eager pattern, which the block yields for the pass to attach.
 
     Args:
         model: The model the pass runs.
         fwd_hooks: The ``(hook name, function)`` pairs the pass will attach.
+        jobs: ``{block: AttentionJob}`` of the pass (their ``calls`` are reset to 0).
 
     Yields:
-        Whether the pass runs SDPA attention.
+        The hooks the pass must attach besides ``fwd_hooks`` (the jobs on the eager pattern;
+        empty when the jobs run inside the attention function).
     """
-    if not ENABLED:
-        yield False
+    jobs = dict(jobs or {})
+    for job in jobs.values():
+        job.calls = 0
+    found = _status(model) if ENABLED else None
+    if found is None or not found.internal:  # off, or not a bridge of attention bridges
+        yield _job_hooks(jobs)
         return
-    status, internal = _status(model)
-    if not internal:  # not a bridge of attention bridges: nothing to switch
-        yield False
-        return
-    if status == "sdpa":
-        status = _dtype_status(model)
-    if status != "sdpa" and model not in _TOLD:  # say once why the attention stays eager
+    if found.status != "sdpa" and model not in _TOLD:  # say once why the attention stays eager
         _TOLD.add(model)
         warnings.warn(
-            f"homoglens: residual-only passes run eager attention ({status[7:]})", stacklevel=3
+            f"homoglens: residual-only passes run eager attention ({found.status[7:]})",
+            stacklevel=3,
         )
     norms = _norms(model)
     norm_internal = frozenset(
         id(point) for norm in norms for point in (norm.hook_scale, norm.hook_normalized)
     )
-    touched_attention, touched_norms = _touched(model, fwd_hooks, (internal, norm_internal))
-    sdpa = status == "sdpa" and not touched_attention
+    touched_attention, touched_norms = _touched(model, fwd_hooks, (found.internal, norm_internal))
+    sdpa = found.status == "sdpa" and not touched_attention
+    blocked = sdpa and bool(found.modules)
+    if jobs and not blocked:  # the jobs read the eager pattern
+        sdpa = False
     # Norms: where the bridge's own forward ends in its Hugging Face module's output (native
     # autograd), the lean forward is that output bit for bit, so every pass takes it. Where the
     # bridge recomputes the norm in Python, the module's output differs by rounding: only
@@ -285,19 +369,23 @@ def fast_attention(model: HookedModel, fwd_hooks: Sequence[HookSpec] = ()) -> It
         norms = []
     elif not sdpa or getattr(model, "_weights_processed", False):
         norms = [norm for norm in norms if _native(norm)]
-    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
-
     attns = [block.attn for block in model.blocks] if sdpa else []  # type: ignore[attr-defined]
     configs = _configs(model) if sdpa else []
     saved = [config._attn_implementation for config in configs]
+    implementation = ATTENTION_NAME if jobs else "sdpa"
+    by_module = {}
+    if jobs:
+        block_of = {layer: module for module, layer in found.modules.items()}
+        by_module = {block_of[layer]: job for layer, job in jobs.items()} if sdpa else {}
     try:
         for config in configs:
-            config._attn_implementation = "sdpa"
+            config._attn_implementation = implementation
         for attn in attns:  # an instance attribute, past the bridge's own __setattr__
-            object.__setattr__(attn, "forward", types.MethodType(AttentionBridge.forward, attn))
+            object.__setattr__(attn, "forward", types.MethodType(_fast_attention_forward, attn))
         for norm in norms:
             object.__setattr__(norm, "forward", types.MethodType(_lean_norm_forward, norm))
-        yield sdpa
+        with active_jobs(by_module):
+            yield [] if sdpa else _job_hooks(jobs)
     finally:
         for module in (*attns, *norms):
             if "forward" in module.__dict__:

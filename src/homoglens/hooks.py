@@ -298,7 +298,14 @@ def alibi_score_hook(slopes: Float[torch.Tensor, " head_index"], plan: PositionP
 
 
 def attention_bias_phi(
-    kind: str, n_query: int, n_key: int, *, first_k: int = 1, window: int = 8
+    kind: str,
+    n_query: int,
+    n_key: int,
+    *,
+    first_k: int = 1,
+    window: int = 8,
+    q_offset: int = 0,
+    device: torch.device | str | None = None,
 ) -> Float[torch.Tensor, "query_pos key_pos"]:
     """The bias direction phi[q, k] of an attention-bias kind (docs/bias.md, "The
     intervention"), float64, for keys k <= q (entries k > q are 0; the causal mask removes them).
@@ -306,9 +313,18 @@ def attention_bias_phi(
     ``"first"``: 1[k < first_k]; ``"self"``: 1[k = q]; ``"recent"``: 1[q - window < k <= q];
     ``"alibi"``: -(q - k) (Press et al. 2022, arXiv 2108.12409); ``"middle"``:
     1[q/4 <= k <= 3q/4]; ``"temperature"``: zeros (it scales the scores instead).
+
+    Args:
+        kind: The bias kind.
+        n_query: Query rows (queries ``q_offset .. q_offset + n_query - 1``).
+        n_key: Keys.
+        first_k: Keys counted as "first".
+        window: Keys counted as "recent".
+        q_offset: The first query's position (a block of rows of a longer pattern).
+        device: Where to build it (default: the CPU).
     """
-    q = torch.arange(n_query, dtype=torch.float64)[:, None]
-    k = torch.arange(n_key, dtype=torch.float64)[None, :]
+    q = torch.arange(q_offset, q_offset + n_query, dtype=torch.float64, device=device)[:, None]
+    k = torch.arange(n_key, dtype=torch.float64, device=device)[None, :]
     allowed = k <= q
     phi = {
         "first": (k < first_k) & allowed,
@@ -319,9 +335,9 @@ def attention_bias_phi(
     if phi is not None:
         return phi.to(torch.float64)
     if kind == "alibi":
-        return torch.where(allowed, -(q - k), torch.zeros(()))
+        return torch.where(allowed, -(q - k), 0.0)
     if kind == "temperature":
-        return torch.zeros(n_query, n_key, dtype=torch.float64)
+        return torch.zeros(n_query, n_key, dtype=torch.float64, device=device)
     raise InvalidInputError(f"unknown attention-bias kind {kind!r}")
 
 
@@ -353,33 +369,93 @@ class AttentionBiasPlan:
         """Whether the plan changes nothing (b = 0 and beta = 1)."""
         return self.bias == 0.0 and self.beta == 1.0
 
-    def phi(self, n_query: int, n_key: int) -> Float[torch.Tensor, "query_pos key_pos"]:
-        """Phi of this kind for a ``[n_query n_key]`` pattern (float64, cached)."""
-        return _cached_phi(self.kind, n_query, n_key, self.first_k, self.window)
+    def phi(
+        self,
+        n_query: int,
+        n_key: int,
+        q_offset: int = 0,
+        device: torch.device | str | None = None,
+    ) -> Float[torch.Tensor, "query_pos key_pos"]:
+        """Phi of this kind for a ``[n_query n_key]`` pattern (float64; cached when small);
+        with ``q_offset``, the rows of queries ``q_offset ..`` of a longer one, on ``device``."""
+        if n_query * n_key <= _CACHED_ENTRIES:
+            return _cached_phi(self.kind, n_query, n_key, self.first_k, self.window, q_offset).to(
+                device
+            )
+        return attention_bias_phi(
+            self.kind,
+            n_query,
+            n_key,
+            first_k=self.first_k,
+            window=self.window,
+            q_offset=q_offset,
+            device=device,
+        )
 
 
-@lru_cache(maxsize=32)
-def _cached_phi(kind: str, n_query: int, n_key: int, first_k: int, window: int) -> torch.Tensor:
+_CACHED_ENTRIES = 1 << 18
+"""Largest ``[query key]`` table of phi / the bias weights kept in a cache (2 MiB of float64):
+short windows reuse theirs over every block and pass; the blocks of rows of a long one are
+made where they are used (a cache of them would hold O(T^2))."""
+
+
+@lru_cache(maxsize=64)
+def _cached_phi(
+    kind: str, n_query: int, n_key: int, first_k: int, window: int, q_offset: int = 0
+) -> torch.Tensor:
     with torch.inference_mode(False):
-        return attention_bias_phi(kind, n_query, n_key, first_k=first_k, window=window)
+        return attention_bias_phi(
+            kind, n_query, n_key, first_k=first_k, window=window, q_offset=q_offset
+        )
 
 
-@lru_cache(maxsize=32)
 def _bias_weights(
-    kind: str, bias: float, n_query: int, n_key: int, first_k: int, window: int
+    kind: str,
+    bias: float,
+    n_query: int,
+    n_key: int,
+    first_k: int,
+    window: int,
+    q_offset: int = 0,
+    device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(w, stack of w, w * phi, w * log w)``, float64 ``[query_pos key_pos]`` (and
     ``[3 query_pos key_pos]``), with w[q, k] = exp(b phi[q, k] - max_{k' <= q} b phi[q, k'])
-    on keys k <= q (in (0, 1]), else 0."""
+    on keys k <= q (in (0, 1]), else 0 (rows of queries ``q_offset ..``), on ``device``
+    (cached when small)."""
+    args = (kind, bias, n_query, n_key, first_k, window, q_offset)
+    if n_query * n_key <= _CACHED_ENTRIES:
+        w, stacked = _cached_bias_weights(*args)
+        return w.to(device), stacked.to(device)
+    return _make_bias_weights(*args, device=device)
+
+
+@lru_cache(maxsize=64)
+def _cached_bias_weights(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.inference_mode(False):
-        phi = attention_bias_phi(kind, n_query, n_key, first_k=first_k, window=window)
-        q = torch.arange(n_query)[:, None]
-        allowed = torch.arange(n_key)[None, :] <= q
-        scaled = torch.where(allowed, bias * phi, -torch.inf)
-        log_w = scaled - scaled.amax(-1, keepdim=True)
-        log_w = torch.where(allowed, log_w, 0.0)
-        w = torch.where(allowed, log_w.exp(), 0.0)
-        return w, torch.stack([w, w * phi, w * log_w])
+        return _make_bias_weights(*args)
+
+
+def _make_bias_weights(
+    kind: str,
+    bias: float,
+    n_query: int,
+    n_key: int,
+    first_k: int,
+    window: int,
+    q_offset: int,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    phi = attention_bias_phi(
+        kind, n_query, n_key, first_k=first_k, window=window, q_offset=q_offset, device=device
+    )
+    q = torch.arange(q_offset, q_offset + n_query, device=device)[:, None]
+    allowed = torch.arange(n_key, device=device)[None, :] <= q
+    scaled = torch.where(allowed, bias * phi, -torch.inf)
+    log_w = scaled - scaled.amax(-1, keepdim=True)
+    log_w = torch.where(allowed, log_w, 0.0)
+    w = torch.where(allowed, log_w.exp(), 0.0)
+    return w, torch.stack([w, w * phi, w * log_w])
 
 
 _CHUNK_ELEMENTS = 1 << 19
@@ -399,6 +475,7 @@ def bias_pattern(
     checks: bool = False,
     out: torch.Tensor | None = None,
     scratch: torch.Tensor | None = None,
+    q_offset: int | None = None,
 ) -> tuple[torch.Tensor, Float[torch.Tensor, "batch head query_pos 3"] | None]:
     """A' = softmax_k(beta log A + b phi) of the chosen heads' pattern, and optionally the
     manipulation checks of each row: (E_{A'}[phi], entropy of A', KL(A' || A)), nats, float64.
@@ -424,36 +501,40 @@ def bias_pattern(
             the diagonal are not written for a causal pattern: allocate it with ``torch.zeros``
             and use it for causal patterns only (a non-causal pattern never writes into it).
         scratch: A tensor like ``out`` whose storage holds a chunk's A log A (saves another).
+        q_offset: ``chosen`` holds the rows of queries ``q_offset ..`` of a longer pattern
+            (a block of rows; a causal one's query q attends keys up to q). ``None``: the
+            whole pattern.
 
     Returns:
         ``(biased pattern in chosen's dtype, [batch head query_pos 3] checks or None)``; the
         mass is NaN for ``"temperature"`` (phi = 0).
     """
     work = chosen if chosen.dtype in (torch.float32, torch.float64) else chosen.float()
+    rows = q_offset or 0
     if plan.beta != 1.0:
-        return _log_space(chosen, work, plan, checks)
+        return _log_space(chosen, work, plan, checks, rows)
     if out is not None and (
         out.shape != work.shape or out.dtype != work.dtype or not out.is_contiguous()
     ):
         out = None
     if torch.is_grad_enabled() and work.requires_grad and not plan.identity:
-        done = _closed_form(work.detach(), plan, checks, None, scratch)
+        done = _closed_form(work.detach(), plan, checks, None, scratch, q_offset)
         if done is None:  # some row's z underflowed
-            return _log_space(chosen, work, plan, checks)
+            return _log_space(chosen, work, plan, checks, rows)
         found = done[1]
-        biased = work * _weights(plan, work)  # the same closed form, differentiable
+        biased = work * _weights(plan, work, rows)  # the same closed form, differentiable
         biased = biased / biased.sum(-1, keepdim=True)
     else:
-        done = _closed_form(work, plan, checks, out, scratch)
+        done = _closed_form(work, plan, checks, out, scratch, q_offset)
         if done is None:  # some row's z underflowed
-            return _log_space(chosen, work, plan, checks)
+            return _log_space(chosen, work, plan, checks, rows)
         biased, found = done
     if found is not None and plan.kind == "temperature":
         found[..., 0] = math.nan
     return biased.to(chosen.dtype), found
 
 
-def _weights(plan: AttentionBiasPlan, work: torch.Tensor) -> torch.Tensor:
+def _weights(plan: AttentionBiasPlan, work: torch.Tensor, q_offset: int = 0) -> torch.Tensor:
     """``[query_pos key_pos]`` w of the closed form (beta = 1), in ``work``'s dtype."""
     n_q, n_k = int(work.shape[-2]), int(work.shape[-1])
     if plan.kind == "first":
@@ -462,16 +543,19 @@ def _weights(plan: AttentionBiasPlan, work: torch.Tensor) -> torch.Tensor:
         w = torch.full((n_q, n_k), lo, dtype=work.dtype, device=work.device)
         w[:, : plan.first_k] = hi
         return w
-    w64, _ = _bias_weights(plan.kind, plan.bias, n_q, n_k, plan.first_k, plan.window)
-    return w64.to(work.device, work.dtype)
+    w64, _ = _bias_weights(
+        plan.kind, plan.bias, n_q, n_k, plan.first_k, plan.window, q_offset, work.device
+    )
+    return w64.to(work.dtype)
 
 
-def _row_blocks(flat: torch.Tensor) -> list[tuple[int, int, int]]:
+def _row_blocks(flat: torch.Tensor, q_offset: int | None = None) -> list[tuple[int, int, int]]:
     """``(first query, end query, keys read)`` per row block of ``flat [n query key]``: one
-    block of every key unless the pattern is causal (query q, key q + n_key - n_query and
-    earlier, checked on query 0), then blocks of :data:`_ROW_BLOCK` queries."""
+    block of every key unless the pattern is causal (row i attends key i + offset and
+    earlier, checked on row 0; offset ``q_offset``, else n_key - n_query), then blocks of
+    :data:`_ROW_BLOCK` queries."""
     n_q, n_k = int(flat.shape[-2]), int(flat.shape[-1])
-    offset = n_k - n_q
+    offset = n_k - n_q if q_offset is None else q_offset
     if n_q < 2 * _ROW_BLOCK or offset < 0 or bool(flat[:, 0, offset + 1 :].any()):
         return [(0, n_q, n_k)]
     edges = [*range(0, n_q, _ROW_BLOCK), n_q]
@@ -486,6 +570,7 @@ def _closed_form(
     checks: bool,
     out: torch.Tensor | None,
     scratch: torch.Tensor | None,
+    q_offset: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """:func:`bias_pattern` for beta = 1, chunk by chunk; ``None`` if a row's z underflows.
 
@@ -500,7 +585,8 @@ def _closed_form(
     first, identity, k, b = plan.kind == "first", plan.identity, plan.first_k, plan.bias
     if identity and not checks:
         return work, None
-    blocks = _row_blocks(flat)
+    blocks = _row_blocks(flat, q_offset)
+    q_offset = q_offset or 0
     causal = len(blocks) > 1
     hi, lo = (1.0, math.exp(-b)) if b >= 0 else (math.exp(b), 1.0)
     log_hi, log_lo = min(0.0, b), min(0.0, -b)  # log hi, log lo
@@ -508,10 +594,12 @@ def _closed_form(
     stacked: torch.Tensor | None = None
     phi: torch.Tensor | None = None
     if identity:
-        phi = None if first else plan.phi(n_q, n_k).to(device, dtype)
+        phi = None if first else plan.phi(n_q, n_k, q_offset, device).to(dtype)
     elif not first:
-        w64, stacked64 = _bias_weights(plan.kind, b, n_q, n_k, plan.first_k, plan.window)
-        w, stacked = w64.to(device, dtype), stacked64.to(device, dtype)
+        w64, stacked64 = _bias_weights(
+            plan.kind, b, n_q, n_k, plan.first_k, plan.window, q_offset, device
+        )
+        w, stacked = w64.to(dtype), stacked64.to(dtype)
     dest = None
     if not identity:
         if out is None or not causal:  # a reused buffer only ever holds causal patterns
@@ -603,11 +691,16 @@ def _closed_form(
 
 
 def _log_space(
-    chosen: torch.Tensor, work: torch.Tensor, plan: AttentionBiasPlan, checks: bool
+    chosen: torch.Tensor,
+    work: torch.Tensor,
+    plan: AttentionBiasPlan,
+    checks: bool,
+    q_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`bias_pattern` in log space: log A' = log_softmax(beta log A + b phi)."""
     f64 = torch.float64
-    phi = plan.phi(int(work.shape[-2]), int(work.shape[-1])).to(work.device, work.dtype)
+    n_q, n_k = int(work.shape[-2]), int(work.shape[-1])
+    phi = plan.phi(n_q, n_k, q_offset, work.device).to(work.dtype)
     log_b = torch.log(work)
     if plan.beta != 1.0:
         log_b.mul_(plan.beta)

@@ -10,7 +10,8 @@ from typing import Any, Literal
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.architectures import block_hook_name, resid_hook_name
+from homoglens.architectures import resid_hook_name
+from homoglens.blocked_attention import AttentionJob, PatternRows
 from homoglens.data import DataInput, to_token_batch
 from homoglens.distributed import all_reduce_sum, gather_rows, world
 from homoglens.engine import Sums, model_device, provenance_of, stream
@@ -208,17 +209,24 @@ def length_study(
         return hook
 
     def pattern(layer: int) -> Any:
-        def hook(a: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> None:
-            entropy = -torch.special.xlogy(a, a).sum(-1).to(f64)  # [batch head query]
-            attn[0, layer] += entropy.sum((0, 1)).to(device)
-            attn[1, layer] += a[..., 0].sum((0, 1)).to(f64).to(device)
+        def read(rows: PatternRows) -> None:
+            for q0, q1 in rows.blocks():
+                a = rows.rows(q0, q1)
+                entropy = -torch.special.xlogy(a, a).sum(-1).to(f64)  # [batch head query]
+                attn[0, layer, q0:q1] += entropy.sum((0, 1)).to(device)
+                attn[1, layer, q0:q1] += a[..., 0].sum((0, 1)).to(f64).to(device)
 
-        return hook
+        return read
 
     hooks = [(resid_hook_name(e), resid(i)) for i, e in enumerate(entries)]
-    hooks += [(block_hook_name(b, "attn.hook_pattern"), pattern(b)) for b in range(n_layers)]
+    jobs = {b: AttentionJob(read=pattern(b)) for b in range(n_layers)}
     stream(
-        model, batch, [Sums(hooks)], batch_size=batch_size, desc="length sweep", progress=progress
+        model,
+        batch,
+        [Sums(hooks, jobs=jobs)],
+        batch_size=batch_size,
+        desc="length sweep",
+        progress=progress,
     )
     n_all = len(batch)
     if world()[1] > 1:

@@ -26,7 +26,41 @@ __all__ = [
     "edge_groups",
     "first_counted",
     "similarity_coefficients",
+    "window_statistics",
+    "WindowSums",
 ]
+
+_C_STATS = (2, 3, 4)
+"""The statistics of ``W = M - C`` that subtract ``C`` (matched_first, matched_last,
+homogenization); the naive ones read ``M`` only."""
+
+
+def unit_rows(x: Float[torch.Tensor, "batch pos d_model"]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit vectors of ``x`` (0 for zero vectors) and ``[batch pos 1]`` their norms.
+
+    Raises:
+        NonFiniteActivationError: a vector holds NaN or inf.
+    """
+    # Fast path: plain norms, when every norm is finite and far from float32's under- and
+    # overflow (one reduction checks it); else an exact power-of-two rescaling per vector
+    # first (squares of entries above ~1.8e19 overflow, below ~1e-19 underflow).
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    tiny = torch.finfo(x.dtype).tiny ** 0.25
+    big = torch.finfo(x.dtype).max ** 0.25
+    if bool(((norms > tiny) & (norms < big)).all()):
+        return x / norms, norms
+    finite = torch.isfinite(x).all(-1)
+    if not bool(finite.all()):
+        raise NonFiniteActivationError(
+            f"{int((~finite).sum())} vectors hold NaN or inf; nothing was averaged in. Check "
+            "the model dtype (float16 overflows) or the weights"
+        )
+    amax = x.abs().amax(-1, keepdim=True)
+    exponent = torch.where(amax > 0, torch.frexp(amax).exponent, 0).to(x.dtype)
+    x = torch.ldexp(x, -exponent)
+    norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    safe = torch.where(norms > 0, norms, torch.ones_like(norms))
+    return torch.where(norms > 0, x / safe, torch.zeros_like(x)), torch.ldexp(norms, exponent)
 
 
 class SimilaritySums:
@@ -57,26 +91,7 @@ class SimilaritySums:
             x = x - (mean if mean.ndim == 2 else mean[None, None])
         if self.scale is not None:
             x = x / self.scale[i].to(x.device, x.dtype)
-        # Fast path: plain norms, when every norm is finite and far from float32's under- and
-        # overflow (one reduction checks it); else an exact power-of-two rescaling per vector
-        # first (squares of entries above ~1.8e19 overflow, below ~1e-19 underflow).
-        norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        tiny = torch.finfo(x.dtype).tiny ** 0.25
-        big = torch.finfo(x.dtype).max ** 0.25
-        if bool(((norms > tiny) & (norms < big)).all()):
-            return x / norms, norms
-        finite = torch.isfinite(x).all(-1)
-        if not bool(finite.all()):
-            raise NonFiniteActivationError(
-                f"{int((~finite).sum())} vectors hold NaN or inf; nothing was averaged in. Check "
-                "the model dtype (float16 overflows) or the weights"
-            )
-        amax = x.abs().amax(-1, keepdim=True)
-        exponent = torch.where(amax > 0, torch.frexp(amax).exponent, 0).to(x.dtype)
-        x = torch.ldexp(x, -exponent)
-        norms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-        return torch.where(norms > 0, x / safe, torch.zeros_like(x)), torch.ldexp(norms, exponent)
+        return unit_rows(x)
 
     def add(self, i: int, x: torch.Tensor, row: torch.Tensor) -> None:
         """Main pass: add layer ``i`` of a batch; per-window statistics go into ``row``."""
@@ -203,6 +218,64 @@ def finish_fields(
     )
 
 
+class WindowSums:
+    """Float64 running sums of one run, for every window's :data:`SIMILARITY_STATISTICS` (of
+    ``W = M - C``, ``C`` held fixed), ``SP`` and ``M[:, 0]`` without a ``[pos pos]`` matrix:
+    per window its statistics (:func:`window_statistics`), and over windows the sums of unit
+    vectors, of their squares and of their cosine to position 0: O(T d_model) memory per
+    layer, where :class:`SimilaritySums` holds ``[layer pos pos]`` (the attention-bias study
+    at long windows; uncentred vectors only)."""
+
+    def __init__(self, n_layer: int, n_pos: int, d_model: int, edge_k: int, device: torch.device):
+        f64 = {"dtype": torch.float64, "device": device}
+        edge_groups(n_pos, edge_k)
+        self.n_layer, self.n_pos, self.d_model, self.edge_k = n_layer, n_pos, d_model, edge_k
+        self.units = torch.zeros(n_layer, n_pos, d_model, **f64)
+        self.squares = torch.zeros(n_layer, n_pos, **f64)
+        self.first = torch.zeros(n_layer, n_pos, **f64)
+        self.n = torch.zeros((), **f64)
+        self.rows: list[torch.Tensor] = []  # [batch layer stat] per batch
+
+    def units_of(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unit vectors of ``x [batch pos d]`` (0 for zero vectors) and their norms."""
+        return unit_rows(x)
+
+    def add(self, i: int, x: torch.Tensor, row: torch.Tensor) -> None:
+        """Add layer ``i`` of a batch; its per-window statistics go into ``row``."""
+        u, _ = self.units_of(i, x)
+        row[:, i] = window_statistics(u, self.edge_k)
+        u64 = u.double()
+        self.units[i] += u64.sum(0).to(self.units.device)
+        self.squares[i] += (u64 * u64).sum((0, 2)).to(self.squares.device)
+        self.first[i] += (u64 @ u64[:, 0, :, None])[..., 0].sum(0).to(self.first.device)
+
+    def all_reduce(self) -> None:
+        """Sum over ranks (the per-window rows are gathered by the caller)."""
+        all_reduce_sum([self.units, self.squares, self.first, self.n])
+
+    def finish(self, window_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """From every window's rows ``[seq layer stat]`` (all ranks, CPU): ``([seq layer stat]``
+        per-window statistics, as :meth:`PositionalSimilarity.per_window` gives them without
+        the second pass, ``[layer pos]`` SP, ``[layer pos]`` the cosine to position 0).
+        Windows fewer than 2: the C-subtracted statistics and SP are NaN."""
+        n = int(window_rows.shape[0])
+        units = self.units.cpu()
+        out = window_rows.clone()
+        if n < 2:
+            c_stats = torch.full((self.n_layer, len(SIMILARITY_STATISTICS)), math.nan)
+            sp = torch.full((self.n_layer, self.n_pos), math.nan, dtype=torch.float64)
+        else:
+            pair = n * (n - 1)
+            together = torch.cat(  # stat(U U^T), one layer at a time where the sums are
+                [window_statistics(u[None], self.edge_k).cpu() for u in self.units]
+            )
+            c_stats = (together - window_rows.sum(0)) / pair
+            sp = ((units * units).sum(-1) - self.squares.cpu()) / pair
+        for e in _C_STATS:
+            out[..., e] = window_rows[..., e] - c_stats[None, :, e].to(out.dtype)
+        return out, sp, self.first.cpu() / max(n, 1)
+
+
 def check_similarity_options(
     space: Any, centre: Any, standardize: Any, edge_k: Any, massive_threshold: Any, pseudo: Any
 ) -> tuple[SimilaritySpace, Centring | None, bool, int, float, bool]:
@@ -238,7 +311,9 @@ def main_pass(
         all_reduce_sum([sums.within, sums.units, sums.n])
 
 
-def on_cpu_rows(sums: SimilaritySums, n_layer: int) -> Callable[[int, torch.Tensor, int], None]:
+def on_cpu_rows(
+    sums: SimilaritySums | WindowSums, n_layer: int
+) -> Callable[[int, torch.Tensor, int], None]:
     """Per-window rows are filled where the activations are, then kept on the CPU."""
 
     def run(i: int, x: torch.Tensor, first: int) -> None:
@@ -444,6 +519,82 @@ def similarity_coefficients(n_pos: int, edge_k: int) -> Float[torch.Tensor, "sta
     """
     edge_groups(n_pos, edge_k)
     return _coefficients(n_pos, edge_k).clone()
+
+
+def window_statistics(
+    x: Float[torch.Tensor, "batch pos d_model"], edge_k: int
+) -> Float[torch.Tensor, "batch stat"]:
+    """Each window's :data:`SIMILARITY_STATISTICS` of its Gram matrix ``G = X X^T`` (what
+    :func:`similarity_coefficients` gives against the ``[pos pos]`` matrix), without the
+    ``[pos pos]`` matrix: O(T d_model) for the naive statistics and the mean off-diagonal
+    (from each row's sum, x_p . sum_j x_j), and for the matched ones the edge rows of G and
+    the middle's lag sums ``L[d] = sum_a G[a, a + d]`` over middle pairs, read a block of
+    rows at a time (O(block x T) memory, O(T^2 d_model) work). Products in ``x``'s dtype,
+    sums in float64.
+
+    Args:
+        x: ``[batch pos d_model]`` vectors (unit vectors for cosines; any vectors work).
+        edge_k: Positions per edge.
+
+    Returns:
+        ``[batch 5]`` float64.
+
+    Raises:
+        InvalidInputError: ``pos < 2 * edge_k + 2``.
+    """
+    from homoglens.blocked_attention import query_blocks
+
+    first, middle, last = edge_groups(int(x.shape[1]), edge_k)
+    n_batch, n_pos = int(x.shape[0]), int(x.shape[1])
+    f64 = torch.float64
+    dev = x.device
+    x64 = x.to(f64)
+    total = x64.sum(1)  # [batch d]
+    diag = (x64 * x64).sum(-1)  # [batch pos]
+    off = (x64 @ total[..., None])[..., 0] - diag  # sum_{j != p} G[p, j]
+    out = torch.empty(n_batch, len(SIMILARITY_STATISTICS), dtype=f64, device=dev)
+    m = len(middle)
+    for e, edge in enumerate((first, last)):
+        out[:, e] = off[:, edge.start : edge.stop].sum(1) / (len(edge) * (n_pos - 1)) - off[
+            :, middle.start : middle.stop
+        ].sum(1) / (m * (n_pos - 1))
+    out[:, 4] = (off.sum(1)) / (n_pos * (n_pos - 1))
+    # the middle's lag sums L[d], d = 1 .. m - 1, a block of middle rows at a time
+    mid = x[:, middle.start : middle.stop]
+    lags = torch.zeros(n_batch, m, dtype=f64, device=dev)
+    size = torch.finfo(x.dtype).bits // 8 if x.is_floating_point() else 4
+    for a0, a1 in query_blocks(m, n_batch * m * (size + 16), dev):
+        g = (mid[:, a0:a1] @ mid.transpose(1, 2)).to(f64)  # [batch rows m]
+        d = torch.arange(m, device=dev)[None, :] - torch.arange(a0, a1, device=dev)[:, None]
+        g = torch.where(d > 0, g, 0.0)
+        lags.scatter_add_(1, d.clamp_min(0).flatten()[None].expand(n_batch, -1), g.flatten(1))
+    for e, edge in enumerate((first, last)):
+        coef_pairs, coef_lags = _matched_weights(n_pos, edge_k, e)
+        rows = x[:, edge.start : edge.stop]
+        g = (rows @ mid.transpose(1, 2)).to(f64)  # [batch k m]
+        out[:, 2 + e] = (g * coef_pairs.to(dev)).sum((1, 2)) - lags @ coef_lags.to(dev)
+    return out
+
+
+@lru_cache(maxsize=8)
+def _matched_weights(n_pos: int, edge_k: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For edge ``e`` (0 first, 1 last): ``[k m]`` weights of the edge-middle pairs (1 / P on
+    pairs at most m - 1 apart) and ``[m]`` weights of the middle's lag sums (lags[d] / (m - d),
+    lags[d] the share of those pairs at lag d): matched_e = sum of the first against the
+    edge rows of G minus the second against L (:func:`similarity_coefficients`)."""
+    first, middle, last = edge_groups(n_pos, edge_k)
+    edge = (first, last)[e]
+    m = len(middle)
+    i = torch.tensor(list(edge))[:, None]
+    j = torch.tensor(list(middle))[None, :]
+    pair = ((i - j).abs() <= m - 1).to(torch.float64)
+    n_pairs = float(pair.sum())
+    lag = torch.where(pair > 0, (i - j).abs(), 0)
+    per_lag = torch.zeros(m, dtype=torch.float64).index_add_(0, lag.flatten(), pair.flatten())
+    per_lag = per_lag / n_pairs
+    per_lag[0] = 0.0
+    divisor = (m - torch.arange(m)).to(torch.float64)
+    return pair / n_pairs, per_lag / divisor
 
 
 @lru_cache(maxsize=8)

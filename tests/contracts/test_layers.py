@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "homoglens"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "types"),
     ("validate",),
-    ("stats", "distributed"),
+    ("stats", "distributed", "blocked_attention"),
     ("architectures", "assets", "data", "homogenization", "similarity_math", "plotting", "claims"),
     ("plotting_plotly",),
     ("models", "hooks", "results", "training", "fast_attention"),

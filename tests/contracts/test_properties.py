@@ -123,7 +123,10 @@ def test_permute_then_inverse_permute_is_the_identity(backend, get_model, perm) 
 def test_low_precision_models_accumulate_in_high_precision(dtype, get_model) -> None:
     """The statistics of a float16/bfloat16 model equal a float64 computation over the same
     activations within 1e-5 (they are accumulated in float64); the gap to a float64 forward
-    pass is a property of the model's dtype, printed, not asserted."""
+    pass is a property of the model's dtype, printed, not asserted. (Both passes eager, so
+    that the activations are the same; the fast path's distance from the float32 model is
+    tests/oracles/test_half_precision.py's.)"""
+    from helpers import eager_attention
     from homoglens import load_model
     from homoglens.testing import tiny_model_folder
 
@@ -133,7 +136,8 @@ def test_low_precision_models_accumulate_in_high_precision(dtype, get_model) -> 
         "It is a truth universally acknowledged, that a single man",
         "Emma Woodhouse, handsome",
     ]
-    prof = homogenization_profile(low, texts, progress=False)
+    with eager_attention():
+        prof = homogenization_profile(low, texts, progress=False)
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(2)]
     from homoglens import to_token_batch
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from helpers import BACKENDS, eager_attention, hook_count
+from helpers import BACKENDS, hook_count
 from homoglens import (
     InvalidInputError,
     LengthStudy,
@@ -61,8 +61,7 @@ def test_a_separate_pass_at_each_length_equals_the_prefix(arch: str, backend: st
 def test_the_longest_length_is_positional_similarity() -> None:
     model = _model("llama", BACKENDS[-1])
     study = length_study(model, WINDOWS, lengths=LENGTHS, **COMMON)
-    with eager_attention():  # the study reads patterns: eager
-        sim = positional_similarity(model, WINDOWS, edge_k=2, progress=False)
+    sim = positional_similarity(model, WINDOWS, edge_k=2, progress=False)  # both on SDPA
     assert torch.allclose(study.sp[:, sim.first_position :], sim.SP, atol=1e-12)
     assert torch.allclose(study.statistics[-1, :, 4], sim.homogenization, atol=1e-12)
     lag = torch.diagonal(sim.M, offset=-3, dim1=1, dim2=2)

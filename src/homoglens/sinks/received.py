@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.architectures import block_hook_name, resid_hook_name
+from homoglens.architectures import resid_hook_name
+from homoglens.blocked_attention import AttentionJob, PatternRows
 from homoglens.data import DataInput, to_token_batch
 from homoglens.distributed import all_reduce_sum, world
 from homoglens.engine import Sums, model_device, provenance_of, stream
@@ -40,10 +41,12 @@ def attention_received(
     """Measure, per block and key position k, the attention k receives and whether the tokens
     that attend it move toward it (the attractor shift), in one streamed pass.
 
-    For block l (input x^l = residual entry l, output x^{l+1}) and each pair q > k of real
-    tokens: a[q, k] = mean over heads of A[q, k] and s[q, k] = cos(x^{l+1}_q, x^l_k) -
-    cos(x^l_q, x^l_k). Per key position: mean a (attention received), mean s (shift) and
-    sum a s / sum a; per block: the least-squares slope of s on a over all pairs and their
+    The pattern is read a block of queries at a time (no ``[batch head_index query_pos
+    key_pos]`` tensor of a whole layer, where the model's attention runs through transformers'
+    attention interface). For block l (input x^l = residual entry l, output x^{l+1}) and each
+    pair q > k of real tokens: a[q, k] = mean over heads of A[q, k] and s[q, k] = cos(x^{l+1}_q,
+    x^l_k) - cos(x^l_q, x^l_k). Per key position: mean a (attention received), mean s (shift)
+    and sum a s / sum a; per block: the least-squares slope of s on a over all pairs and their
     correlation. A sink that homogenizes shows high received mass *and* a positive slope; a
     no-op sink (small value norm) shows mass without shift (Gu et al. 2024).
 
@@ -87,7 +90,7 @@ def attention_received(
     nb = len(blocks)
     sums = {name: torch.zeros(nb, n_pos, **f64) for name in ("a", "s", "as", "count")}
     moments = torch.zeros(nb, 6, **f64)  # n, sum a, sum s, sum a^2, sum s^2, sum a s
-    state: dict[Any, torch.Tensor] = {}
+    state: dict[Any, Any] = {}  # unit vectors, or a block's PatternRows
     reader = Sums(sums={**sums, "moments": moments})
 
     def entry_in(bi: int) -> Any:
@@ -97,43 +100,48 @@ def attention_received(
         return hook
 
     def pattern(bi: int) -> Any:
-        def hook(a: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> None:
-            state[("a", bi)] = a.detach().double().mean(1)
+        def read(rows: PatternRows) -> None:
+            state[("a", bi)] = rows  # read a block of queries at a time once x^{l+1} is known
 
-        return hook
+        return read
 
     def entry_out(bi: int) -> Any:
         def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
-            u_in, a = state.pop(("in", bi)), state.pop(("a", bi))
+            u_in, rows = state.pop(("in", bi)), state.pop(("a", bi))
             u_out = _units(x)
-            shift = u_out @ u_in.transpose(1, 2) - u_in @ u_in.transpose(1, 2)  # [b q k]
             mask = reader.batch["mask"].double()
             t = mask.shape[1]
-            pairs = torch.tril(torch.ones(t, t, **f64), -1)[None] * mask[:, :, None] * mask[:, None]
-            a, shift = a * pairs, shift * pairs
-            sums["a"][bi, :t] += a.sum((0, 1))
-            sums["s"][bi, :t] += shift.sum((0, 1))
-            sums["as"][bi, :t] += (a * shift).sum((0, 1))
-            sums["count"][bi, :t] += pairs.sum((0, 1))
-            moments[bi] += torch.stack(
-                [
-                    pairs.sum(),
-                    a.sum(),
-                    shift.sum(),
-                    (a * a).sum(),
-                    (shift * shift).sum(),
-                    (a * shift).sum(),
-                ]
-            )
+            keys = torch.arange(t, device=mask.device)
+            for q0, q1 in rows.blocks():  # [batch query key] for queries q0 .. q1 - 1
+                a = rows.rows(q0, q1).double().mean(1)
+                u_q = u_in[:, q0:q1]
+                shift = u_out[:, q0:q1] @ u_in.transpose(1, 2) - u_q @ u_in.transpose(1, 2)
+                below = (keys[None, :] < torch.arange(q0, q1, device=mask.device)[:, None]).double()
+                pairs = below[None] * mask[:, q0:q1, None] * mask[:, None]
+                a, shift = a * pairs, shift * pairs
+                sums["a"][bi, :t] += a.sum((0, 1))
+                sums["s"][bi, :t] += shift.sum((0, 1))
+                sums["as"][bi, :t] += (a * shift).sum((0, 1))
+                sums["count"][bi, :t] += pairs.sum((0, 1))
+                moments[bi] += torch.stack(
+                    [
+                        pairs.sum(),
+                        a.sum(),
+                        shift.sum(),
+                        (a * a).sum(),
+                        (shift * shift).sum(),
+                        (a * shift).sum(),
+                    ]
+                )
 
         return hook
 
     hooks = []
     for bi, block in enumerate(blocks):
         hooks.append((resid_hook_name(block), entry_in(bi)))
-        hooks.append((block_hook_name(block, "attn.hook_pattern"), pattern(bi)))
         hooks.append((resid_hook_name(block + 1), entry_out(bi)))
     reader.add_hooks(hooks)
+    reader.add_jobs({block: AttentionJob(read=pattern(bi)) for bi, block in enumerate(blocks)})
     try:
         stream(
             model,

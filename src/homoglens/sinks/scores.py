@@ -12,13 +12,14 @@ import torch
 from jaxtyping import Float, Int
 
 from homoglens.architectures import pattern_hook_name
+from homoglens.blocked_attention import AttentionJob, PatternRows
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import nan_div
 from homoglens.models import model_info
 from homoglens.results.sinks import SinkScores
-from homoglens.types import BosPolicy, HookedModel, HookFn
+from homoglens.types import BosPolicy, HookedModel
 from homoglens.validate import as_bool, check_key_eps, positive_int
 
 if TYPE_CHECKING:
@@ -35,10 +36,32 @@ def sink_sums(
     """Reduce one layer's attention pattern to sink statistics (pure function, float64).
 
     Rows must be right-aligned: query/key index i is position i of the sequence, and positions
-    ``>= lengths[b]`` are padding.
+    ``>= lengths[b]`` are padding. Only the sink's column is read: :func:`sink_column_sums`.
 
     Args:
         pattern: ``[batch head_index query_pos key_pos]`` attention probabilities.
+        lengths: ``[batch]`` number of real tokens per sequence (each > ``key``).
+        key: 0-indexed key position of the sink.
+        eps: Threshold on the Gu et al. importance for counting a sink.
+
+    Returns:
+        As :func:`sink_column_sums`.
+    """
+    return sink_column_sums(pattern[..., key], lengths, key=key, eps=eps)
+
+
+def sink_column_sums(
+    column: Float[torch.Tensor, "batch head_index query_pos"],
+    lengths: Int[torch.Tensor, " batch"],
+    *,
+    key: int = 0,
+    eps: float = 0.3,
+) -> dict[str, torch.Tensor]:
+    """Reduce the sink's column of one layer's attention pattern, A[q, key] for every query q,
+    to sink statistics (pure function, float64).
+
+    Args:
+        column: ``[batch head_index query_pos]`` attention probabilities on the sink key.
         lengths: ``[batch]`` number of real tokens per sequence (each > ``key``).
         key: 0-indexed key position of the sink.
         eps: Threshold on the Gu et al. importance for counting a sink.
@@ -52,11 +75,11 @@ def sink_sums(
         sequences have alpha > eps), ``n_sequences []``, and per sequence
         ``importance_by_sequence [batch head]`` (alpha of each sequence).
     """
-    batch, _, n_q, _ = pattern.shape
+    batch, _, n_q = column.shape
     f64 = torch.float64
-    column = pattern[..., key].to(f64)  # [batch head query_pos]
-    q = torch.arange(n_q, device=pattern.device)
-    real = q[None, :] < lengths[:, None].to(pattern.device)  # [batch query_pos]
+    column = column.to(f64)
+    q = torch.arange(n_q, device=column.device)
+    real = q[None, :] < lengths[:, None].to(column.device)  # [batch query_pos]
     after = (real & (q[None, :] > key)).to(f64)
     from_key = (real & (q[None, :] >= key)).to(f64)
     n_after = after.sum(1)  # [batch]
@@ -114,9 +137,12 @@ def sink_scores(
 ) -> SinkScores:
     """Score every head as an attention sink on one key position.
 
-    Streams the data; each batch's attention patterns (``blocks.{l}.attn.hook_pattern``) are
-    reduced inside hooks, so memory does not grow with the number of sequences. Pads never count;
-    positions count from each sequence's first real token.
+    Streams the data; each batch's attention is read a block of queries at a time (the
+    probabilities on the sink key, from each block's queries and keys: no ``[batch head_index
+    query_pos key_pos]`` pattern of a whole layer where the model's attention runs through
+    transformers' attention interface; elsewhere from ``blocks.{l}.attn.hook_pattern``) and
+    reduced to sums, so memory grows with neither the number of sequences nor T^2. Pads never
+    count; positions count from each sequence's first real token.
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
@@ -197,24 +223,31 @@ def sink_reducer(
     )
     acc = red.sums
 
-    def make_hook(layer: int) -> HookFn:
-        def hook(pattern: torch.Tensor, hook: Any) -> None:
-            lengths = red.batch["lengths"]
-            real = torch.arange(pattern.shape[2], device=pattern.device) < lengths[:, None]
-            # One reduction, no copy: a NaN/inf weight makes its row sum non-finite, and
-            # HookedTransformer turns a NaN pattern into a zero row; either way the row of a
-            # real query does not sum to 1.
-            sums = pattern.sum(-1).transpose(1, 2)[real]  # [real query, head]
-            lost = ~((sums - 1).abs() <= 1e-3)
-            if bool(lost.any()):
+    def make_read(layer: int) -> Callable[[PatternRows], None]:
+        def read(rows: PatternRows) -> None:
+            lengths = red.batch["lengths"].to(rows.device)
+            width = rows.n_query
+            column = torch.empty(
+                rows.batch, rows.n_heads, width, dtype=rows.dtype, device=rows.device
+            )
+            lost = torch.zeros((), dtype=torch.long, device=rows.device)
+            for q0, q1 in rows.blocks():
+                p = rows.rows(q0, q1)
+                real = torch.arange(q0, q1, device=rows.device) < lengths[:, None]
+                # A NaN/inf weight makes its row sum non-finite, and TransformerLens turns a
+                # NaN pattern into a zero row: either way the row of a real query does not
+                # sum to 1.
+                row_sums = p.sum(-1).transpose(1, 2)[real]  # [real query, head]
+                lost += (~((row_sums - 1).abs() <= rows.row_tolerance)).sum()
+                column[:, :, q0:q1] = p[..., key]
+            if bool(lost > 0):
                 raise NonFiniteActivationError(
-                    f"{hook.name}: {int(lost.sum())} attention rows of real queries do not sum "
-                    "to 1 (NaN scores, which TransformerLens turns into zero rows); nothing was "
-                    "averaged in. Check the model's weights and dtype"
+                    f"{pattern_hook_name(layer)}: {int(lost)} attention rows of real queries do "
+                    "not sum to 1 (NaN scores, which TransformerLens turns into zero rows); "
+                    "nothing was averaged in. Check the model's weights and dtype"
                 )
-            sums = sink_sums(pattern, lengths, key=key, eps=eps)
+            sums = sink_column_sums(column, lengths, key=key, eps=eps)
             red.rows[f"importance.{layer}"].append(sums["importance_by_sequence"].cpu())
-            width = pattern.shape[2]
             acc["mass_sum"][layer] += sums["mass_sum"]
             acc["by_query_sum"][layer, :, :width] += sums["by_query_sum"]
             acc["importance_sum"][layer] += sums["importance_sum"]
@@ -224,9 +257,9 @@ def sink_reducer(
                 acc["n_sequences"] += sums["n_sequences"]
                 acc["by_query_count"][:width] += sums["by_query_count"]
 
-        return hook
+        return read
 
-    red.add_hooks([(pattern_hook_name(layer), make_hook(layer)) for layer in range(n_layers)])
+    red.add_jobs({layer: AttentionJob(read=make_read(layer)) for layer in range(n_layers)})
     return red, functools.partial(_finish_scores, red, info, batch, key, eps)
 
 
