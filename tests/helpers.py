@@ -191,3 +191,124 @@ def eager_attention():
         yield
     finally:
         fa.ENABLED = saved
+
+
+def public_measurements(tokens: torch.Tensor) -> dict[str, Any]:
+    """Every public measurement that runs a model, as ``name -> f(model)`` on ``tokens``
+    (``[batch pos]`` windows of equal length, at least 24 tokens): the device-discipline test
+    and the ``cuda`` suite run each of them."""
+    import homoglens as hg
+
+    texts_like = tokens  # token ids are data for every measurement
+
+    def massive_means(m: Any) -> Any:
+        return hg.massive_activation_means(m, texts_like, layer=1, dims=[0], progress=False)
+
+    def massive_study(m: Any) -> Any:
+        return hg.massive_ablation_study(
+            m, texts_like, layer=1, dims=[0, 1], positions=[0], progress=False
+        )
+
+    def ablated(m: Any) -> Any:
+        with torch.inference_mode(), hg.ablated_positions(m, "permute", seed=0):
+            return m(tokens[:1])
+
+    def biased(m: Any) -> Any:
+        with torch.inference_mode(), hg.biased_attention(m, "first", 1.0):
+            return m(tokens[:1])
+
+    def massive_forward(m: Any) -> Any:
+        with torch.inference_mode(), hg.ablated_massive_activations(m, "zero", layer=1, dims=[0]):
+            return m(tokens[:1])
+
+    quiet = {"progress": False}
+    return {
+        "homogenization_profile": lambda m: hg.homogenization_profile(
+            m, tokens, effective_rank=True, **quiet
+        ),
+        "positional_similarity": lambda m: hg.positional_similarity(
+            m, tokens, edge_k=2, centre="position", pseudo_values=True, **quiet
+        ),
+        "position_ablation_study": lambda m: hg.position_ablation_study(m, tokens, **quiet),
+        "sink_scores": lambda m: hg.sink_scores(m, tokens, **quiet),
+        "sink_analysis": lambda m: hg.sink_analysis(m, tokens, top_k=1, edge_k=2, **quiet),
+        "attention_view": lambda m: hg.attention_view(m, "Hello there, world", [(1, 0)]),
+        "attention_received": lambda m: hg.attention_received(m, tokens, **quiet),
+        "sink_attribution exact": lambda m: hg.sink_attribution(
+            m, tokens, top_k=1, edge_k=2, **quiet
+        ),
+        "sink_attribution fast": lambda m: hg.sink_attribution(
+            m, tokens, method="fast", edge_k=2, **quiet
+        ),
+        "sink_attribution mean": lambda m: hg.sink_attribution(
+            m, tokens, ablation="mean", top_k=1, edge_k=2, **quiet
+        ),
+        "massive_activations": lambda m: hg.massive_activations(m, tokens, **quiet),
+        "find_massive_sites": lambda m: hg.find_massive_sites(m, tokens, **quiet),
+        "massive_activation_means": massive_means,
+        "massive_ablation_study": massive_study,
+        "attention_bias_study": lambda m: hg.attention_bias_study(
+            m, tokens, kind="first", strengths=[-1.0, 0.0, 1.0], edge_k=2, **quiet
+        ),
+        "attention_bias_study gradient": lambda m: hg.attention_bias_study(
+            m, tokens, kind="recent", strengths=[-0.5, 0.0, 0.5], edge_k=2, gradient_windows=2,
+            **quiet,
+        ),
+        "length_study": lambda m: hg.length_study(
+            m, tokens, lengths=[int(tokens.shape[1]) // 2, int(tokens.shape[1])], edge_k=2, **quiet
+        ),
+        "positional_patching": lambda m: hg.positional_patching(m, tokens, bins=2, **quiet),
+        "positional_patching head": lambda m: hg.positional_patching(
+            m, tokens, component="head", **quiet
+        ),
+        "compare_models": lambda m: hg.compare_models(
+            {"m": m}, hg.to_token_batch(m, tokens), edge_k=2, n_boot=50, progress=False
+        ),
+        "ablated_positions": ablated,
+        "biased_attention": biased,
+        "ablated_massive_activations": massive_forward,
+    }
+
+
+@contextlib.contextmanager
+def factories_on_meta():
+    """Inside: every tensor factory (``torch.zeros``, ``arange``, ``tensor``, ...) called from
+    homoglens' own code without a ``device=`` makes its tensor on the ``meta`` device. A
+    measurement that runs inside on a CPU model then fails wherever homoglens made a tensor
+    without naming its device (a tensor meant for the model's device meets a CPU activation; a
+    result tensor meant for the CPU has no data): the CPU-only test that catches what a CUDA
+    model would (``Expected all tensors to be on the same device``)."""
+    import sys
+    from pathlib import Path
+
+    from torch.overrides import TorchFunctionMode
+
+    import homoglens
+
+    root = str(Path(homoglens.__file__).parent)
+    factories = {
+        torch.zeros,
+        torch.ones,
+        torch.empty,
+        torch.full,
+        torch.arange,
+        torch.tensor,
+        torch.randint,
+        torch.rand,
+        torch.randn,
+        torch.randperm,
+        torch.eye,
+        torch.linspace,
+    }
+
+    class MetaFactories(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func in factories and kwargs.get("device") is None:
+                caller = sys._getframe(1).f_code.co_filename
+                if caller.startswith(root):
+                    kwargs["device"] = "meta"
+            return func(*args, **kwargs)
+
+    with MetaFactories():
+        yield

@@ -155,7 +155,9 @@ class _Gradient:
         with C and its derivative from the differentiated windows."""
         rows = torch.cat(
             [
-                torch.empty(0, *self.within.shape[:1], self.coef.shape[0], dtype=torch.float64),
+                torch.empty(
+                    0, *self.within.shape[:1], self.coef.shape[0], dtype=torch.float64, device="cpu"
+                ),
                 *(r.cpu() for r in self.rows),
             ]
         )
@@ -499,7 +501,8 @@ def attention_bias_study(
     provenance = provenance_of(info, batch, entries, bool(first))
 
     def rows(parts: list[torch.Tensor], shape: tuple[int, ...], n: int) -> torch.Tensor:
-        local = torch.cat([torch.empty(0, *shape, dtype=torch.float64), *parts])
+        empty = torch.empty(0, *shape, dtype=torch.float64, device="cpu")
+        local = torch.cat([empty, *(part.cpu() for part in parts)])
         return gather_rows(local, n, device).cpu() if size > 1 else local
 
     window_stats, sp, to_first = [], [], []
@@ -521,11 +524,13 @@ def attention_bias_study(
         g_attention = rows(grad.attention, (n_blocks, n_checks), gradient_windows)
         g_loss = rows(grad.loss, (), gradient_windows)
     else:
-        g_rows = torch.zeros(0, len(entries), len(SIMILARITY_STATISTICS), dtype=f64)
-        g_stats = torch.full((len(entries), len(SIMILARITY_STATISTICS)), math.nan, dtype=f64)
-        g_sp = torch.full((len(entries), n_pos), math.nan, dtype=f64)
-        g_attention = torch.zeros(0, n_blocks, n_checks, dtype=f64)
-        g_loss = torch.zeros(0, dtype=f64)
+        g_rows = torch.zeros(0, len(entries), len(SIMILARITY_STATISTICS), dtype=f64, device="cpu")
+        g_stats = torch.full(
+            (len(entries), len(SIMILARITY_STATISTICS)), math.nan, dtype=f64, device="cpu"
+        )
+        g_sp = torch.full((len(entries), n_pos), math.nan, dtype=f64, device="cpu")
+        g_attention = torch.zeros(0, n_blocks, n_checks, dtype=f64, device="cpu")
+        g_loss = torch.zeros(0, dtype=f64, device="cpu")
     stacked = torch.stack(window_stats)  # [strength seq layer stat]
     return AttentionBiasStudy(
         kind=kind,
@@ -568,7 +573,7 @@ def _loss_tangent(
     E_softmax(z)[dz] - dz[target], averaged over the real targets (float64, CPU)."""
     n = int(logits.shape[0])
     if d_logits is None:
-        return torch.zeros(n, dtype=torch.float64)
+        return torch.zeros(n, dtype=torch.float64, device="cpu")
     target = tokens[:, 1:]
     parts = []
     for z, dz, tgt in zip(logits.split(2), d_logits[:n].split(2), target.split(2), strict=True):

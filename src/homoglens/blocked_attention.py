@@ -56,7 +56,7 @@ __all__ = [
 ATTENTION_NAME = "homoglens"
 """The attention implementation homoglens registers with transformers (its mask: SDPA's)."""
 
-BLOCK_BYTES: dict[str, int] = {"cpu": 16 << 20, "default": 256 << 20}
+BLOCK_BYTES: dict[str, int] = {"cpu": 16 << 20, "default": 1 << 30}
 """Bytes of one block of scores ``[batch head_index query_block key_pos]`` (work dtype), per
 device type: a block's few temporaries stay a small multiple of it (CPU: cache-sized blocks;
 GPU: large enough that each block keeps the device busy)."""

@@ -174,7 +174,7 @@ def _shipped_statistics(
             f"{name} ships only its per-window statistics for the default comparison; this one "
             f"asks for {', '.join(problems)}. {fix}"
         )
-    idx = torch.tensor(window_index)
+    idx = torch.tensor(window_index, device="cpu")
     out: dict[str, dict[str, torch.Tensor]] = {}
     for key, values in tensors.items():
         mode, stat = key.split("/")
@@ -338,7 +338,7 @@ def compare_models(
         available = len(everything)
         count = available if n_seq is None else n_seq
         batch = heldout_windows(first.tokenizer, n_seq=n_seq, seq_len=width, bos=bos)
-        window_index = (torch.arange(count) * available // count).tolist()
+        window_index = (torch.arange(count, device="cpu") * available // count).tolist()
         if width != 128:
             window_index = None
     else:

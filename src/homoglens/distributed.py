@@ -99,12 +99,13 @@ def check_same_data(tokens: torch.Tensor, mask: torch.Tensor, device: torch.devi
     if world()[1] == 1:
         return
     ids = tokens.to(torch.float64) * mask
-    weights = torch.arange(1, tokens.shape[1] + 1, dtype=torch.float64)
-    rows = torch.arange(1, tokens.shape[0] + 1, dtype=torch.float64)[:, None]
+    here = {"dtype": torch.float64, "device": tokens.device}
+    weights = torch.arange(1, tokens.shape[1] + 1, **here)
+    rows = torch.arange(1, tokens.shape[0] + 1, **here)[:, None]
     mine = torch.stack(
         [
-            torch.tensor(float(tokens.shape[0])),
-            torch.tensor(float(tokens.shape[1])),
+            torch.tensor(float(tokens.shape[0]), **here),
+            torch.tensor(float(tokens.shape[1]), **here),
             ids.sum().double(),
             (ids * weights * rows).sum().double() % 1e12,
         ]

@@ -289,10 +289,10 @@ def induction_tokens(
         ``[n_seq, (1 if bos is not None else 0) + 2 * half]`` int64.
     """
     gen = torch.Generator().manual_seed(seed)
-    r = torch.randint(0, d_vocab, (n_seq, half), generator=gen)
+    r = torch.randint(0, d_vocab, (n_seq, half), generator=gen, device="cpu")
     out = torch.cat([r, r], 1)
     if bos is not None:
-        out = torch.cat([torch.full((n_seq, 1), bos, dtype=out.dtype), out], 1)
+        out = torch.cat([torch.full((n_seq, 1), bos, dtype=out.dtype, device="cpu"), out], 1)
     return out
 
 
@@ -506,7 +506,7 @@ class Sums(Reducer):
 
     def row_values(self, name: str) -> torch.Tensor:
         """The per-sequence values ``name`` of every sequence seen, concatenated (CPU)."""
-        empty = torch.empty(0, *self._row_shapes[name], dtype=torch.float64)
+        empty = torch.empty(0, *self._row_shapes[name], dtype=torch.float64, device="cpu")
         return torch.cat([empty, *(part.cpu().to(torch.float64) for part in self.rows[name])])
 
     def all_reduce(self, n_all: int, device: torch.device) -> None:

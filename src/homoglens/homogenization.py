@@ -33,6 +33,7 @@ from homoglens.errors import InvalidInputError, NonFiniteActivationError
 __all__ = [
     "homogenization_sums",
     "EntryTerms",
+    "check_terms",
     "entry_terms",
     "CountedTokens",
     "counted_tokens",
@@ -138,6 +139,9 @@ class EntryTerms(NamedTuple):
     constant (NaN on the others, which take sum ||x_p||^2 - ||sum x_p||^2 / T); None: none."""
     rank: dict[str, torch.Tensor]
     """The fields of :data:`RANK_FIELDS` (float64 sums over sequences), if asked for."""
+    bad: torch.Tensor | None = None
+    """On a device read without host synchronisation: a ``[]`` bool, whether a counted vector
+    held NaN or inf (:func:`check_terms` raises once per batch); None: already checked."""
 
     def to(self, device: torch.device) -> EntryTerms:
         """The same terms on ``device``."""
@@ -152,11 +156,13 @@ class EntryTerms(NamedTuple):
             self.proj.to(device),
             None if centred is None else centred.to(device),
             {k: v.to(device) for k, v in self.rank.items()},
+            None if self.bad is None else self.bad.to(device),
         )
 
 
 def stack_terms(entries: Sequence[EntryTerms]) -> EntryTerms:
-    """Entries of one batch (same device) stacked on a leading ``layer`` axis."""
+    """Entries of one batch (same device) stacked on a leading ``layer`` axis (their ``bad``
+    flags checked first by the caller, :func:`check_terms`)."""
 
     def stack(field: str, fill: float | int) -> torch.Tensor | None:
         values = [getattr(e, field) for e in entries]
@@ -175,6 +181,26 @@ def stack_terms(entries: Sequence[EntryTerms]) -> EntryTerms:
         stack("centred_sq", float("nan")),
         rank,
     )
+
+
+def check_terms(entries: Sequence[EntryTerms], names: Sequence[str] | None = None) -> None:
+    """Raise for the first entry whose counted vectors held NaN or inf (one host
+    synchronisation for all entries read without one).
+
+    Raises:
+        NonFiniteActivationError: names the entry (``names[i]``, else its index).
+    """
+    flags = [(i, e.bad) for i, e in enumerate(entries) if e.bad is not None]
+    if not flags:
+        return
+    found = torch.stack([flag.to(flags[0][1].device) for _, flag in flags])
+    if bool(found.any()):
+        i = flags[int(found.long().argmax())][0]
+        where = names[i] if names is not None else f"entry {i}"
+        raise NonFiniteActivationError(
+            f"{where}: counted residual vectors hold NaN or inf; nothing was averaged in. Check "
+            "the model dtype (float16 overflows) or the weights"
+        )
 
 
 class CountedTokens(NamedTuple):
@@ -203,10 +229,11 @@ def counted_tokens(
     return CountedTokens(weight, _counted_tokens(inc).to(dtype), (pos_index >= 1).to(dtype))
 
 
-def _counted_tokens(inc: torch.Tensor) -> torch.Tensor:
-    """``[batch]`` counted tokens per sequence (float64); refuses a sequence with fewer than 2."""
+def _counted_tokens(inc: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+    """``[batch]`` counted tokens per sequence (float64); refuses a sequence with fewer than 2
+    (``check``: off where :func:`counted_tokens` checked the batch already)."""
     t = inc.sum(1).to(torch.float64)
-    if bool((t < 2).any()):
+    if check and bool((t < 2).any()):
         raise InvalidInputError(
             "homogenization needs at least 2 counted tokens per sequence; sequence(s) "
             f"{torch.nonzero(t < 2).flatten().tolist()} have fewer (pads and an excluded first "
@@ -259,6 +286,8 @@ def entry_terms(
     # lies in unit_scale's safe range, so x needs no rescaling (the general path below would
     # give the same values, bit for bit).
     chunk = _chunk_for(x.shape[1], 16 if x.shape[1] <= 128 else 32)
+    if x.device.type != "cpu":
+        return _entry_terms_unsynced(x, w, t, chunk, effective_rank, counted)
     chunks = _Chunks.of(x, chunk)  # the Gram matrices first: their diagonals give the norms
     norms = chunks.norms()  # [batch pos]
     top = (norms * w).amax(1)
@@ -302,6 +331,44 @@ def entry_terms(
     return EntryTerms(norms, exponent, sums, within, proj, centred_sq, rank)
 
 
+def _entry_terms_unsynced(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    t: torch.Tensor,
+    chunk: int,
+    effective_rank: bool,
+    counted: CountedTokens,
+) -> EntryTerms:
+    """:func:`entry_terms` without a host synchronisation (on a GPU a ``bool(tensor)`` per
+    layer stalls the queue of kernels): every sequence is rescaled by its power of two (exact,
+    so the same values as the CPU path's unscaled vectors), NaN/inf vectors are zeroed and
+    flagged in ``bad`` (checked once per batch, :func:`check_terms`), and the centred sum of
+    squares is taken directly for every sequence and kept where the rows are nearly
+    constant."""
+    inc = w > 0
+    largest = torch.maximum(x.amax(-1), -x.amin(-1))  # [batch pos]; NaN/inf propagate
+    finite = torch.isfinite(largest)
+    bad = (inc & ~finite).any()
+    x = torch.where(finite[..., None], x, 0.0)
+    amax = largest.masked_fill(~(finite & inc), 0.0).amax(1)
+    exponent = torch.where(
+        amax > 0, torch.frexp(amax).exponent, torch.zeros_like(amax, dtype=torch.int32)
+    )
+    x = torch.ldexp(x, (-exponent)[:, None, None].to(x.dtype))
+    chunks = _Chunks.of(x, chunk)
+    norms = chunks.norms()
+    scale = _unit_scale_factor(norms, w)
+    sums, within, proj = _position_dots(chunks, scale, w)
+    xsum = sums[:, 1]
+    near_constant = (xsum * xsum).sum(-1) > (0.99 * t) * (norms * norms * w).sum(1)
+    xbar = (xsum / t[:, None])[:, None, :]
+    direct = torch.linalg.vector_norm(x - xbar, dim=-1).to(torch.float64) ** 2
+    direct = (direct * w.to(torch.float64)).sum(1)
+    centred_sq = torch.where(near_constant, direct, torch.full_like(direct, float("nan")))
+    rank = rank_sums(x, scale, w, counted.rest) if effective_rank else {}
+    return EntryTerms(norms, exponent, sums, within, proj, centred_sq, rank, bad)
+
+
 def _unit_scale_factor(
     norms: Float[torch.Tensor, "*entry batch pos"], weight: Float[torch.Tensor, "batch pos"]
 ) -> Float[torch.Tensor, "*entry batch pos"]:
@@ -326,7 +393,7 @@ def sums_of_terms(
     """
     f64 = torch.float64
     inc = pos_index >= 0
-    t = _counted_tokens(inc)  # [batch]
+    t = _counted_tokens(inc, check=pos_index.device.type == "cpu")  # [batch]
     incf = inc.to(f64)
     norms = terms.norms
     scale = _unit_scale_factor(norms, inc.to(norms.dtype))  # the bits entry_terms used
@@ -386,7 +453,7 @@ def sums_of_terms(
         "relative_residual_sum": relative_residual.sum(-1),
         "unit_sum": s64.sum(-2),
         "unit_sum_sq": s_sq.sum(-1),
-        "n_sequences": torch.tensor(float(inc.shape[0]), dtype=f64),
+        "n_sequences": torch.tensor(float(inc.shape[0]), dtype=f64, device=t.device),
         "n_tokens": t.sum(),
         "n_tokens_sq": (t * t).sum(),
         **terms.rank,
@@ -439,6 +506,7 @@ def homogenization_sums(
         NonFiniteActivationError: a counted vector holds NaN or inf.
     """
     terms = entry_terms(resid, pos_index, effective_rank=effective_rank)
+    check_terms([terms])
     sums = sums_of_terms(
         stack_terms([terms]), pos_index.to(resid.device), n_pos, per_sequence=per_sequence
     )
@@ -664,7 +732,7 @@ def scalar_metric_weights(
     Returns:
         ``[metric batch pos]`` weights.
     """
-    p = torch.arange(n_pos)[None, :]
+    p = torch.arange(n_pos, device="cpu")[None, :]
     t = lengths.cpu()[:, None]
     real = p < t
     first = (p > key) & (p <= key + edge_k)
@@ -711,7 +779,7 @@ def edge_totals(lengths: Int[torch.Tensor, " batch"], key: int, edge_k: int) -> 
     :func:`scalar_metric_weights`; every length must be at least ``key + 2 * edge_k + 2``."""
     n = len(lengths)
     middle = float((lengths - key - 1 - 2 * edge_k).sum())
-    return torch.tensor([n, edge_k * n, middle, edge_k * n], dtype=torch.float64)
+    return torch.tensor([n, edge_k * n, middle, edge_k * n], dtype=torch.float64, device="cpu")
 
 
 def nan_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:

@@ -115,10 +115,11 @@ def _source(plan: PositionPlan, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]
 
 @lru_cache(maxsize=256)
 def _cached_source(plan: PositionPlan, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-    own = torch.arange(n_pos)
-    changed = torch.ones(n_pos, dtype=torch.bool)
+    cpu = torch.device("cpu")  # the plan's tables are made once, on the CPU, then moved
+    own = torch.arange(n_pos, device=cpu)
+    changed = torch.ones(n_pos, dtype=torch.bool, device=cpu)
     if plan.positions is not None:
-        changed = torch.zeros(n_pos, dtype=torch.bool)
+        changed = torch.zeros(n_pos, dtype=torch.bool, device=cpu)
         chosen = [p for p in plan.positions if p < n_pos]
         changed[chosen] = True
     if plan.how in ("none", "mean"):
@@ -132,12 +133,12 @@ def _cached_source(plan: PositionPlan, n_pos: int) -> tuple[torch.Tensor, torch.
                     f"perm has length {len(plan.perm)} but the sequence has {n_pos} positions; "
                     "give a permutation of 0..T-1 for the T you run, or use seed="
                 )
-            source = torch.tensor(plan.perm, dtype=torch.long)
+            source = torch.tensor(plan.perm, dtype=torch.long, device=cpu)
         else:
             gen = torch.Generator().manual_seed(int(plan.seed or 0))
             idx = torch.nonzero(changed).flatten()
             source = own.clone()
-            source[idx] = idx[torch.randperm(len(idx), generator=gen)]
+            source[idx] = idx[torch.randperm(len(idx), generator=gen, device=cpu)]
         return torch.where(changed, source, own), changed
     if plan.how == "shift":
         shifted = own + int(plan.shift or 0)
@@ -242,7 +243,7 @@ def rerotate_hook(
         # cache is built outside inference mode, so passes with gradients can use it too.
         if tables.get("source") is not source or tables.get("key") != (device, dtype):
             with torch.inference_mode(False):
-                delta = source - torch.arange(len(source))
+                delta = source - torch.arange(len(source), device=source.device)
                 index = delta.abs().to(cos.device)
                 sign = torch.where(delta < 0, -1.0, 1.0).to(cos.device, sin.dtype)[:, None]
                 tables.update(
@@ -323,6 +324,7 @@ def attention_bias_phi(
         q_offset: The first query's position (a block of rows of a longer pattern).
         device: Where to build it (default: the CPU).
     """
+    device = torch.device("cpu") if device is None else device
     q = torch.arange(q_offset, q_offset + n_query, dtype=torch.float64, device=device)[:, None]
     k = torch.arange(n_key, dtype=torch.float64, device=device)[None, :]
     allowed = k <= q
@@ -446,6 +448,7 @@ def _make_bias_weights(
     q_offset: int,
     device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    device = torch.device("cpu") if device is None else device
     phi = attention_bias_phi(
         kind, n_query, n_key, first_k=first_k, window=window, q_offset=q_offset, device=device
     )
@@ -459,8 +462,9 @@ def _make_bias_weights(
 
 
 _CHUNK_ELEMENTS = 1 << 19
-"""Pattern entries per chunk of :func:`bias_pattern` (2 MiB of float32, a core's L2 cache):
-every pass over a chunk (row sums, A log A, the biased write) runs while it is still cached."""
+"""Pattern entries per chunk of :func:`bias_pattern` on the CPU (2 MiB of float32, a core's L2
+cache): every pass over a chunk (row sums, A log A, the biased write) runs while it is still
+cached. On a GPU each row block is one chunk (the kernels' launches, not the cache, bound it)."""
 
 _ROW_BLOCK = 64
 """Queries per row block of a causal pattern in :func:`bias_pattern`: a block of queries
@@ -617,7 +621,7 @@ def _closed_form(
     sums = torch.zeros(4, n, n_q, dtype=dtype, device=device)
     for q0, q1, keys in blocks:
         kk = min(k, keys)
-        per = max(1, _CHUNK_ELEMENTS // ((q1 - q0) * keys))
+        per = max(1, _CHUNK_ELEMENTS // ((q1 - q0) * keys)) if device.type == "cpu" else n
         w_blk = stacked_blk = None
         if w is not None and stacked is not None:
             w_blk = w[q0:q1, :keys].contiguous()

@@ -243,7 +243,7 @@ def _alibi_slopes(model: HookedModel, spec: ArchitectureSpec) -> torch.Tensor:
             bias_max = model.original_model.config.attn_config.alibi_bias_max
             bias = build(n_heads, 2, bias_max).reshape(n_heads, 2)
         else:
-            bias = build(torch.ones(1, 2), n_heads, torch.float32).reshape(n_heads, 2)
+            bias = build(torch.ones(1, 2, device="cpu"), n_heads, torch.float32).reshape(n_heads, 2)
     return (bias[:, 1] - bias[:, 0]).float()
 
 
@@ -675,7 +675,7 @@ def massive_activation_hooks(
     if how == "zero":
         if means is not None:
             raise InvalidInputError("means is only used with how='mean'; drop it for 'zero'")
-        values = torch.zeros(shape)
+        values = torch.zeros(shape, device="cpu")
     else:
         if means is None:
             raise InvalidInputError(

@@ -232,7 +232,12 @@ def length_study(
     if world()[1] > 1:
         all_reduce_sum([sums.within, sums.units, sums.n, attn])
     local = torch.cat(
-        [torch.empty(0, len(chosen), len(entries), len(SIMILARITY_STATISTICS), dtype=f64), *rows]
+        [
+            torch.empty(
+                0, len(chosen), len(entries), len(SIMILARITY_STATISTICS), dtype=f64, device="cpu"
+            ),
+            *rows,
+        ]
     )
     per_window = gather_rows(local, n_all, device).cpu() if world()[1] > 1 else local
     provenance = provenance_of(info, batch, entries, bool(first))
@@ -256,8 +261,8 @@ def length_study(
         full = sim
     assert full is not None
     m = full.M  # [layer pos pos] over counted positions
-    pad = torch.full((len(entries), first), math.nan, dtype=f64)
-    lag_sim = torch.full((len(entries), len(lag_list), long), math.nan, dtype=f64)
+    pad = torch.full((len(entries), first), math.nan, dtype=f64, device="cpu")
+    lag_sim = torch.full((len(entries), len(lag_list), long), math.nan, dtype=f64, device="cpu")
     for d, lag in enumerate(lag_list):
         if lag < n_pos:
             diag = torch.diagonal(m, offset=-lag, dim1=1, dim2=2)  # M[p, p - lag], p >= lag

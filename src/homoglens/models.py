@@ -201,8 +201,8 @@ def check_writable(model: HookedModel, point: str, what: str) -> None:
 
 def _moves_block_0(model: Any, name: str) -> bool:
     vocab = int(model.cfg.d_vocab)  # two ordinary tokens (0 is often a zero padding row)
-    tokens = torch.tensor([[min(100, vocab - 1), min(200, vocab - 2)]])
-    tokens = tokens.to(next(model.parameters()).device)
+    device = next(model.parameters()).device
+    tokens = torch.tensor([[min(100, vocab - 1), min(200, vocab - 2)]], device=device)
     outputs = []
 
     def read(activation: torch.Tensor, hook: Any) -> None:

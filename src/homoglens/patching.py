@@ -286,9 +286,10 @@ def positional_patching(
         model, chosen_metrics, homog, measured, needs_logits, totals, edge_k, len(batch)
     )
     n_m, n_l, n_c = len(names), len(chosen_layers), len(cells)
-    patched = torch.zeros(n_m, n_l, n_c, dtype=torch.float64)
-    normal = torch.zeros(n_m, dtype=torch.float64)
-    ablated = torch.zeros(n_m, dtype=torch.float64)
+    cpu = {"dtype": torch.float64, "device": "cpu"}
+    patched = torch.zeros(n_m, n_l, n_c, **cpu)
+    normal = torch.zeros(n_m, **cpu)
+    ablated = torch.zeros(n_m, **cpu)
     # Homogenization only: each pass ends where the metric is read (entry l is read at
     # blocks.{l}.hook_resid_pre, before block l), so blocks 0 .. l - 1 run.
     end = n_layers if needs_logits else measured
@@ -311,7 +312,7 @@ def positional_patching(
             "patched": patched,
             "normal": normal,
             "ablated": ablated,
-            "blocks_run": torch.zeros((), dtype=torch.float64),
+            "blocks_run": torch.zeros((), dtype=torch.float64, device="cpu"),
         }
     )
 
@@ -443,12 +444,12 @@ def _patch_hook(
     b, width = source.shape[0], source.shape[1]
     n = len(cells)
     if cell_axis == "pos":
-        where = torch.zeros(n, 1, width, dtype=torch.bool)
+        where = torch.zeros(n, 1, width, dtype=torch.bool, device="cpu")
         for j, (start, stop) in enumerate(cells):
             where[j, 0, start:stop] = True
         where = where.view(n, 1, width, *([1] * (source.ndim - 2)))
     else:  # one head per copy: source is [batch pos head_index d_head]
-        where = torch.zeros(n, 1, 1, source.shape[2], 1, dtype=torch.bool)
+        where = torch.zeros(n, 1, 1, source.shape[2], 1, dtype=torch.bool, device="cpu")
         for j, (head, _) in enumerate(cells):
             where[j, 0, 0, head, 0] = True
     where = where.to(source.device)
@@ -490,7 +491,7 @@ class _Runner:
     ) -> Float[torch.Tensor, "metric copy"]:
         """Metric contributions (already divided by the corpus size) of each copy."""
         b = tokens.shape[0]
-        out = torch.zeros(len(self.metrics), copies, dtype=torch.float64)
+        out = torch.zeros(len(self.metrics), copies, dtype=torch.float64, device="cpu")
         rows_mask = mask.repeat(copies, 1)
         captured: dict[str, torch.Tensor] = {}
 
@@ -515,7 +516,7 @@ class _Runner:
             kwargs["start_at_layer"] = start_layer
         else:
             inputs = tokens.repeat(copies, 1)
-        logits = torch.empty(0)
+        logits = torch.empty(0, device=tokens.device)
         if self.needs_logits or not self.homog:
             logits = run_logits(self.model, inputs, fwd_hooks, **kwargs)
         else:  # end the pass at the measured entry: no later block, no unembedding

@@ -42,6 +42,7 @@ from homoglens.engine import (
 )
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import (
+    check_terms,
     counted_tokens,
     entry_terms,
     homogenization_sums,
@@ -336,6 +337,7 @@ class ProfileReducer(Reducer):
             missing = [self.chosen[i] for i, t in enumerate(terms) if t is None]
             if missing:  # pragma: no cover - every pass runs through its last hook point
                 raise RuntimeError(f"homoglens: the pass never reached layers {missing}")
+            check_terms(terms, [resid_hook_name(layer) for layer in self.chosen])
             pos_index = self.state["pos_index"].to(self.device)
             sums = sums_of_terms(
                 stack_terms(terms), pos_index, self.n_pos, per_sequence=self.per_sequence
@@ -362,22 +364,18 @@ class ProfileReducer(Reducer):
     def all_reduce(self, n_all: int, device: torch.device) -> None:
         """Sum the statistics over all ranks and gather per-sequence values in input order."""
         acc = self.accumulator
-        scalars = torch.tensor(
-            [float(acc.scalars[k]) for k in acc.scalars], dtype=torch.float64, device=device
-        )
         tensors = [*acc.layer_pos.values(), *acc.layer.values(), acc.unit_sum, *acc.pos.values()]
-        all_reduce_sum([*tensors, scalars])
-        acc.scalars = {k: int(round(float(v))) for k, v in zip(acc.scalars, scalars, strict=True)}
+        all_reduce_sum([*tensors, *acc.scalars.values()])
         n_layer, n_pos = len(self.chosen), self.n_pos
         if self.per_sequence:
-            others = torch.cat([torch.empty(0, n_layer, n_pos), *self.seq_to_others])
-            pairwise = torch.cat([torch.empty(0, n_layer), *self.seq_mean_pairwise])
+            others = torch.cat([torch.empty(0, n_layer, n_pos, device="cpu"), *self.seq_to_others])
+            pairwise = torch.cat([torch.empty(0, n_layer, device="cpu"), *self.seq_mean_pairwise])
             self.seq_to_others = [gather_rows(others, n_all, device)]
             self.seq_mean_pairwise = [gather_rows(pairwise, n_all, device)]
         if self.needs_logits:
-            losses = torch.cat([torch.empty(0), *self.seq_loss])
+            losses = torch.cat([torch.empty(0, device="cpu"), *self.seq_loss])
             self.seq_loss = [gather_rows(losses, n_all, device)]
-            icl = torch.cat([torch.empty(0, dtype=torch.float64), *self.seq_icl])
+            icl = torch.cat([torch.empty(0, dtype=torch.float64, device="cpu"), *self.seq_icl])
             self.seq_icl = [gather_rows(icl, n_all, device)]
 
 
@@ -469,7 +467,7 @@ def cosine_homogenization(
         raise InvalidInputError(
             f"resid {tuple(resid.shape)} is empty; give at least one sequence of 2 vectors"
         )
-    shape_only = torch.zeros(resid.shape[:2], dtype=torch.long)
+    shape_only = torch.zeros(resid.shape[:2], dtype=torch.long, device=resid.device)
     mask = check_attention_mask(shape_only, attention_mask).to(
         resid.device
     )  # same checks as the model path

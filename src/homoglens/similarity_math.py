@@ -197,7 +197,8 @@ def finish_fields(
     n_layer, n_stat = len(layers), len(SIMILARITY_STATISTICS)
 
     def rows(parts: list[torch.Tensor], width: int) -> torch.Tensor:
-        local = torch.cat([torch.empty(0, n_layer, width, dtype=torch.float64), *parts])
+        empty = torch.empty(0, n_layer, width, dtype=torch.float64, device="cpu")
+        local = torch.cat([empty, *(p.cpu() for p in parts)])
         return (gather_rows(local, n_all, device) if gather else local).cpu()
 
     return dict(
@@ -262,8 +263,13 @@ class WindowSums:
         units = self.units.cpu()
         out = window_rows.clone()
         if n < 2:
-            c_stats = torch.full((self.n_layer, len(SIMILARITY_STATISTICS)), math.nan)
-            sp = torch.full((self.n_layer, self.n_pos), math.nan, dtype=torch.float64)
+            c_stats = torch.full(
+                (self.n_layer, len(SIMILARITY_STATISTICS)),
+                math.nan,
+                dtype=torch.float64,
+                device="cpu",
+            )
+            sp = torch.full((self.n_layer, self.n_pos), math.nan, dtype=torch.float64, device="cpu")
         else:
             pair = n * (n - 1)
             together = torch.cat(  # stat(U U^T), one layer at a time where the sums are
@@ -388,9 +394,9 @@ def activation_fields(
     )
     first = int(as_bool("exclude_first", exclude_first))
     batch_size = as_int("batch_size", batch_size, low=1)
-    mask = check_attention_mask(torch.zeros(n_seq, width, dtype=torch.long), attention_mask).to(
-        x_all.device
-    )
+    mask = check_attention_mask(
+        torch.zeros(n_seq, width, dtype=torch.long, device="cpu"), attention_mask
+    ).to(x_all.device)
     lengths = mask.sum(1)
     if int(lengths.min()) != int(lengths.max()):
         raise InvalidInputError(
@@ -585,15 +591,16 @@ def _matched_weights(n_pos: int, edge_k: int, e: int) -> tuple[torch.Tensor, tor
     first, middle, last = edge_groups(n_pos, edge_k)
     edge = (first, last)[e]
     m = len(middle)
-    i = torch.tensor(list(edge))[:, None]
-    j = torch.tensor(list(middle))[None, :]
+    i = torch.tensor(list(edge), device="cpu")[:, None]
+    j = torch.tensor(list(middle), device="cpu")[None, :]
     pair = ((i - j).abs() <= m - 1).to(torch.float64)
     n_pairs = float(pair.sum())
     lag = torch.where(pair > 0, (i - j).abs(), 0)
-    per_lag = torch.zeros(m, dtype=torch.float64).index_add_(0, lag.flatten(), pair.flatten())
+    per_lag = torch.zeros(m, dtype=torch.float64, device="cpu")
+    per_lag.index_add_(0, lag.flatten(), pair.flatten())
     per_lag = per_lag / n_pairs
     per_lag[0] = 0.0
-    divisor = (m - torch.arange(m)).to(torch.float64)
+    divisor = (m - torch.arange(m, device="cpu")).to(torch.float64)
     return pair / n_pairs, per_lag / divisor
 
 
@@ -601,20 +608,21 @@ def _matched_weights(n_pos: int, edge_k: int, e: int) -> tuple[torch.Tensor, tor
 def _coefficients(n_pos: int, edge_k: int) -> torch.Tensor:
     first, middle, last = edge_groups(n_pos, edge_k)
     f64 = torch.float64
-    out = torch.zeros(len(SIMILARITY_STATISTICS), n_pos, n_pos, dtype=f64)
+    cpu = torch.device("cpu")  # a table made once on the CPU, cached, moved where needed
+    out = torch.zeros(len(SIMILARITY_STATISTICS), n_pos, n_pos, dtype=f64, device=cpu)
     # naive: t[p] = sum_{j != p} X[p, j] / (n - 1); a pair (i, j) enters t[i] and t[j]
     for e, edge in enumerate((first, last)):
-        row = torch.zeros(n_pos, dtype=f64)
+        row = torch.zeros(n_pos, dtype=f64, device=cpu)
         row[list(edge)] = 1.0 / (len(edge) * (n_pos - 1))
         row[list(middle)] = -1.0 / (len(middle) * (n_pos - 1))
         full = row[:, None].expand(n_pos, n_pos) + row[None, :]
         out[e] = torch.triu(full, diagonal=1)
     # matched: edge-middle pairs at lag d, minus the middle-middle mean at the same lag
     m = len(middle)
-    mid = torch.tensor(list(middle))
+    mid = torch.tensor(list(middle), device=cpu)
     for e, edge in enumerate((first, last)):
-        coef = torch.zeros(n_pos, n_pos, dtype=f64)
-        lags = torch.zeros(m, dtype=f64)  # pairs per lag
+        coef = torch.zeros(n_pos, n_pos, dtype=f64, device=cpu)
+        lags = torch.zeros(m, dtype=f64, device=cpu)  # pairs per lag
         pairs = [(i, j) for i in edge for j in middle if abs(i - j) <= m - 1]
         for i, j in pairs:
             a, b = min(i, j), max(i, j)
@@ -626,5 +634,7 @@ def _coefficients(n_pos: int, edge_k: int) -> torch.Tensor:
             a = mid[: m - d]
             coef[a, a + d] -= lags[d] / (m - d)
         out[2 + e] = coef
-    out[4] = torch.triu(torch.full((n_pos, n_pos), 2.0 / (n_pos * (n_pos - 1)), dtype=f64), 1)
+    out[4] = torch.triu(
+        torch.full((n_pos, n_pos), 2.0 / (n_pos * (n_pos - 1)), dtype=f64, device=cpu), 1
+    )
     return out

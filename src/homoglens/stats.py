@@ -119,8 +119,8 @@ def window_resamples(n: int, *, block: int = 16, n_boot: int = 1000, seed: int =
     n_boot = as_int("n_boot", n_boot, low=1)
     gen = torch.Generator().manual_seed(as_int("seed", seed, low=0, high=2**63 - 1))
     runs = -(-n // block)
-    starts = torch.randint(n, (n_boot, runs, 1), generator=gen)
-    idx = (starts + torch.arange(block)) % n
+    starts = torch.randint(n, (n_boot, runs, 1), generator=gen, device="cpu")
+    idx = (starts + torch.arange(block, device="cpu")) % n
     return idx.reshape(n_boot, runs * block)[:, :n]
 
 
@@ -128,7 +128,9 @@ def seed_resamples(n_seeds: int, *, n_boot: int = 1000, seed: int = 0) -> torch.
     """``[n_boot n_seeds]`` indices of seeds drawn with replacement (all 0 for one seed)."""
     n_seeds = as_int("n_seeds", n_seeds, low=1)
     gen = torch.Generator().manual_seed(as_int("seed", seed, low=0, high=2**63 - 1) + 7919)
-    return torch.randint(n_seeds, (as_int("n_boot", n_boot, low=1), n_seeds), generator=gen)
+    return torch.randint(
+        n_seeds, (as_int("n_boot", n_boot, low=1), n_seeds), generator=gen, device="cpu"
+    )
 
 
 def resampled_means(
@@ -230,8 +232,8 @@ def estimate(
                 f"each group must be [seed window] with {n_window} windows, got {tuple(g.shape)}"
             )
     n_boot = int(windows.shape[0])
-    dist = torch.zeros(n_boot, dtype=torch.float64)
-    flat = torch.zeros(n_boot, dtype=torch.float64)  # windows resampled, seeds kept
+    dist = torch.zeros(n_boot, dtype=torch.float64, device="cpu")
+    flat = torch.zeros(n_boot, dtype=torch.float64, device="cpu")  # windows resampled, seeds kept
     value, n_seeds, sd_num, sd_den = 0.0, 0, 0.0, 0
     seed_var, seed_df_den = 0.0, 0.0  # Welch-Satterthwaite over the groups' seed means
     for i, (g, w) in enumerate(zip(groups, weights, strict=True)):

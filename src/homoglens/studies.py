@@ -344,7 +344,7 @@ def _paired_passes(
     bos_id = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
     repeated = induction_tokens(
         int(model.cfg.d_vocab), half=half, bos=bos_id if batch.bos else None, seed=seed
-    )
+    ).to(model_device(model))  # the inputs and the targets of the induction loss
     for mode, mode_hooks in hooks.items():
         run = profile_pass(
             model,
@@ -365,7 +365,7 @@ def _paired_passes(
         loss.append(torch.cat(run.seq_loss).double()[inverse])
         icl.append(torch.cat(run.seq_icl).double()[inverse])
         with torch.inference_mode():
-            logits = run_logits(model, repeated.to(model_device(model)), mode_hooks)
+            logits = run_logits(model, repeated, mode_hooks)
             induction.append(induction_loss(next_token_nll(logits, repeated), half).cpu())
         del logits
         pairwise.append(torch.cat(run.seq_mean_pairwise)[inverse])

@@ -257,17 +257,19 @@ def over_checkpoints(
     for name, got in (*scalars.items(), *per_entry.items()):
         if len(got) != len(plan):
             raise InvalidInputError(f"the measure returned {name!r} for some checkpoints only")
-    values = torch.tensor([scalars[n] for n in scalars], dtype=torch.float64).T.reshape(
-        len(plan), len(scalars)
-    )
+    values = torch.tensor(
+        [scalars[n] for n in scalars], dtype=torch.float64, device="cpu"
+    ).T.reshape(len(plan), len(scalars))
     layer_values = (
         torch.stack([torch.stack(per_entry[n]) for n in per_entry], 1)
         if per_entry
-        else torch.zeros(len(plan), 0, n_entries, dtype=torch.float64)
+        else torch.zeros(len(plan), 0, n_entries, dtype=torch.float64, device="cpu")
     )
     return CheckpointSweep(
         checkpoints=labels,
-        steps=torch.tensor([_step_of(lab, f) for lab, _, f in plan], dtype=torch.float64),
+        steps=torch.tensor(
+            [_step_of(lab, f) for lab, _, f in plan], dtype=torch.float64, device="cpu"
+        ),
         metrics=tuple(scalars),
         values=values,
         layer_metrics=tuple(name.rstrip("@") for name in per_entry),

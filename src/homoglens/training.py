@@ -248,7 +248,7 @@ def _token_stream(tokenizer: Any, text: str) -> torch.Tensor:
             tokenizer.encode(re.sub(r"\s*\n\s*", " ", para).strip(), add_special_tokens=False)
         )
         ids.append(special)
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long, device="cpu")
 
 
 @lru_cache(maxsize=2)
@@ -294,7 +294,9 @@ def heldout_windows(
                 f"n_seq={n_seq} exceeds the {available} windows of {seq_len} tokens in the "
                 "held-out novel; lower n_seq or seq_len"
             )
-        windows = windows[torch.div(torch.arange(n_seq) * available, n_seq, rounding_mode="floor")]
+        windows = windows[
+            torch.div(torch.arange(n_seq, device="cpu") * available, n_seq, rounding_mode="floor")
+        ]
     if bos:
         special = tokenizer.convert_tokens_to_ids("<|endoftext|>")
         windows = torch.cat([torch.full_like(windows[:, :1], special), windows], dim=1)
@@ -487,7 +489,7 @@ def _train(
     if 0 in checkpoints:
         keep(0)
     for step in tqdm(range(config.steps), desc=f"train {config.name}", disable=not progress):
-        starts = torch.randint(0, n_start, (config.batch_size,), generator=gen)
+        starts = torch.randint(0, n_start, (config.batch_size,), generator=gen, device="cpu")
         batch = torch.stack([train_ids[s : s + text_len] for s in starts.tolist()])
         if config.bos:
             batch = torch.cat([torch.full_like(batch[:, :1], special), batch], dim=1)

@@ -154,7 +154,7 @@ def check_attention_mask(tokens: torch.Tensor, attention_mask: Any) -> torch.Ten
         rows = torch.nonzero(lengths == 0).flatten().tolist()
         raise InvalidInputError(f"sequences {rows} are all padding; drop them")
     starts = mask.argmax(dim=1)
-    pos = torch.arange(mask.shape[1])
+    pos = torch.arange(mask.shape[1], device=mask.device)
     contiguous = ((pos >= starts[:, None]) & (pos < (starts + lengths)[:, None])).long()
     if not torch.equal(contiguous, mask):
         rows = torch.nonzero((contiguous != mask).any(1)).flatten().tolist()

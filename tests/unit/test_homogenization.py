@@ -7,7 +7,12 @@ import math
 import pytest
 import torch
 
-from homoglens import HomogenizationProfile, InvalidInputError, cosine_homogenization
+from homoglens import (
+    HomogenizationProfile,
+    InvalidInputError,
+    NonFiniteActivationError,
+    cosine_homogenization,
+)
 
 
 def brute(x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -312,3 +317,40 @@ def test_rank_singular_values_equal_float64_svd(shape: tuple[int, int, int]) -> 
         want = torch.linalg.svdvals(x.double() * r.double()[..., None])
         top = want.max(-1, keepdim=True).values
         assert torch.allclose(got.sort(-1).values / top, want.sort(-1).values / top, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", ["plain", "huge", "tiny", "near_constant", "nan_pad", "zero"])
+def test_the_unsynchronised_path_equals_the_cpu_path(case: str, monkeypatch) -> None:
+    """On a GPU the vectors are read without a host synchronisation per layer (every sequence
+    rescaled by its power of two, NaN/inf flagged for one check per batch, the centred sum
+    taken directly everywhere): the same sums as the CPU path, and the same error."""
+    import homoglens.homogenization as hom
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 40, 16, generator=gen)
+    mask = torch.ones(3, 40, dtype=torch.long)
+    mask[1, 30:] = 0
+    if case == "huge":
+        x[0] *= 1e25
+    elif case == "tiny":
+        x[2] *= 1e-25
+    elif case == "near_constant":
+        x[1] = 5.0 + 1e-4 * x[1]
+    elif case == "nan_pad":
+        x[1, 35] = float("nan")
+    elif case == "zero":
+        x[0, 3] = 0.0
+    pos = hom.positions_from_mask(mask)
+    counted = hom.counted_tokens(pos, torch.float32, torch.device("cpu"))
+    chunk = hom._chunk_for(40, 16)
+    want = hom.entry_terms(x, pos, effective_rank=True)
+    got = hom._entry_terms_unsynced(x, counted.weight, counted.n_tokens, chunk, True, counted)
+    hom.check_terms([got])
+    a = hom.sums_of_terms(hom.stack_terms([want]), pos, 40)
+    b = hom.sums_of_terms(hom.stack_terms([got]), pos, 40)
+    for name in a:
+        assert torch.allclose(a[name], b[name], rtol=1e-6, atol=1e-9, equal_nan=True), name
+    x[0, 5] = float("inf")  # a counted vector: flagged, then refused once per batch
+    bad = hom._entry_terms_unsynced(x, counted.weight, counted.n_tokens, chunk, False, counted)
+    with pytest.raises(NonFiniteActivationError, match="blocks.3.hook_resid_post"):
+        hom.check_terms([got, bad], ["blocks.2.hook_resid_post", "blocks.3.hook_resid_post"])

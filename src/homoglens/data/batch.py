@@ -214,10 +214,10 @@ def n_ctx(model: HookedModel) -> int:
 def packed(model: HookedModel, rows: list[list[int]], label: str) -> TokenBatch:
     """Right-padded ``[batch pos]`` tokens and mask of ``rows``, with their BOS record."""
     longest = max(len(row) for row in rows)
-    tokens = torch.zeros(len(rows), longest, dtype=torch.long)
+    tokens = torch.zeros(len(rows), longest, dtype=torch.long, device="cpu")
     mask = torch.zeros_like(tokens)
     for i, row in enumerate(rows):
-        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long, device="cpu")
         mask[i, : len(row)] = 1
     recorded = recorded_bos(model, rows)
     return TokenBatch(tokens, mask, recorded, f"{label}, bos={bos_label(recorded)}")

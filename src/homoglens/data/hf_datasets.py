@@ -338,7 +338,7 @@ def dataset_windows(
             f"the {label} is too small for n_seq={n_seq} windows of seq_len={seq_len} tokens "
             f"(it holds {len(rows)}); lower n_seq or seq_len"
         )
-    tokens = torch.tensor(rows, dtype=torch.long)
+    tokens = torch.tensor(rows, dtype=torch.long, device="cpu")
     recorded = recorded_bos(model, rows)
     return TokenBatch(
         tokens=tokens,

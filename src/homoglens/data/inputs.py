@@ -207,7 +207,7 @@ def corpus_windows(
                 f"(window {i} found only {len(ids)} tokens); lower n_seq or seq_len"
             )
         rows.append(prefix + ids[:content])
-    tokens = torch.tensor(rows, dtype=torch.long)
+    tokens = torch.tensor(rows, dtype=torch.long, device="cpu")
     recorded = recorded_bos(model, rows)
     return TokenBatch(
         tokens=tokens,

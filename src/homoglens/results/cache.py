@@ -130,7 +130,9 @@ def cached_residuals(
     n_batch, width, _ = tensors[0].shape
     if n_batch == 0 or width == 0:
         raise InvalidInputError(f"the cached activations {tuple(tensors[0].shape)} are empty")
-    mask = check_attention_mask(torch.zeros(n_batch, width, dtype=torch.long), attention_mask)
+    mask = check_attention_mask(
+        torch.zeros(n_batch, width, dtype=torch.long, device="cpu"), attention_mask
+    )
     device = tensors[0].device
     mask = mask.to(device)
     lengths, starts = mask.sum(1), mask.argmax(1)

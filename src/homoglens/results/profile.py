@@ -411,7 +411,7 @@ class HomogenizationProfile:
             raise IncompatibleResultsError(
                 f"layers {missing} are not in this profile (it has {list(self.layers)})"
             )
-        idx = torch.tensor([self.layers.index(layer) for layer in layers])
+        idx = torch.tensor([self.layers.index(layer) for layer in layers], device="cpu")
         per_layer = {
             f.name: getattr(self, f.name).index_select(0, idx)
             for f in fields(self)
@@ -478,8 +478,8 @@ class HomogenizationProfile:
         import pandas as pd
 
         frames = []
-        layer_col = torch.tensor(self.layers)
-        pos = torch.arange(self.n_pos)
+        layer_col = torch.tensor(self.layers, device="cpu")
+        pos = torch.arange(self.n_pos, device="cpu")
         for name in ("to_others", "to_prefix", "to_mean", "norm"):
             values = getattr(self, name)
             count = self.prefix_count if name == "to_prefix" else self.count
@@ -661,7 +661,10 @@ class ProfileSums:
         }
         self.unit_sum = torch.zeros(n_layer, d_model, **f64)
         self.pos = {name: torch.zeros(n_pos, **f64) for name in ("count", "prefix_count")}
-        self.scalars = {"n_sequences": 0, "n_tokens": 0, "n_tokens_sq": 0}
+        # counts accumulate where the activations are (no host sync per batch), read at the end
+        self.scalars = {
+            name: torch.zeros((), **f64) for name in ("n_sequences", "n_tokens", "n_tokens_sq")
+        }
 
     def add(self, i: int, sums: dict[str, torch.Tensor], first: bool) -> None:
         """Add one batch's sums of layer-axis entry ``i``; ``first``: the batch's first entry
@@ -681,8 +684,8 @@ class ProfileSums:
         if counts:  # layer-independent quantities, counted once per batch
             for name, acc in self.pos.items():
                 acc += sums[name].to(acc.device)
-            for name in self.scalars:
-                self.scalars[name] += int(round(float(sums[name])))
+            for name, acc in self.scalars.items():
+                acc += sums[name].to(acc.device)
 
     def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
         """The finished profile of the sums (CPU tensors, exact integer counts)."""
@@ -692,7 +695,7 @@ class ProfileSums:
             layers=layers,
             unit_sum=self.unit_sum.cpu(),
             provenance=provenance,
-            **self.scalars,
+            **{name: int(round(float(v))) for name, v in self.scalars.items()},
             **cpu,
         )
 

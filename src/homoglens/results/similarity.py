@@ -251,7 +251,7 @@ class PositionalSimilarity(SavedResult):
     @property
     def positions(self) -> torch.Tensor:
         """``[pos]`` absolute position (from the window's first token) of each counted index."""
-        return torch.arange(self.n_pos) + self.first_position
+        return torch.arange(self.n_pos, device="cpu") + self.first_position
 
     # ------------------------------------------------------------------ matrices
     @cached_property
@@ -504,12 +504,12 @@ class PositionalSimilarity(SavedResult):
         import pandas as pd
 
         frames = []
-        layer_col = torch.tensor(self.layers)
+        layer_col = torch.tensor(self.layers, device="cpu")
         for name, index in (
             ("SP", self.positions),
             ("to_first", self.positions),
             ("to_others", self.positions),
-            ("lag", torch.arange(self.n_pos)),
+            ("lag", torch.arange(self.n_pos, device="cpu")),
         ):
             values = getattr(self, name)
             frames.append(
@@ -658,7 +658,7 @@ class PositionalSimilarity(SavedResult):
             raise IncompatibleResultsError(
                 f"layers {missing or chosen} are not in this result (it has {list(self.layers)})"
             )
-        idx = torch.tensor([self.layers.index(layer) for layer in chosen])
+        idx = torch.tensor([self.layers.index(layer) for layer in chosen], device="cpu")
         hooks = self.provenance.hook_points
 
         def pick(t: Any, dim: int) -> Any:

@@ -125,8 +125,8 @@ class SinkScores(SavedResult):
         n_layers, n_heads = self.mass.shape
         return pd.DataFrame(
             {
-                "layer": torch.arange(n_layers).repeat_interleave(n_heads).numpy(),
-                "head": torch.arange(n_heads).repeat(n_layers).numpy(),
+                "layer": torch.arange(n_layers, device="cpu").repeat_interleave(n_heads).numpy(),
+                "head": torch.arange(n_heads, device="cpu").repeat(n_layers).numpy(),
                 "mass": self.mass.flatten().numpy(),
                 "importance": self.importance.flatten().numpy(),
                 "sink_rate": self.sink_rate_by_head.flatten().numpy(),
@@ -355,7 +355,7 @@ class MassiveActivations(SavedResult):
         """Sun et al.'s layer-wise ratio: ``layer_top[:, 0] / layer_median``, the mean largest
         |x| over the mean median |x| (their ``main_llm.py --exp2`` figure, as a ratio)."""
         if self.layer_top is None or self.layer_median is None:  # saved before they existed
-            return torch.full((len(self.layers),), math.nan, dtype=torch.float64)
+            return torch.full((len(self.layers),), math.nan, dtype=torch.float64, device="cpu")
         return self.layer_top[:, 0] / self.layer_median
 
     def top_dims(self, k: int = 3) -> pd.DataFrame:
@@ -386,8 +386,8 @@ class MassiveActivations(SavedResult):
         n_layer, n_pos = self.ratio_mean.shape
         return pd.DataFrame(
             {
-                "layer": torch.tensor(self.layers).repeat_interleave(n_pos).numpy(),
-                "pos": torch.arange(n_pos).repeat(n_layer).numpy(),
+                "layer": torch.tensor(self.layers, device="cpu").repeat_interleave(n_pos).numpy(),
+                "pos": torch.arange(n_pos, device="cpu").repeat(n_layer).numpy(),
                 "ratio_mean": self.ratio_mean.flatten().numpy(),
                 "ratio_max": self.ratio_max.flatten().numpy(),
                 "top_value": self.top_value.flatten().numpy(),
@@ -500,7 +500,7 @@ class SinkAttribution(SavedResult):
         j = self._metric(metric)
         n_layer = max(lay for lay, _ in self.heads) + 1
         n_head = max(h for _, h in self.heads) + 1
-        out = torch.full((n_layer, n_head), float("nan"), dtype=torch.float64)
+        out = torch.full((n_layer, n_head), float("nan"), dtype=torch.float64, device="cpu")
         for (lay, head), value in zip(self.heads, self.delta[:, j].tolist(), strict=True):
             out[lay, head] = value
         return out
@@ -554,7 +554,9 @@ class SinkAttribution(SavedResult):
         shared = [h for h in self.heads if h in theirs]
         if len(shared) < 3:
             return float("nan")
-        pair = torch.tensor([[mine[h], theirs[h]] for h in shared], dtype=torch.float64).T
+        pair = torch.tensor(
+            [[mine[h], theirs[h]] for h in shared], dtype=torch.float64, device="cpu"
+        ).T
         if rank:
             pair = pair.argsort(dim=1).argsort(dim=1).double()
         return float(torch.corrcoef(pair)[0, 1])
@@ -704,8 +706,8 @@ class AttentionReceived(SavedResult):
         n_b, n_pos = self.received.shape
         return pd.DataFrame(
             {
-                "block": torch.tensor(self.blocks).repeat_interleave(n_pos).numpy(),
-                "key_pos": torch.arange(n_pos).repeat(n_b).numpy(),
+                "block": torch.tensor(self.blocks, device="cpu").repeat_interleave(n_pos).numpy(),
+                "key_pos": torch.arange(n_pos, device="cpu").repeat(n_b).numpy(),
                 "received": self.received.flatten().numpy(),
                 "shift": self.shift.flatten().numpy(),
                 "weighted_shift": self.weighted_shift.flatten().numpy(),

@@ -54,7 +54,7 @@ def paired_bootstrap(
     mean = x.nanmean(0)
     boots = []
     for chunk in range(0, n_boot, 100):
-        idx = torch.randint(n, (min(100, n_boot - chunk), n), generator=gen)
+        idx = torch.randint(n, (min(100, n_boot - chunk), n), generator=gen, device="cpu")
         boots.append(x[idx].nanmean(1))
     dist = torch.cat(boots)
     alpha = (1 - ci) / 2

@@ -130,7 +130,11 @@ class CheckpointSweep(SavedResult):
         n_panels = len(self.metrics) + (1 if self.layer_metrics else 0)
         fig, axes = kit.new_figure(4.2 * max(n_panels, 1), 3.4, ncols=max(n_panels, 1))
         known = ~torch.isnan(self.steps)
-        x = self.steps if bool(known.all()) else torch.arange(len(self.checkpoints)).double()
+        x = (
+            self.steps
+            if bool(known.all())
+            else torch.arange(len(self.checkpoints), device="cpu").double()
+        )
         xlabel = "training step" if bool(known.all()) else "checkpoint (training order)"
         for ax, (m, name) in zip(axes, enumerate(self.metrics), strict=False):
             kit.curves(

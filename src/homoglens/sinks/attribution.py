@@ -309,9 +309,9 @@ def _exact_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
     skip = _can_start_at_layer(model)
     n_pos = int(batch.lengths.max())
     f64 = torch.float64
-    values = torch.zeros(len(variants) + 1, len(ATTRIBUTION_METRICS), dtype=f64)
-    curve = torch.zeros(len(variants) + 1, n_pos, dtype=f64)
-    count = torch.zeros(n_pos, dtype=f64)
+    values = torch.zeros(len(variants) + 1, len(ATTRIBUTION_METRICS), dtype=f64, device="cpu")
+    curve = torch.zeros(len(variants) + 1, n_pos, dtype=f64, device="cpu")
+    count = torch.zeros(n_pos, dtype=f64, device="cpu")
     state: dict[str, Any] = {}
 
     def measure(resid: torch.Tensor, hook: Any) -> None:
@@ -401,9 +401,9 @@ def _fast_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
     device = model_device(model, needs_grad=True)
     f64 = torch.float64
     m = len(ATTRIBUTION_METRICS)
-    total = torch.zeros(n_layers, n_heads, m, dtype=f64)
-    base = torch.zeros(m, dtype=f64)
-    curve = torch.zeros(int(batch.lengths.max()), dtype=f64)
+    total = torch.zeros(n_layers, n_heads, m, dtype=f64, device="cpu")
+    base = torch.zeros(m, dtype=f64, device="cpu")
+    curve = torch.zeros(int(batch.lengths.max()), dtype=f64, device="cpu")
     count = torch.zeros_like(curve)
     point = "hook_pattern" if ablation == "sink" else "hook_z"
     store: dict[Any, torch.Tensor] = {}

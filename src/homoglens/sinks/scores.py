@@ -93,7 +93,7 @@ def sink_column_sums(
         "by_query_count": after.sum(0),
         "importance_sum": importance.sum(0),
         "sink_count": (importance > eps).to(f64).sum(0),
-        "n_sequences": torch.tensor(float(batch), dtype=f64),
+        "n_sequences": torch.tensor(float(batch), dtype=f64, device=column.device),
         "importance_by_sequence": importance,
     }
 
