@@ -383,10 +383,10 @@ def main(argv: list[str] | None = None) -> None:
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
             if name == "llama-3.2-1b":
-                if "measurements" not in args.skip:
-                    measurements(rec, name, model, *MEASURE)
                 if "long" not in args.skip:
                     long_windows(rec, name, model)
+                if "measurements" not in args.skip:
+                    measurements(rec, name, model, *MEASURE)
                 if "half" not in args.skip:
                     half_precision(rec, name, model, dtype)
             del model

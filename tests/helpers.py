@@ -251,7 +251,13 @@ def public_measurements(tokens: torch.Tensor) -> dict[str, Any]:
             m, tokens, kind="first", strengths=[-1.0, 0.0, 1.0], edge_k=2, **quiet
         ),
         "attention_bias_study gradient": lambda m: hg.attention_bias_study(
-            m, tokens, kind="recent", strengths=[-0.5, 0.0, 0.5], edge_k=2, gradient_windows=2,
+            m,
+            tokens,
+            kind="recent",
+            strengths=[-0.5, 0.0, 0.5],
+            layers=[1],
+            edge_k=2,
+            gradient_windows=2,
             **quiet,
         ),
         "length_study": lambda m: hg.length_study(

@@ -170,6 +170,11 @@ class _Gradient:
         return rows, rows.mean(0), torch.diagonal(d_cross, dim1=1, dim2=2).clone()
 
 
+def _unchanged(q0: int, scores: torch.Tensor) -> None:
+    """An attention job's ``edit`` that leaves the rows as they are (their softmax)."""
+    return None
+
+
 def _biased_rows(
     plan: AttentionBiasPlan,
     bi: int,
@@ -426,6 +431,10 @@ def attention_bias_study(
             )
             for bi, block in enumerate(plan.blocks)
         }
+        if g:  # dual numbers run through every block's attention in the blocks' own arithmetic
+            # (forward-mode autograd has no rule for the fused SDPA kernels of a GPU)
+            for block in range(n_layers):
+                jobs.setdefault(block, AttentionJob(edit=_unchanged))
 
         def collect(n_query: int) -> None:
             """After the pass: the mean checks per window ``[batch block check]``."""
