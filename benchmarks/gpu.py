@@ -219,13 +219,13 @@ def throughput(rec: Recorder, name: str, hf: Any, model: Any, repeats: int) -> N
         tokens = torch.randint(0, 50000, (batch, seq_len), device=DEVICE)
         times: dict[str, list[float] | str] = {m: [] for m in methods}
         for m, fn in methods.items():  # warm-up, and memory
-            got = attempt(lambda fn=fn: peak_memory(lambda: fn(tokens)))
+            got = attempt(lambda fn=fn, t=tokens: peak_memory(lambda: fn(t)))
             times[m] = [] if not isinstance(got, str) else got
             rec.data.setdefault("memory", {})[f"{name}/{seq_len}/{m}"] = got
         for _ in range(repeats):
             for m, fn in methods.items():
                 if isinstance(times[m], list):
-                    got = attempt(lambda fn=fn: timed(lambda: fn(tokens)))
+                    got = attempt(lambda fn=fn, t=tokens: timed(lambda: fn(t)))
                     if isinstance(got, str):
                         times[m] = got
                     else:

@@ -64,7 +64,8 @@ def test_half_precision_on_cuda_runs_sdpa_near_float32(dtype: torch.dtype) -> No
     tol = 5e-2 if dtype == torch.bfloat16 else 6e-3
     assert float((got.to_others - truth.to_others).abs().max()) <= tol
     assert float((got.mean_pairwise - truth.mean_pairwise).abs().max()) <= tol / 20
-    sinks_low, sinks_high = sink_scores(low, TOKENS, progress=False), sink_scores(
-        high, TOKENS, progress=False
+    sinks_low, sinks_high = (
+        sink_scores(low, TOKENS, progress=False),
+        sink_scores(high, TOKENS, progress=False),
     )
     assert float((sinks_low.mass - sinks_high.mass).abs().max()) <= tol
