@@ -98,7 +98,7 @@ def _smoke() -> None:
     )
 
 
-def _sync() -> None:
+def _sync() -> None:  # noqa: D103
     if DEVICE == "cuda":
         torch.cuda.synchronize()
 

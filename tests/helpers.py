@@ -209,17 +209,20 @@ def public_measurements(tokens: torch.Tensor) -> dict[str, Any]:
             m, texts_like, layer=1, dims=[0, 1], positions=[0], progress=False
         )
 
+    def on(m: Any) -> torch.Tensor:  # the user's own forward: tokens where the model is
+        return tokens[:1].to(next(m.parameters()).device)
+
     def ablated(m: Any) -> Any:
         with torch.inference_mode(), hg.ablated_positions(m, "permute", seed=0):
-            return m(tokens[:1])
+            return m(on(m))
 
     def biased(m: Any) -> Any:
         with torch.inference_mode(), hg.biased_attention(m, "first", 1.0):
-            return m(tokens[:1])
+            return m(on(m))
 
     def massive_forward(m: Any) -> Any:
         with torch.inference_mode(), hg.ablated_massive_activations(m, "zero", layer=1, dims=[0]):
-            return m(tokens[:1])
+            return m(on(m))
 
     quiet = {"progress": False}
     return {

@@ -34,6 +34,10 @@ __all__ = [
     "homogenization_sums",
     "EntryTerms",
     "check_terms",
+    "prepare_entry",
+    "prepared_terms",
+    "split_terms",
+    "unsynced",
     "entry_terms",
     "CountedTokens",
     "counted_tokens",
@@ -274,20 +278,21 @@ def entry_terms(
             f"{tuple(pos_index.shape)} must be its [batch pos]"
         )
     work = work_dtype(resid.dtype)
+    if counted is None:
+        counted = counted_tokens(pos_index, work, resid.device)
+    w, t = counted.weight, counted.n_tokens
+    if unsynced(resid.device):
+        scaled, exponent, bad = prepare_entry(resid, w)
+        return prepared_terms(scaled, exponent, bad, counted, effective_rank=effective_rank)
     x = resid.detach()
     if x.dtype != work:
         x = x.to(work)
-    if counted is None:
-        counted = counted_tokens(pos_index, work, x.device)
-    w, t = counted.weight, counted.n_tokens
     # Usually one norm per vector is all the checking needed: when each sequence's largest
     # counted norm is finite and lies in [2**-20 sqrt(d_model), 2**20] (NaN and inf anywhere
     # make it NaN: 0 * inf is NaN), every vector is finite and each sequence's largest entry
     # lies in unit_scale's safe range, so x needs no rescaling (the general path below would
     # give the same values, bit for bit).
     chunk = _chunk_for(x.shape[1], 16 if x.shape[1] <= 128 else 32)
-    if x.device.type != "cpu":
-        return _entry_terms_unsynced(x, w, t, chunk, effective_rank, counted)
     chunks = _Chunks.of(x, chunk)  # the Gram matrices first: their diagonals give the norms
     norms = chunks.norms()  # [batch pos]
     top = (norms * w).amax(1)
@@ -331,31 +336,67 @@ def entry_terms(
     return EntryTerms(norms, exponent, sums, within, proj, centred_sq, rank)
 
 
-def _entry_terms_unsynced(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    t: torch.Tensor,
-    chunk: int,
-    effective_rank: bool,
-    counted: CountedTokens,
-) -> EntryTerms:
-    """:func:`entry_terms` without a host synchronisation (on a GPU a ``bool(tensor)`` per
-    layer stalls the queue of kernels): every sequence is rescaled by its power of two (exact,
-    so the same values as the CPU path's unscaled vectors), NaN/inf vectors are zeroed and
-    flagged in ``bad`` (checked once per batch, :func:`check_terms`), and the centred sum of
-    squares is taken directly for every sequence and kept where the rows are nearly
-    constant."""
-    inc = w > 0
-    largest = torch.maximum(x.amax(-1), -x.amin(-1))  # [batch pos]; NaN/inf propagate
+UNSYNCED_ON_CPU = False
+"""Read the vectors the GPU way on the CPU too (tests: the two ways give the same sums)."""
+
+
+def unsynced(device: torch.device) -> bool:
+    """Whether vectors on ``device`` are read without host synchronisation (:func:`prepare_entry`
+    and :func:`prepared_terms`: every device but the CPU)."""
+    return device.type != "cpu" or UNSYNCED_ON_CPU
+
+
+def prepare_entry(
+    resid: Float[torch.Tensor, "batch pos d_model"],
+    weight: Float[torch.Tensor, "batch pos"],
+    out: Float[torch.Tensor, "batch pos d_model"] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first stage of the read without host synchronisation (a GPU's: a ``bool(tensor)``
+    per layer stalls the queue of kernels), a few kernels per entry: each sequence's vectors
+    scaled by the power of two that brings its largest counted entry into [0.5, 1) (exact: the
+    same cosines as unscaled vectors), in the work dtype, NaN/inf entries set to 0, and a flag
+    of counted vectors that held NaN/inf (refused once per batch by :func:`check_terms`).
+
+    Args:
+        resid: ``[batch pos d_model]`` vectors, any float dtype.
+        weight: ``[batch pos]`` 1 on counted tokens, 0 elsewhere.
+        out: Where to write the scaled vectors (a slot of a group's buffer), if given.
+
+    Returns:
+        ``(scaled vectors, [batch] int32 exponents e with x = scaled * 2**e, [] bool flag)``.
+    """
+    x = resid.detach()
+    work = work_dtype(x.dtype)
+    low, high = torch.aminmax(x, dim=-1)
+    largest = torch.maximum(high, -low).to(work)  # [batch pos]; NaN/inf propagate
     finite = torch.isfinite(largest)
+    inc = weight > 0
     bad = (inc & ~finite).any()
-    x = torch.where(finite[..., None], x, 0.0)
     amax = largest.masked_fill(~(finite & inc), 0.0).amax(1)
     exponent = torch.where(
         amax > 0, torch.frexp(amax).exponent, torch.zeros_like(amax, dtype=torch.int32)
     )
-    x = torch.ldexp(x, (-exponent)[:, None, None].to(x.dtype))
-    chunks = _Chunks.of(x, chunk)
+    factor = torch.exp2((-exponent).to(work))[:, None, None]
+    clean = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+    if out is None:
+        return clean.to(work) * factor, exponent, bad
+    return torch.mul(clean, factor, out=out), exponent, bad
+
+
+def prepared_terms(
+    x: Float[torch.Tensor, "batch pos d_model"],
+    exponent: Int[torch.Tensor, " batch"],
+    bad: torch.Tensor,
+    counted: CountedTokens,
+    *,
+    effective_rank: bool = False,
+) -> EntryTerms:
+    """The second stage: :func:`entry_terms` of vectors :func:`prepare_entry` scaled, without
+    host synchronisation; the centred sum of squares is taken directly for every sequence and
+    kept where the rows are nearly constant. ``x`` may stack several entries along ``batch``
+    (``counted`` repeated to match), so that a group of entries costs one set of kernels."""
+    w, t = counted.weight, counted.n_tokens
+    chunks = _Chunks.of(x, _chunk_for(x.shape[1], 16 if x.shape[1] <= 128 else 32))
     norms = chunks.norms()
     scale = _unit_scale_factor(norms, w)
     sums, within, proj = _position_dots(chunks, scale, w)
@@ -367,6 +408,32 @@ def _entry_terms_unsynced(
     centred_sq = torch.where(near_constant, direct, torch.full_like(direct, float("nan")))
     rank = rank_sums(x, scale, w, counted.rest) if effective_rank else {}
     return EntryTerms(norms, exponent, sums, within, proj, centred_sq, rank, bad)
+
+
+def split_terms(terms: EntryTerms, n: int) -> list[EntryTerms]:
+    """The entries of a group (:func:`prepared_terms` of ``n`` entries stacked along
+    ``batch``), each its own :class:`EntryTerms` (no rank sums: those add over sequences)."""
+    if n == 1:
+        return [terms]
+    b = int(terms.norms.shape[0]) // n
+
+    def part(t: torch.Tensor | None, j: int) -> torch.Tensor | None:
+        return None if t is None else t[j * b : (j + 1) * b]
+
+    assert not terms.rank, "rank sums of a group cannot be split"
+    return [
+        EntryTerms(
+            terms.norms[j * b : (j + 1) * b],
+            part(terms.exponent, j),
+            terms.sums[j * b : (j + 1) * b],
+            terms.within[j * b : (j + 1) * b],
+            terms.proj[j * b : (j + 1) * b],
+            part(terms.centred_sq, j),
+            {},
+            None,
+        )
+        for j in range(n)
+    ]
 
 
 def _unit_scale_factor(

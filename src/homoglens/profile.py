@@ -42,13 +42,18 @@ from homoglens.engine import (
 )
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import (
+    CountedTokens,
     check_terms,
     counted_tokens,
     entry_terms,
     homogenization_sums,
     positions_from_mask,
+    prepare_entry,
+    prepared_terms,
+    split_terms,
     stack_terms,
     sums_of_terms,
+    unsynced,
     work_dtype,
 )
 from homoglens.models import model_info
@@ -272,6 +277,10 @@ def _added(total: ProfileSums | None, part: ProfileSums) -> ProfileSums:
     return total
 
 
+GROUP_BYTES = 256 << 20
+"""Bytes of scaled vectors a profile reads at once on a GPU (entries of one batch grouped)."""
+
+
 class ProfileReducer(Reducer):
     """The profile's share of a streamed pass: the residual stream at the chosen entries,
     reduced inside hooks to mergeable sums (and, on request, per-sequence values and the
@@ -316,6 +325,9 @@ class ProfileReducer(Reducer):
                     pos_index,
                     counted_tokens(pos_index, work_dtype(resid.dtype), resid.device),
                 )
+            if unsynced(resid.device) and not self.effective_rank:
+                self._grouped(i, resid, counted[1])
+                return
             try:  # the part that reads the vectors; the rest runs once per batch, in end()
                 terms = entry_terms(
                     resid, counted[0], effective_rank=self.effective_rank, counted=counted[1]
@@ -326,12 +338,54 @@ class ProfileReducer(Reducer):
 
         return hook
 
+    def _grouped(self, i: int, resid: torch.Tensor, counted: CountedTokens) -> None:
+        """On a GPU: scale the entry into a slot of the current group's buffer (a few kernels),
+        and read a whole group of entries at once (one set of kernels for up to
+        :data:`GROUP_BYTES` of vectors, instead of one per entry: the launches, not the
+        arithmetic, bound a profile there)."""
+        group = self.state.get("group")
+        if group is not None and group["buffer"].device != resid.device:
+            self._flush()  # a model split over devices: groups do not cross them
+            group = None
+        b, n_pos, d = (int(s) for s in resid.shape)
+        if group is None:
+            work = work_dtype(resid.dtype)
+            per = b * n_pos * d * (torch.finfo(work).bits // 8)
+            k = max(1, min(len(self.chosen) - i, GROUP_BYTES // per))
+            buffer = torch.empty(k * b, n_pos, d, dtype=work, device=resid.device)
+            group = self.state["group"] = {"buffer": buffer, "slots": [], "counted": counted}
+        j = len(group["slots"])
+        _, exponent, bad = prepare_entry(
+            resid, counted.weight, out=group["buffer"][j * b : (j + 1) * b]
+        )
+        group["slots"].append((i, exponent, bad))
+        if len(group["slots"]) * b == group["buffer"].shape[0] or i == len(self.chosen) - 1:
+            self._flush()
+
+    def _flush(self) -> None:
+        group = self.state.pop("group", None)
+        if group is None or not group["slots"]:
+            return
+        slots, c = group["slots"], group["counted"]
+        n = len(slots)
+        b = int(c.weight.shape[0])
+        counted = CountedTokens(c.weight.repeat(n, 1), c.n_tokens.repeat(n), c.rest.repeat(n, 1))
+        terms = prepared_terms(
+            group["buffer"][: n * b],
+            torch.cat([exponent for _, exponent, _ in slots]),
+            torch.stack([bad for _, _, bad in slots]).any(),
+            counted,
+        )
+        for (i, _, bad), part in zip(slots, split_terms(terms, n), strict=True):
+            self.state["terms"][i] = part._replace(bad=bad).to(self.device)
+
     def begin(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
         self.state["pos_index"] = positions_from_mask(mask, exclude_first=self.exclude_first)
         self.state["counted"] = {}
         self.state["terms"] = [None] * len(self.chosen)
 
     def end(self) -> None:
+        self._flush()
         terms = self.state.pop("terms", None)
         if terms is not None:
             missing = [self.chosen[i] for i, t in enumerate(terms) if t is None]

@@ -342,15 +342,16 @@ def test_the_unsynchronised_path_equals_the_cpu_path(case: str, monkeypatch) -> 
         x[0, 3] = 0.0
     pos = hom.positions_from_mask(mask)
     counted = hom.counted_tokens(pos, torch.float32, torch.device("cpu"))
-    chunk = hom._chunk_for(40, 16)
     want = hom.entry_terms(x, pos, effective_rank=True)
-    got = hom._entry_terms_unsynced(x, counted.weight, counted.n_tokens, chunk, True, counted)
+    got = hom.prepared_terms(
+        *hom.prepare_entry(x, counted.weight), counted, effective_rank=True
+    )
     hom.check_terms([got])
     a = hom.sums_of_terms(hom.stack_terms([want]), pos, 40)
     b = hom.sums_of_terms(hom.stack_terms([got]), pos, 40)
     for name in a:
         assert torch.allclose(a[name], b[name], rtol=1e-6, atol=1e-9, equal_nan=True), name
     x[0, 5] = float("inf")  # a counted vector: flagged, then refused once per batch
-    bad = hom._entry_terms_unsynced(x, counted.weight, counted.n_tokens, chunk, False, counted)
+    bad = hom.prepared_terms(*hom.prepare_entry(x, counted.weight), counted)
     with pytest.raises(NonFiniteActivationError, match="blocks.3.hook_resid_post"):
         hom.check_terms([got, bad], ["blocks.2.hook_resid_post", "blocks.3.hook_resid_post"])

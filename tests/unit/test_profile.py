@@ -310,3 +310,31 @@ def test_matches_hf_hidden_states(arch: str, backend: str, get_model) -> None:
         want_others, want_pairwise = oracle(hidden[layer], batch.attention_mask)
         assert torch.allclose(prof.to_others[layer], want_others, atol=1e-4), layer
         assert prof.mean_pairwise[layer].item() == pytest.approx(want_pairwise.item(), abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "neox", "llama"])
+@pytest.mark.parametrize("group_entries", [1, 2, 3])
+def test_the_gpu_read_in_groups_equals_the_cpu_read(arch, group_entries, monkeypatch) -> None:
+    """On a GPU a profile reads its entries without host synchronisation, several entries at
+    once (homoglens.homogenization.prepare_entry / prepared_terms, profile.GROUP_BYTES): the
+    same profile as the CPU's read, with padding, a subset of layers and several batches."""
+    import homoglens.homogenization as hom
+    import homoglens.profile as prof
+    from homoglens import load_model
+
+    model = load_model(tiny_model_folder(arch), backend="bridge")
+    tokens = torch.randint(0, 900, (5, 24), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(tokens)
+    mask[1, 18:] = 0
+    options = {"attention_mask": mask, "batch_size": 2, "progress": False}
+    want = homogenization_profile(model, tokens, **options)
+    want_some = homogenization_profile(model, tokens, layers=[0, 2], exclude_first=True, **options)
+    monkeypatch.setattr(hom, "UNSYNCED_ON_CPU", True)
+    monkeypatch.setattr(prof, "GROUP_BYTES", group_entries * 2 * 24 * model.cfg.d_model * 4)
+    got = homogenization_profile(model, tokens, **options)
+    got_some = homogenization_profile(model, tokens, layers=[0, 2], exclude_first=True, **options)
+    for a, b in ((want, got), (want_some, got_some)):
+        for name in ("to_others", "to_prefix", "to_mean", "norm", "mean_pairwise", "baseline"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert torch.allclose(x, y, rtol=1e-6, atol=1e-7, equal_nan=True), name
+        assert torch.equal(a.count, b.count) and a.n_tokens == b.n_tokens
