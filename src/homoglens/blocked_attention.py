@@ -184,14 +184,7 @@ class _QueryKeyRows(PatternRows):
         (float64) arithmetic, cast to the values' dtype."""
         b, n_kv = self.batch, self.n_heads // self.group
         v = value.to(self.dtype)  # [batch kv_head key_pos d_head]
-        out = torch.empty(
-            b,
-            self.n_heads,
-            self.n_query,
-            int(value.shape[-1]),
-            dtype=value.dtype,
-            device=value.device,
-        )
+        parts = []  # (concatenated, not written into a buffer: forward-mode duals stay whole)
         for q0, q1 in self.blocks():
             s = self.scores(q0, q1)
             p = edit(q0, s)
@@ -203,7 +196,8 @@ class _QueryKeyRows(PatternRows):
                 o = (p.reshape(b, n_kv, self.group * n, self.n_key) @ v).view(
                     b, self.n_heads, n, -1
                 )
-            out[:, :, q0:q1] = o.to(out.dtype)
+            parts.append(o.to(value.dtype))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
         return out.transpose(1, 2).contiguous()
 
 

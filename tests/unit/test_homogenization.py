@@ -343,9 +343,7 @@ def test_the_unsynchronised_path_equals_the_cpu_path(case: str, monkeypatch) -> 
     pos = hom.positions_from_mask(mask)
     counted = hom.counted_tokens(pos, torch.float32, torch.device("cpu"))
     want = hom.entry_terms(x, pos, effective_rank=True)
-    got = hom.prepared_terms(
-        *hom.prepare_entry(x, counted.weight), counted, effective_rank=True
-    )
+    got = hom.prepared_terms(*hom.prepare_entry(x, counted.weight), counted, effective_rank=True)
     hom.check_terms([got])
     a = hom.sums_of_terms(hom.stack_terms([want]), pos, 40)
     b = hom.sums_of_terms(hom.stack_terms([got]), pos, 40)
