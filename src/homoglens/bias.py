@@ -27,6 +27,7 @@ from homoglens.engine import (
     stream,
 )
 from homoglens.errors import InvalidInputError
+from homoglens.fast_attention import serves_jobs
 from homoglens.hooks import AttentionBiasPlan, bias_pattern
 from homoglens.interventions import attention_bias_plan
 from homoglens.models import check_writable, model_info
@@ -291,9 +292,14 @@ def attention_bias_study(
     same windows, what happens to homogenization, the edges, the loss and the attention itself.
 
     At each strength every window runs one full forward pass with
-    A'[q, k] = softmax_k(beta log A[q, k] + b phi[q, k]) at ``attn.hook_pattern`` of the chosen
-    blocks and heads (:func:`~homoglens.attention_bias_hooks`; b = strength, beta = 1, or b = 0
-    and beta = strength for ``"temperature"``). Each pass reads:
+    A'[q, k] = softmax_k(beta * scores[q, k] + b phi[q, k]) in the chosen blocks and heads (b =
+    strength, beta = 1, or b = 0 and beta = strength for ``"temperature"``). Where the model's
+    Hugging Face attention runs through transformers' attention interface (the bridge of every
+    SDPA family), each block's attention is computed a block of query rows at a time from its
+    queries and keys (:mod:`homoglens.blocked_attention`: no ``[batch head_index query_pos
+    key_pos]`` tensor of a layer, so windows of 32k tokens fit), every strength in the same
+    arithmetic (eager attention's float32 softmax); elsewhere at ``attn.hook_pattern`` as
+    :func:`~homoglens.attention_bias_hooks` does. Each pass reads:
 
     * the manipulation checks per biased row: E_{A'}[phi] (the mass on the biased keys), the
       entropy of A' and KL(A' || A) (nats), averaged over the chosen heads and queries;
@@ -302,8 +308,10 @@ def attention_bias_study(
       distance-matched edge excess, SP by position;
     * the next-token loss.
 
-    The unbiased strength (0, or beta = 1) is always run, and run with no hook that changes
-    anything: its logits and readouts are those of the unhooked model bit for bit. On the first
+    The unbiased strength (0, or beta = 1) is always run, and changes nothing: on the eager
+    pattern its logits and readouts are those of the unhooked model bit for bit; in the blocked
+    arithmetic, those of the unhooked model within float32 rounding (and, like every strength,
+    the same arithmetic as the biased passes, so the effects compare like with like). On the first
     ``gradient_windows`` windows that pass also carries forward-mode autograd tangents (b enters
     as a dual number; the primal values are unchanged), which give the exact derivative at zero
     of every readout for :meth:`~AttentionBiasStudy.slope_at_zero`'s cross-check.
@@ -347,7 +355,8 @@ def attention_bias_study(
         InvalidInputError: unknown kind, strengths not finite or out of range, beta <= 0, blocks
             or heads out of range, ``first_k`` / ``window`` outside the windows, windows of
             different lengths or fewer than 2, ``edge_k`` too large, ``gradient_windows`` of 1.
-        UnsupportedArchitectureError: ``hook_pattern`` is read-only on this model.
+        UnsupportedArchitectureError: the attention function cannot serve the model and its
+            ``hook_pattern`` is read-only (the bridge of GPT-Neo).
         SequenceTooLongError: a window longer than ``cfg.n_ctx``.
 
     References:
@@ -401,7 +410,8 @@ def attention_bias_study(
     n_pos = length - first
     edge_groups(n_pos, edge_k)
     base = values.index(1.0 if kind == "temperature" else 0.0)
-    if value_zero_first or any(not p.identity for p in plans) or gradient_windows:
+    changes = value_zero_first or any(not p.identity for p in plans) or gradient_windows
+    if changes and not serves_jobs(model):  # the jobs will write the eager pattern
         check_writable(model, "attn.hook_pattern", "an attention bias")
     device = model_device(model)
     n_all = len(batch)

@@ -76,7 +76,7 @@ from homoglens.architectures import pattern_hook_name
 from homoglens.blocked_attention import ATTENTION_NAME, AttentionJob, active_jobs, pattern_hook
 from homoglens.types import HookedModel, HookSpec
 
-__all__ = ["ENABLED", "fast_attention", "fast_attention_status"]
+__all__ = ["ENABLED", "fast_attention", "fast_attention_status", "serves_jobs"]
 
 ENABLED: bool = os.environ.get("HOMOGLENS_EAGER", "") not in ("1", "true", "yes")
 """Whether residual-only passes may run SDPA attention (see the module's docstring)."""
@@ -124,6 +124,14 @@ class _Status(NamedTuple):
     """id of each block's Hugging Face attention module -> its block, where every module runs
     through transformers' attention interface (the ``"homoglens"`` function can serve them);
     empty otherwise."""
+
+
+def serves_jobs(model: HookedModel) -> bool:
+    """Whether passes of ``model`` run attention jobs inside the ``"homoglens"`` attention
+    function (the fast path is on, the model is a bridge whose Hugging Face attention supports
+    SDPA and looks its attention function up), rather than as hooks on the eager pattern."""
+    found = _status(model) if ENABLED else None
+    return found is not None and found.status == "sdpa" and bool(found.modules)
 
 
 def _status(model: Any) -> _Status:

@@ -246,3 +246,41 @@ def test_bias_pattern_reads_a_non_causal_pattern_whole() -> None:
     ref = pattern * w / (pattern * w).sum(-1, keepdim=True)
     torch.testing.assert_close(biased, ref, atol=1e-6, rtol=0)
     assert not out.any()
+
+
+@pytest.mark.parametrize("arch", _cases())
+def test_the_study_equals_hugging_face_with_a_4d_float_mask(arch: str, monkeypatch) -> None:
+    """attention_bias_study biases each block a few query rows at a time inside the attention
+    function (homoglens.blocked_attention): its per-window loss at each strength equals Hugging
+    Face eager attention given the same bias as a 4D float mask, within 1e-4, with the queries
+    split into blocks of 3 rows (the rows' offsets into phi exercised)."""
+    import homoglens.blocked_attention as blocked
+    from homoglens import attention_bias_study, fast_attention_status
+    from homoglens.engine import next_token_loss
+
+    if arch in READ_ONLY and fast_attention_status(_model(arch, "bridge")) != "sdpa":
+        pytest.skip(f"{arch}: no attention function to serve; the bridge only reads the pattern")
+    model = _model(arch, "bridge")
+    row = 2 * model.cfg.n_heads * N * 4  # bytes of one query row of scores, batch 2
+    monkeypatch.setitem(blocked.BLOCK_BYTES, "cpu", 3 * row)
+    windows = torch.cat([SHORT, TOKENS[:, -N:]])  # two windows of N tokens
+    for kind, b in KINDS.items():
+        study = attention_bias_study(
+            model,
+            windows,
+            kind=kind,
+            strengths=[0.0, b],
+            first_k=2,
+            window=3,
+            edge_k=2,
+            batch_size=2,
+            progress=False,
+        )
+        phi = attention_bias_phi(kind, N, N, first_k=2, window=3)
+        causal = torch.full((N, N), float("-inf")).triu(1)
+        with torch.no_grad():
+            logits = _hf(arch)(windows, attention_mask=(causal + b * phi).float()[None, None])
+        want = next_token_loss(logits.logits, windows, torch.ones_like(windows)).double()
+        got = study.window_loss[study.strengths.index(b)]
+        assert torch.allclose(got, want, atol=1e-4), (kind, (got - want).abs().max())
+    assert hook_count(model) == 0
