@@ -151,30 +151,58 @@ class _QueryKeyRows(PatternRows):
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         self.causal = bool(causal) and self.n_query > 1 and attention_mask is None
         self.softcap = softcap
+        self.whole: torch.Tensor | None = None  # the rows of every query, once read (CPU)
+
+    def rows(self, q0: int, q1: int) -> torch.Tensor:
+        if self.whole is not None and (q0, q1) == (0, self.n_query):
+            return self.whole
+        out = torch.softmax(self.scores(q0, q1), dim=-1)
+        if (q0, q1) == (0, self.n_query) and self.device.type == "cpu":
+            self.whole = out  # one block holds them all: the output reuses them
+        return out
 
     def scores(self, q0: int, q1: int) -> torch.Tensor:
         n = q1 - q0
-        q = self.query[:, :, q0:q1].to(self.dtype)
+        # the scale on the queries (a block of [query d_head]), not on the scores
+        q = self.query[:, :, q0:q1].to(self.dtype) * self.scaling
         if self.group == 1:
             s = q @ self.key_t
         else:
             b, kv = self.batch, self.n_heads // self.group
             s = q.reshape(b, kv, self.group * n, -1) @ self.key_t
             s = s.view(b, self.n_heads, n, self.n_key)
-        s = s * self.scaling
         if self.softcap is not None:
             s = torch.tanh(s / self.softcap) * self.softcap
         low = _lowest(self.dtype)
         if self.mask is not None:
             m = self.mask[..., q0:q1, :]
-            s = s.masked_fill(~m, low) if m.dtype == torch.bool else s + m.to(self.dtype)
-            s = s.clamp_min(low)  # an additive -inf: the same exact 0 after the softmax
+            if m.dtype == torch.bool:
+                s = s.masked_fill_(~m, low) if m.shape == s.shape else s.masked_fill(~m, low)
+            else:
+                s = (s + m.to(self.dtype)).clamp_min_(low)  # an additive -inf: the same 0
         elif self.causal:
             offset = self.n_key - self.n_query
             q_pos = torch.arange(q0, q1, device=self.device)[:, None] + offset
             above = torch.arange(self.n_key, device=self.device)[None, :] > q_pos
-            s = s.masked_fill(above, low)
+            s.masked_fill_(above, low)
         return s
+
+    def output(self, value: torch.Tensor) -> torch.Tensor | None:
+        """On the CPU, where a read job's rows held every query in one block: the output from
+        those rows (eager attention's arithmetic), instead of SDPA computing the scores and
+        their softmax a second time; ``None`` otherwise."""
+        if self.whole is None:
+            return None
+        return self._apply(self.whole, value).to(value.dtype).transpose(1, 2).contiguous()
+
+    def _apply(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """Rows ``p`` ``[batch head_index q key_pos]`` times the values (work dtype)."""
+        v = value.to(self.dtype)
+        if self.group == 1:
+            return p @ v
+        b, n = self.batch, int(p.shape[-2])
+        o = p.reshape(b, self.n_heads // self.group, self.group * n, self.n_key) @ v
+        return o.view(b, self.n_heads, n, -1)
 
     def attend(
         self, value: torch.Tensor, edit: Callable[[int, torch.Tensor], torch.Tensor | None]
@@ -182,21 +210,12 @@ class _QueryKeyRows(PatternRows):
         """The attention output ``[batch query_pos head_index d_head]`` (SDPA's layout) with each
         block's rows replaced by ``edit(q0, scores)``: changed rows times the values, float32
         (float64) arithmetic, cast to the values' dtype."""
-        b, n_kv = self.batch, self.n_heads // self.group
-        v = value.to(self.dtype)  # [batch kv_head key_pos d_head]
         parts = []  # (concatenated, not written into a buffer: forward-mode duals stay whole)
         for q0, q1 in self.blocks():
             s = self.scores(q0, q1)
             p = edit(q0, s)
             p = torch.softmax(s, dim=-1) if p is None else p
-            n = q1 - q0
-            if self.group == 1:
-                o = p @ v
-            else:
-                o = (p.reshape(b, n_kv, self.group * n, self.n_key) @ v).view(
-                    b, self.n_heads, n, -1
-                )
-            parts.append(o.to(value.dtype))
+            parts.append(self._apply(p, value).to(value.dtype))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
         return out.transpose(1, 2).contiguous()
 
@@ -289,6 +308,9 @@ def _attention(
     if job.read is not None:
         job.read(rows)
     if job.edit is None:
+        out = rows.output(value)
+        if out is not None:
+            return out, None
         return _sdpa(module, query, key, value, attention_mask, **sdpa_kwargs)
     return rows.attend(value, job.edit), None
 

@@ -61,11 +61,13 @@ def test_a_separate_pass_at_each_length_equals_the_prefix(arch: str, backend: st
 def test_the_longest_length_is_positional_similarity() -> None:
     model = _model("llama", BACKENDS[-1])
     study = length_study(model, WINDOWS, lengths=LENGTHS, **COMMON)
-    sim = positional_similarity(model, WINDOWS, edge_k=2, progress=False)  # both on SDPA
-    assert torch.allclose(study.sp[:, sim.first_position :], sim.SP, atol=1e-12)
-    assert torch.allclose(study.statistics[-1, :, 4], sim.homogenization, atol=1e-12)
+    # The study reads attention too: on the CPU its blocks' output comes from the rows it read
+    # (eager arithmetic), the similarity's from SDPA: equal within float32 rounding.
+    sim = positional_similarity(model, WINDOWS, edge_k=2, progress=False)
+    assert torch.allclose(study.sp[:, sim.first_position :], sim.SP, atol=1e-6)
+    assert torch.allclose(study.statistics[-1, :, 4], sim.homogenization, atol=1e-6)
     lag = torch.diagonal(sim.M, offset=-3, dim1=1, dim2=2)
-    assert torch.allclose(study.lag_similarity[:, 1, 3:], lag, atol=1e-12)
+    assert torch.allclose(study.lag_similarity[:, 1, 3:], lag, atol=1e-6)
     assert math.isnan(float(study.lag_similarity[0, 1, 2]))
     # attention: key-0 mass of query 0 is 1, the normalised entropy lies in [0, 1]
     assert torch.allclose(study.first_key_mass[:, 0], torch.ones(()).double())
