@@ -7,7 +7,7 @@ within a process), and the tables written into ``docs/performance.md`` between m
     python benchmarks/performance.py                     # CPU: GPT-2 small shape + SmolLM2-135M
     python benchmarks/performance.py --quick             # small sizes, a smoke run
     python benchmarks/performance.py --versus-hf-only    # only the plain Hugging Face rows
-    python benchmarks/performance.py --device cuda --dtype bfloat16 --no-write
+    python benchmarks/performance.py --device cuda --dtype bfloat16   # benchmarks/gpu.py
 
 Methods, on the same ``[8, T]`` batch of Austen tokens:
 
@@ -649,6 +649,21 @@ def main() -> None:
     if args.quick:
         args.seq_lens, args.n_scan, args.repeats, args.cost_len = [64], [8, 32], 1, 64
         args.hf_sizes, args.long_lens = ["64:2"], [64, 128]
+    if args.device.startswith("cuda"):  # the GPU methodology: benchmarks/gpu.py
+        sys.path.insert(0, str(Path(__file__).parent))
+        import gpu
+
+        gpu.main(
+            [
+                "--dtype",
+                args.dtype if args.dtype != "float32" else "bfloat16",
+                "--json",
+                str(ROOT / "gpu.json"),
+                "--repeats",
+                str(args.repeats),
+            ]
+        )
+        return
     if args.versus_hf_only:
         rows, checks = versus_hf(args)
         print("\n".join([*rows, "", *(f"- {c}" for c in checks)]))

@@ -8,7 +8,7 @@ import functools
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.autograd.forward_ad as fwad
@@ -80,6 +80,14 @@ def _strengths(kind: str, strengths: Any) -> tuple[float, ...]:
     return tuple(sorted({*values, baseline}))
 
 
+class _GradientSums(NamedTuple):
+    within: torch.Tensor  # [layer pos pos] Gram matrices of the unit vectors
+    units: torch.Tensor  # [layer pos d_model] their sums
+    d_within: torch.Tensor  # the derivatives of both
+    d_units: torch.Tensor
+    coef: torch.Tensor  # [stat pos pos] similarity_coefficients
+
+
 class _Gradient:
     """Float64 sums of the first-order derivative at zero (forward-mode tangents) on the
     differentiated windows: their unit vectors, Gram matrices and derivatives."""
@@ -91,38 +99,18 @@ class _Gradient:
         self.loss: list[torch.Tensor] = []  # [g]
 
     @functools.cached_property
-    def _sums(self) -> tuple[torch.Tensor, ...]:
-        """``(within, units, d_within, d_units, coefficients)``, made on first use only: the
-        Gram sums are ``[layer pos pos]`` (the cross-check is for windows of moderate T)."""
+    def sums(self) -> _GradientSums:
+        """The float64 sums, made on first use only (they are ``[layer pos pos]``: the
+        cross-check is for windows of moderate T)."""
         n_layer, n_pos, d = self.shape
         f64 = {"dtype": torch.float64, "device": self.device}
-        return (
+        return _GradientSums(
             torch.zeros(n_layer, n_pos, n_pos, **f64),
             torch.zeros(n_layer, n_pos, d, **f64),
             torch.zeros(n_layer, n_pos, n_pos, **f64),
             torch.zeros(n_layer, n_pos, d, **f64),
             similarity_coefficients(n_pos, self.edge_k).to(self.device),
         )
-
-    @property
-    def within(self) -> torch.Tensor:
-        return self._sums[0]
-
-    @property
-    def units(self) -> torch.Tensor:
-        return self._sums[1]
-
-    @property
-    def d_within(self) -> torch.Tensor:
-        return self._sums[2]
-
-    @property
-    def d_units(self) -> torch.Tensor:
-        return self._sums[3]
-
-    @property
-    def coef(self) -> torch.Tensor:
-        return self._sums[4]
 
     def add(self, i: int, u: torch.Tensor, norms: torch.Tensor, dx: torch.Tensor) -> None:
         """Layer ``i``: unit vectors ``u``, their norms and the tangent ``dx`` of the vectors."""
@@ -133,21 +121,21 @@ class _Gradient:
         gram = u @ u.transpose(1, 2)
         d_gram = du @ u.transpose(1, 2)
         d_gram = d_gram + d_gram.transpose(1, 2)
-        self.within[i] += gram.sum(0)
-        self.units[i] += u.sum(0)
-        self.d_within[i] += d_gram.sum(0)
-        self.d_units[i] += du.sum(0)
+        self.sums.within[i] += gram.sum(0)
+        self.sums.units[i] += u.sum(0)
+        self.sums.d_within[i] += d_gram.sum(0)
+        self.sums.d_units[i] += du.sum(0)
         if i == 0:
             self.rows.append(
                 torch.zeros(
                     u.shape[0],
-                    self.within.shape[0],
-                    self.coef.shape[0],
+                    self.sums.within.shape[0],
+                    self.sums.coef.shape[0],
                     dtype=torch.float64,
                     device=u.device,
                 )
             )
-        self.rows[-1][:, i] = torch.einsum("bij,eij->be", d_gram, self.coef)
+        self.rows[-1][:, i] = torch.einsum("bij,eij->be", d_gram, self.sums.coef)
 
     def finish(
         self, n: int, device: torch.device
@@ -157,16 +145,20 @@ class _Gradient:
         rows = torch.cat(
             [
                 torch.empty(
-                    0, *self.within.shape[:1], self.coef.shape[0], dtype=torch.float64, device="cpu"
+                    0,
+                    *self.sums.within.shape[:1],
+                    self.sums.coef.shape[0],
+                    dtype=torch.float64,
+                    device="cpu",
                 ),
                 *(r.cpu() for r in self.rows),
             ]
         )
         rows = gather_rows(rows, n, device).cpu() if world()[1] > 1 else rows
-        ub, dub = self.units.cpu(), self.d_units.cpu()
+        ub, dub = self.sums.units.cpu(), self.sums.d_units.cpu()
         d_cross = dub @ ub.transpose(1, 2)
-        d_cross = (d_cross + d_cross.transpose(1, 2) - self.d_within.cpu()) / (n * (n - 1))
-        d_stat = torch.einsum("lij,eij->le", d_cross, self.coef.cpu())
+        d_cross = (d_cross + d_cross.transpose(1, 2) - self.sums.d_within.cpu()) / (n * (n - 1))
+        d_stat = torch.einsum("lij,eij->le", d_cross, self.sums.coef.cpu())
         rows[..., _C_STATS] -= d_stat[None, :, _C_STATS]
         return rows, rows.mean(0), torch.diagonal(d_cross, dim1=1, dim2=2).clone()
 
@@ -538,7 +530,9 @@ def attention_bias_study(
     f64 = torch.float64
     if gradient_windows:
         if size > 1:
-            all_reduce_sum([grad.within, grad.units, grad.d_within, grad.d_units])
+            all_reduce_sum(
+                [grad.sums.within, grad.sums.units, grad.sums.d_within, grad.sums.d_units]
+            )
         g_rows, g_stats, g_sp = grad.finish(gradient_windows, device)
         g_attention = rows(grad.attention, (n_blocks, n_checks), gradient_windows)
         g_loss = rows(grad.loss, (), gradient_windows)

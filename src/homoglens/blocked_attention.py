@@ -62,6 +62,11 @@ device type: a block's few temporaries stay a small multiple of it (CPU: cache-s
 GPU: large enough that each block keeps the device busy)."""
 
 
+KEEP_BYTES = 64 << 20
+"""On the CPU, a pattern of at most this many float32 bytes keeps the rows a read job read, and
+the block's output is computed from them (no second softmax in SDPA)."""
+
+
 def query_blocks(
     n_query: int, row_bytes: int, device: torch.device, *, budget: int | None = None
 ) -> list[tuple[int, int]]:
@@ -151,14 +156,19 @@ class _QueryKeyRows(PatternRows):
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         self.causal = bool(causal) and self.n_query > 1 and attention_mask is None
         self.softcap = softcap
-        self.whole: torch.Tensor | None = None  # the rows of every query, once read (CPU)
+        # On the CPU, where the whole pattern is small (KEEP_BYTES), the rows a read job reads
+        # are kept, so that the block's output reuses them (no second softmax inside SDPA).
+        size = self.batch * self.n_heads * self.n_query * self.n_key * 4
+        self.kept: dict[int, torch.Tensor] | None = (
+            {} if self.device.type == "cpu" and size <= KEEP_BYTES else None
+        )
 
     def rows(self, q0: int, q1: int) -> torch.Tensor:
-        if self.whole is not None and (q0, q1) == (0, self.n_query):
-            return self.whole
+        if self.kept is not None and q0 in self.kept and self.kept[q0].shape[-2] == q1 - q0:
+            return self.kept[q0]
         out = torch.softmax(self.scores(q0, q1), dim=-1)
-        if (q0, q1) == (0, self.n_query) and self.device.type == "cpu":
-            self.whole = out  # one block holds them all: the output reuses them
+        if self.kept is not None:
+            self.kept[q0] = out
         return out
 
     def scores(self, q0: int, q1: int) -> torch.Tensor:
@@ -188,12 +198,18 @@ class _QueryKeyRows(PatternRows):
         return s
 
     def output(self, value: torch.Tensor) -> torch.Tensor | None:
-        """On the CPU, where a read job's rows held every query in one block: the output from
-        those rows (eager attention's arithmetic), instead of SDPA computing the scores and
-        their softmax a second time; ``None`` otherwise."""
-        if self.whole is None:
+        """On the CPU, where a read job's kept rows cover every query (a small pattern): the
+        output from those rows (eager attention's arithmetic), instead of SDPA computing the
+        scores and their softmax a second time; ``None`` otherwise."""
+        if not self.kept:
             return None
-        return self._apply(self.whole, value).to(value.dtype).transpose(1, 2).contiguous()
+        starts = sorted(self.kept)
+        ends = [q0 + int(self.kept[q0].shape[-2]) for q0 in starts]
+        if starts[0] != 0 or ends[-1] != self.n_query or starts[1:] != ends[:-1]:
+            return None
+        parts = [self._apply(self.kept[q0], value).to(value.dtype) for q0 in starts]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+        return out.transpose(1, 2).contiguous()
 
     def _apply(self, p: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """Rows ``p`` ``[batch head_index q key_pos]`` times the values (work dtype)."""

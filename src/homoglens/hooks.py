@@ -427,27 +427,21 @@ def _bias_weights(
     (cached when small)."""
     args = (kind, bias, n_query, n_key, first_k, window, q_offset)
     if n_query * n_key <= _CACHED_ENTRIES:
-        w, stacked = _cached_bias_weights(*args)
+        w, stacked = _cached_bias_weights(args)
         return w.to(device), stacked.to(device)
-    return _make_bias_weights(*args, device=device)
+    return _make_bias_weights(args, device)
 
 
 @lru_cache(maxsize=64)
-def _cached_bias_weights(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _cached_bias_weights(args: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.inference_mode(False):
-        return _make_bias_weights(*args)
+        return _make_bias_weights(args, None)
 
 
 def _make_bias_weights(
-    kind: str,
-    bias: float,
-    n_query: int,
-    n_key: int,
-    first_k: int,
-    window: int,
-    q_offset: int,
-    device: torch.device | str | None = None,
+    args: tuple[Any, ...], device: torch.device | str | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    kind, bias, n_query, n_key, first_k, window, q_offset = args
     device = torch.device("cpu") if device is None else device
     phi = attention_bias_phi(
         kind, n_query, n_key, first_k=first_k, window=window, q_offset=q_offset, device=device
