@@ -3,31 +3,48 @@
 Yusupov et al. 2025 (arXiv 2508.17126) claim that homogenization exists in every layer and
 grows with depth (C1), that positional bias amplifies it most at the extremal positions (C2),
 and that removing positional features lowers it but costs the model (C3). homoglens reads each
-claim in several ways (docs/findings.md); every reading is one row, with a
-predicted sign, a smallest effect size of interest (SESOI), and one *primary* test per reading
-and model. Primary tests form one family, Holm-adjusted; every other row is *secondary*
-(unadjusted, exploratory). Verdicts (:func:`homoglens.stats.verdict`): ``holds`` (significant
-on the predicted side), ``equivalent`` (TOST: smaller than the SESOI), ``fails`` (significant
-on the other side), ``inconclusive``.
+claim in several ways (docs/findings.md); every reading is one row, with a predicted sign, a
+smallest effect size of interest (SESOI), and one *primary* test per reading and model. Primary
+tests form one family, Holm-adjusted; every other row is *secondary* (unadjusted,
+exploratory). Verdicts (:func:`homoglens.stats.verdict`): ``holds`` (significant on the
+predicted side), ``equivalent`` (TOST: smaller than the SESOI), ``fails`` (significant on the
+other side), ``inconclusive``.
 
 Readings (``H`` is the contextual homogenization: mean off-diagonal ``W = M - C`` of
 :class:`~homoglens.results.similarity.PositionalSimilarity`, "centred"; ``raw`` is the mean
 pairwise cosine; ``L`` the last layer entry):
 
-* **C1** (per model): primary ``H(L) - H(0) > 0``; secondary: the same raw, ``H(l) - H(0)``
-  for every ``l``, per-block increments ``H(l) - H(l - 1)``, the smallest ``H(l)`` for
-  ``l >= 1``; the layer of the maximum is named in the test.
-* **C2 loc, first** and **C2 loc, last** (per model, one reading per edge: the claim names both
-  ends): primary: the distance-matched excess of the first (last) ``edge_k`` positions at ``L``
-  is > 0; secondary: the naive (distance-biased) excess.
-* **C2 cross** (per model): primary: ``SP`` of the last ``edge_k`` positions minus the middle's
-  > 0 (late tokens of different inputs converge, Barbero et al. 2024); secondary: the first.
+* **C1, grows with depth** (per model): primary ``H(L) - H(0) > 0``; secondary: the same raw,
+  per-block increments ``H(l) - H(l - 1)``.
+* **C1, exists in every layer** (per model): primary: ``H(l) - H(0) > 0`` at *every* entry
+  ``l >= 1``, an intersection-union test (Berger 1982): the row is the weakest layer's (largest
+  one-sided p), so it holds only if every layer does; each layer is a secondary row.
+* **C2** has three readings of "edge tokens homogenize", each its own statistic:
+  (a) **within**: the distance-matched excess of ``W`` at the first / last ``edge_k``
+  positions; (b) **shared direction**: ``SP`` (same position, different inputs; measured on
+  uncentred vectors) of an edge minus the middle's; (c) **over depth**: ``SP`` averaged over
+  positions, ``SP(L) - SP(0)`` (inputs converge). Causal mixing alone, with no positional
+  preference, moves every one of them (a random walk from position 0 reads matched first
+  -0.30 / last +0.11), so a verdict about *positional* bias is given only for the difference
+  from a calibrated reference that keeps the causal mask and the content but not the
+  positions: the model without positions (``no_positions``). Those differences are the primary
+  rows (**C2 vs causal null**); the model's own readings are secondary rows
+  ("uncalibrated"), as is the naive (distance-biased) excess.
 * **C3a**: primary: ``H`` of the model without positions minus that of each positional model
   < 0; secondary: raw and anisotropy-adjusted versions, and zeroing positions at inference.
-* **C3b, first** and **C3b, last**: primary: the matched excess of that edge without positions
-  minus with them < 0; secondary: zeroing positions at inference.
+* **C3b, first** and **C3b, last**: removing positions shrinks the edge anomaly ``|E|``:
+  primary ``s (E_nope - E_pos) < 0`` with ``s`` the sign of the positional model's mean excess
+  (``|E_nope| - |E_pos|`` to first order; the excess is negative in every model measured, so an
+  unsigned "lower" would read a larger anomaly as support); secondary: zeroing at inference.
 * **C3c**: primary: next-token loss without positions minus with them > 0 (SESOI in nats);
   secondary: zeroing positions at inference.
+
+SESOI: by default (``sesoi=None``) a tenth (:data:`SESOI_FRACTION`) of the scale of the
+statistic at the layer tested, in the positional model: ``|H(L)|`` for the ``W`` readings and
+the C1 / C3 cosine rows, the mean ``|SP|`` over positions for the SP readings (no smaller than
+:data:`SESOI_FLOOR`). A fixed 0.01 cosine is 20-25 % of the tiny models' whole centred H and
+accepts edge effects a fifth of the homogenization as "no effect"; a fraction of the
+statistic's own scale means the same thing in every model. Loss keeps an absolute SESOI in nats.
 
 NoPE models' C1/C2 rows are secondary (the claims are about models with positions). Without
 seeds (``resample_seeds=False``, or one seed in a group) an interval covers windows only: it says
@@ -42,17 +59,17 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from homoglens.stats import estimate, holm, verdict, window_resamples
+from homoglens.stats import Estimate, estimate, holm, verdict, window_resamples
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CLAIM_COLUMNS", "claims_table"]
+__all__ = ["CLAIM_COLUMNS", "SESOI_FLOOR", "SESOI_FRACTION", "claims_table", "default_sesoi"]
 
 CLAIM_COLUMNS: tuple[str, ...] = (
     "claim",
@@ -79,6 +96,12 @@ CLAIM_COLUMNS: tuple[str, ...] = (
 
 Stats = Mapping[str, Mapping[str, torch.Tensor]]  # mode -> statistic -> [seq] or [seq layer]
 
+SESOI_FRACTION = 0.1
+"""Default smallest effect of interest of a cosine statistic, as a fraction of its scale."""
+
+SESOI_FLOOR = 1e-3
+"""The smallest default SESOI of a cosine statistic (a scale near 0 gives no usable TOST)."""
+
 
 @dataclass(frozen=True)
 class _Test:
@@ -91,6 +114,7 @@ class _Test:
     groups: list[torch.Tensor]  # each [seed window]
     weights: list[float]
     sesoi: float
+    every_layer: str = ""  # rows of an intersection-union family share this key
 
 
 def _values(seeds: Sequence[Stats], mode: str, stat: str, li: int | None) -> torch.Tensor:
@@ -102,12 +126,210 @@ def _values(seeds: Sequence[Stats], mode: str, stat: str, li: int | None) -> tor
     return torch.stack(rows)
 
 
+def _having(seeds: Sequence[Stats], stat: str) -> list[Stats]:
+    """The seeds whose intact statistics hold ``stat`` (shipped replicates may lack the SP
+    readings)."""
+    return [s for s in seeds if stat in s["none"]]
+
+
+def _scale(seeds: Sequence[Stats], stat: str, li: int) -> float:
+    """``|mean|`` of ``stat`` at layer index ``li`` over seeds and windows (NaN if absent)."""
+    have = _having(seeds, stat)
+    if not have:
+        return math.nan
+    return abs(float(_values(have, "none", stat, li).nanmean()))
+
+
+def default_sesoi(scale: float) -> float:
+    """The default smallest effect of interest of a cosine statistic whose scale (e.g. the
+    model's whole ``|H_W|`` at the layer) is ``scale``: :data:`SESOI_FRACTION` of it, no less
+    than :data:`SESOI_FLOOR` (NaN scale: the floor).
+
+    A fixed 0.01 cosine is 20-25 % of the tiny models' whole centred H and accepts edge
+    effects a fifth of the homogenization as "no effect"; a fraction of the statistic's own
+    scale means the same in every model (issue 38; Lakens 2017 on justifying a SESOI).
+    """
+    if not math.isfinite(scale):
+        return SESOI_FLOOR
+    return max(SESOI_FLOOR, SESOI_FRACTION * abs(scale))
+
+
+def _sesoi(fixed: float | None, scale: float) -> float:
+    """The SESOI of a cosine row: ``fixed``, or :func:`default_sesoi` of ``scale``."""
+    return default_sesoi(scale) if fixed is None else fixed
+
+
+def _c1(name: str, seeds: Sequence[Stats], layers: list[int], primary: bool,
+        sesoi: float | None) -> list[_Test]:  # fmt: skip
+    """C1 rows of one model: growth, every layer (intersection-union), increments."""
+    last, lname = len(layers) - 1, layers[-1]
+    h = _values(seeds, "none", "homogenization", None)  # [seed window layer]
+    raw = _values(seeds, "none", "mean_pairwise", None)
+    unit = _sesoi(sesoi, _scale(seeds, "homogenization", last))
+    peak = layers[int(h.nanmean((0, 1)).argmax())]
+    tests = [
+        _Test("C1", "grows with depth", f"centred H({lname}) - H(0) (maximum at layer {peak})",
+              name, primary, +1, [h[..., last] - h[..., 0]], [1.0], unit),
+        _Test("C1", "grows with depth", f"raw mean pairwise({lname}) - (0)", name, False, +1,
+              [raw[..., last] - raw[..., 0]], [1.0], unit),
+    ]  # fmt: skip
+    for li in range(1, last + 1):
+        tests.append(
+            _Test("C1", "exists in every layer", f"centred H({layers[li]}) - H(0)", name, False,
+                  +1, [h[..., li] - h[..., 0]], [1.0], unit, every_layer=name)
+        )  # fmt: skip
+        tests.append(
+            _Test("C1", "per-block increment", f"centred H({layers[li]}) - H({layers[li - 1]})",
+                  name, False, +1, [h[..., li] - h[..., li - 1]], [1.0], unit)
+        )  # fmt: skip
+    if last >= 1:  # filled with the weakest layer's estimate once the family is estimated
+        tests.append(_Test("C1", "exists in every layer", "", name, primary, +1, [], [], unit,
+                           every_layer=name))  # fmt: skip
+    return tests
+
+
+def _c2_readings(seeds: Sequence[Stats], last: int) -> list[tuple[str, str, str, torch.Tensor]]:
+    """``(reading, test, scale statistic, [seed window] values)`` of the three C2 readings of
+    one model (the SP readings from the seeds that hold them: replicates shipped before the
+    SP readings were measured uncentred lack them, and the test says so)."""
+    out = []
+    for edge in ("first", "last"):
+        out.append((f"a, within: the {edge} tokens more alike in context",
+                    f"matched {edge}-edge excess of W", "homogenization",
+                    _values(seeds, "none", f"matched_{edge}", last)))  # fmt: skip
+    have = _having(seeds, "sp_mean")
+    if have:
+        note = "" if len(have) == len(seeds) else f", {len(have)} of {len(seeds)} seeds"
+        for edge in ("first", "last"):
+            out.append((f"b, shared direction: the {edge} tokens alike across inputs",
+                        f"SP {edge} edge minus middle (uncentred{note})", "sp_mean",
+                        _values(have, "none", f"sp_{edge}", last)))  # fmt: skip
+        sp = _values(have, "none", "sp_mean", None)
+        out.append(("c, over depth: inputs converge", f"mean SP(L) - SP(0) (uncentred{note})",
+                    "sp_mean", sp[..., last] - sp[..., 0]))  # fmt: skip
+    return out
+
+
+def _c2(name: str, seeds: Sequence[Stats], reference: tuple[str, Sequence[Stats]] | None,
+        layers: list[int], positional: bool, sesoi: float | None) -> list[_Test]:  # fmt: skip
+    """C2 rows of one model: each reading uncalibrated (secondary), the naive excess
+    (secondary), and each reading minus the no-positions reference's (primary)."""
+    last, lname = len(layers) - 1, layers[-1]
+    tests = []
+    ref: dict[str, torch.Tensor] = {}
+    if reference is not None and positional:
+        ref = {r[0]: r[3] for r in _c2_readings(reference[1], last)}
+    for reading, test, scale_stat, values in _c2_readings(seeds, last):
+        unit = _sesoi(sesoi, _scale(seeds, scale_stat, last))
+        tests.append(
+            _Test("C2", reading, f"{test}, layer {lname} (uncalibrated: causal mixing alone "
+                  "moves it)", name, False, +1, [values], [1.0], unit)
+        )  # fmt: skip
+        if reference is not None and reading in ref:
+            tests.append(
+                _Test("C2", f"{reading} (vs causal null)",
+                      f"{test}, layer {lname}: positional minus {reference[0]}",
+                      f"{name} - {reference[0]}", True, +1, [values, ref[reading]],
+                      [1.0, -1.0], unit)
+            )  # fmt: skip
+    unit = _sesoi(sesoi, _scale(seeds, "homogenization", last))
+    for edge in ("first", "last"):
+        tests.append(
+            _Test("C2", f"naive: the {edge} tokens more alike", f"naive {edge}-edge excess "
+                  f"(biased by distance), layer {lname}", name, False, +1,
+                  [_values(seeds, "none", f"naive_{edge}", last)], [1.0], unit)
+        )  # fmt: skip
+    return tests
+
+
+def _anomaly_sign(seeds: Sequence[Stats], stat: str, li: int) -> float:
+    """The sign of a model's mean edge excess (``-1`` when it is 0 or NaN: the excess is
+    negative in every model measured)."""
+    mean = float(_values(seeds, "none", stat, li).nanmean())
+    return 1.0 if mean > 0 else -1.0
+
+
+def _c3(name: str, seeds: Sequence[Stats], nope_name: str, nope: Sequence[Stats],
+        layers: list[int], sesoi: float | None, loss_sesoi: float) -> list[_Test]:  # fmt: skip
+    """C3 rows of one positional model against the model without positions."""
+    last, lname = len(layers) - 1, layers[-1]
+    pair = f"{nope_name} - {name}"
+    unit = _sesoi(sesoi, _scale(seeds, "homogenization", last))
+    tests = []
+    for stat, text, li, primary in (
+        ("homogenization", f"centred H({lname})", last, True),
+        ("mean_pairwise", f"raw mean pairwise({lname})", last, False),
+        ("adjusted_last", f"raw minus anisotropy baseline ({lname})", None, False),
+    ):
+        tests.append(
+            _Test("C3", "a: lowers homogenization", f"{text}: no positions minus positional",
+                  pair, primary, -1, [_values(nope, "none", stat, li),
+                                      _values(seeds, "none", stat, li)], [1.0, -1.0], unit)
+        )  # fmt: skip
+    for edge in ("first", "last"):
+        stat = f"matched_{edge}"
+        sign = _anomaly_sign(seeds, stat, last)
+        tests.append(
+            _Test("C3", f"b: shrinks the {edge}-edge anomaly |E|",
+                  f"{sign:+.0f} x (matched {edge}-edge excess without positions minus with), "
+                  f"{sign:+.0f} = sign of the positional model's excess", pair, True, -1,
+                  [_values(nope, "none", stat, last), _values(seeds, "none", stat, last)],
+                  [sign, -sign], unit)
+        )  # fmt: skip
+    tests.append(
+        _Test("C3", "c: costs the model",
+              "next-token loss (nats/token): no positions minus positional", pair, True, +1,
+              [_values(nope, "none", "loss", None), _values(seeds, "none", "loss", None)],
+              [1.0, -1.0], loss_sesoi)
+    )  # fmt: skip
+    return tests
+
+
+def _zeroed(name: str, seeds: Sequence[Stats], layers: list[int], sesoi: float | None,
+            loss_sesoi: float) -> list[_Test]:  # fmt: skip
+    """Secondary C3 rows: positions zeroed at inference minus intact (out of distribution)."""
+    last = len(layers) - 1
+    label = f"{name}: positions zeroed minus intact (inference, out of distribution)"
+    unit = _sesoi(sesoi, _scale(seeds, "homogenization", last))
+
+    def diff(stat: str, li: int | None) -> torch.Tensor:
+        return _values(seeds, "zero", stat, li) - _values(seeds, "none", stat, li)
+
+    tests = [_Test("C3", "a: lowers homogenization", f"homogenization: {label}", name, False,
+                   -1, [diff("homogenization", last)], [1.0], unit)]  # fmt: skip
+    for edge in ("first", "last"):
+        stat = f"matched_{edge}"
+        sign = _anomaly_sign(seeds, stat, last)
+        tests.append(_Test("C3", f"b: shrinks the {edge}-edge anomaly |E|",
+                           f"{sign:+.0f} x {stat}: {label}", name, False, -1,
+                           [sign * diff(stat, last)], [1.0], unit))  # fmt: skip
+    tests.append(_Test("C3", "c: costs the model", f"loss: {label}", name, False, +1,
+                       [diff("loss", None)], [1.0], loss_sesoi))  # fmt: skip
+    return tests
+
+
+def _one_sided(est: Estimate, predicted: int) -> float:
+    """One-sided p of "the effect lies on the predicted side" (NaN as +inf: weakest)."""
+    if math.isnan(est.p):
+        return math.inf
+    on_side = (est.value > 0) == (predicted > 0)
+    return est.p / 2 if on_side else 1 - est.p / 2
+
+
+def _weakest(rows: list[tuple[_Test, Estimate]], key: str) -> tuple[_Test, Estimate] | None:
+    """The estimated row of an intersection-union family with the largest one-sided p."""
+    family = [(t, e) for t, e in rows if t.every_layer == key]
+    if not family:
+        return None
+    return max(family, key=lambda r: _one_sided(r[1], r[0].predicted))
+
+
 def claims_table(
     entities: Mapping[str, Sequence[Stats]],
     *,
     layers: Sequence[int],
     no_positions: str | None,
-    sesoi: float = 0.01,
+    sesoi: float | None = None,
     loss_sesoi: float = 0.01,
     alpha: float = 0.05,
     ci: float = 0.95,
@@ -121,10 +343,14 @@ def claims_table(
     Args:
         entities: ``{model or variant: [per seed: {mode: {statistic: values}}]}``, the
             per-window statistics of :class:`~homoglens.comparison.ModelComparison` (``[seq]``,
-            or ``[seq layer]`` on ``layers``); every seed reads the same windows.
+            or ``[seq layer]`` on ``layers``); every seed reads the same windows. The SP
+            readings (``sp_first``, ``sp_last``, ``sp_mean``) must come from uncentred vectors;
+            their rows use the seeds that hold them (the test names how many).
         layers: The layer axis of the per-layer statistics (entry 0 first).
-        no_positions: The entity trained without positions (C3 compares the others with it).
-        sesoi: Smallest effect size of interest for cosines.
+        no_positions: The entity trained without positions: the calibrated causal null of C2
+            and the comparison of C3.
+        sesoi: Smallest effect size of interest for cosines; ``None`` (default): a tenth of
+            the scale of each statistic (module docstring).
         loss_sesoi: Smallest effect size of interest for loss (nats/token).
         alpha: Level of each test (family-wise for the primary ones).
         ci: Interval coverage.
@@ -139,225 +365,65 @@ def claims_table(
         DataFrame with the columns of :data:`CLAIM_COLUMNS`: ``p_holm`` / ``p_tost_holm`` are
         Holm-adjusted over the primary rows (NaN on secondary rows, whose verdicts use the
         unadjusted values); ``n_seeds`` counts the seeds behind a row (over both sides of a
-        difference) and ``seed_sd`` is their between-seed s.d. (NaN with one seed).
+        difference) and ``seed_sd`` is their between-seed s.d. (NaN with one seed). The C1
+        "every layer" primary row repeats its weakest layer's estimate (intersection-union:
+        it holds only when that layer, and so every layer, does).
 
     References:
-        Holm 1979; Lakens 2017 (TOST); Saravanan et al. 2020, arXiv 2007.07797 (hierarchical
-        bootstrap); Yusupov et al. 2025, arXiv 2508.17126.
+        Holm 1979; Lakens 2017 (TOST); Berger 1982 (intersection-union tests); Saravanan et
+        al. 2020, arXiv 2007.07797 (hierarchical bootstrap); Wu et al. 2025, arXiv 2502.01951
+        (the causal mask alone biases toward early positions); Yusupov et al. 2025,
+        arXiv 2508.17126.
     """
-    import pandas as pd
-
     layers = list(layers)
-    last = len(layers) - 1
-    lname = layers[last]
-    tests: list[_Test] = []
-    n_window = None
-    for name, seeds in entities.items():
-        n_window = int(next(iter(seeds[0]["none"].values())).shape[0])
-        positional = name != no_positions
-        h = _values(seeds, "none", "homogenization", None)  # [seed window layer]
-        raw = _values(seeds, "none", "mean_pairwise", None)
-        peak = layers[int(h.nanmean((0, 1)).argmax())]
-        tests.append(
-            _Test(
-                "C1",
-                "grows with depth",
-                f"centred H({lname}) - H(0) (maximum at layer {peak})",
-                name,
-                positional,
-                +1,
-                [h[..., last] - h[..., 0]],
-                [1.0],
-                sesoi,
-            )  # fmt: skip
-        )
-        tests.append(
-            _Test(
-                "C1",
-                "grows with depth",
-                f"raw mean pairwise({lname}) - (0)",
-                name,
-                False,
-                +1,
-                [raw[..., last] - raw[..., 0]],
-                [1.0],
-                sesoi,
-            )  # fmt: skip
-        )
-        for li in range(1, last):
-            tests.append(
-                _Test(
-                    "C1",
-                    "grows with depth",
-                    f"centred H({layers[li]}) - H(0)",
-                    name,
-                    False,
-                    +1,
-                    [h[..., li] - h[..., 0]],
-                    [1.0],
-                    sesoi,
-                )  # fmt: skip
-            )
-        for li in range(1, last + 1):
-            tests.append(
-                _Test(
-                    "C1",
-                    "per-block increment",
-                    f"centred H({layers[li]}) - H({layers[li - 1]})",
-                    name,
-                    False,
-                    +1,
-                    [h[..., li] - h[..., li - 1]],
-                    [1.0],
-                    sesoi,
-                )  # fmt: skip
-            )
-        if last >= 1:
-            low = 1 + int(h[..., 1:].nanmean((0, 1)).argmin())
-            tests.append(
-                _Test(
-                    "C1",
-                    "exists in every layer",
-                    f"centred H at its smallest layer >= 1 (layer {layers[low]})",
-                    name,
-                    False,
-                    +1,
-                    [h[..., low]],
-                    [1.0],
-                    sesoi,
-                )  # fmt: skip
-            )
-        for edge in ("first", "last"):
-            tests.append(
-                _Test(
-                    "C2",
-                    f"loc: the {edge} tokens more homogenized",
-                    f"matched {edge}-edge excess, layer {lname}",
-                    name,
-                    positional,
-                    +1,
-                    [_values(seeds, "none", f"matched_{edge}", last)],
-                    [1.0],
-                    sesoi,
-                )  # fmt: skip
-            )
-            tests.append(
-                _Test(
-                    "C2",
-                    f"loc: the {edge} tokens more homogenized",
-                    f"naive {edge}-edge excess (biased by distance), layer {lname}",
-                    name,
-                    False,
-                    +1,
-                    [_values(seeds, "none", f"naive_{edge}", last)],
-                    [1.0],
-                    sesoi,
-                )  # fmt: skip
-            )
-        if "sp_last" in seeds[0]["none"]:
-            for edge in ("last", "first"):
-                tests.append(
-                    _Test(
-                        "C2",
-                        "cross: edges alike across inputs",
-                        f"SP {edge} edge minus middle, layer {lname}",
-                        name,
-                        positional and edge == "last",
-                        +1,
-                        [_values(seeds, "none", f"sp_{edge}", last)],
-                        [1.0],
-                        sesoi,
-                    )  # fmt: skip
-                )
+    sesoi = None if sesoi is None else float(sesoi)
+    nope = None
     if no_positions is not None and no_positions in entities:
-        nope = entities[no_positions]
-        for name, seeds in entities.items():
-            if name == no_positions:
-                continue
-            pair = f"{no_positions} - {name}"
-            for stat, text, li, primary in (
-                ("homogenization", f"centred H({lname})", last, True),
-                ("mean_pairwise", f"raw mean pairwise({lname})", last, False),
-                ("adjusted_last", f"raw minus anisotropy baseline ({lname})", None, False),
-            ):
-                tests.append(
-                    _Test(
-                        "C3",
-                        "a: lowers homogenization",
-                        f"{text}: no positions minus positional",
-                        pair,
-                        primary,
-                        -1,
-                        [_values(nope, "none", stat, li), _values(seeds, "none", stat, li)],
-                        [1.0, -1.0],
-                        sesoi,
-                    )  # fmt: skip
-                )
-            for edge in ("first", "last"):
-                stat = f"matched_{edge}"
-                tests.append(
-                    _Test(
-                        "C3",
-                        f"b: lowers the {edge}-edge excess",
-                        f"matched {edge}-edge excess: no positions minus positional",
-                        pair,
-                        True,
-                        -1,
-                        [_values(nope, "none", stat, last), _values(seeds, "none", stat, last)],
-                        [1.0, -1.0],
-                        sesoi,
-                    )  # fmt: skip
-                )
-            tests.append(
-                _Test(
-                    "C3",
-                    "c: costs the model",
-                    "next-token loss (nats/token): no positions minus positional",
-                    pair,
-                    True,
-                    +1,
-                    [_values(nope, "none", "loss", None), _values(seeds, "none", "loss", None)],
-                    [1.0, -1.0],
-                    loss_sesoi,
-                )  # fmt: skip
-            )
+        nope = (no_positions, entities[no_positions])
+    tests: list[_Test] = []
     for name, seeds in entities.items():
-        if name == no_positions or "zero" not in seeds[0]:
-            continue
-        label = f"{name}: positions zeroed minus intact (inference, out of distribution)"
-        for claim, reading, stat, li, sign, unit in (
-            ("C3", "a: lowers homogenization", "homogenization", last, -1, sesoi),
-            ("C3", "b: lowers the first-edge excess", "matched_first", last, -1, sesoi),
-            ("C3", "b: lowers the last-edge excess", "matched_last", last, -1, sesoi),
-            ("C3", "c: costs the model", "loss", None, +1, loss_sesoi),
-        ):
-            diff = _values(seeds, "zero", stat, li) - _values(seeds, "none", stat, li)
-            tests.append(_Test(claim, reading, f"{stat}: {label}", name, False, sign, [diff],
-                               [1.0], unit))  # fmt: skip
-    if n_window is None:
-        return pd.DataFrame(columns=list(CLAIM_COLUMNS))
+        positional = name != no_positions
+        tests += _c1(name, seeds, layers, positional, sesoi)
+        tests += _c2(name, seeds, nope, layers, positional, sesoi)
+    for name, seeds in entities.items():
+        if nope is not None and name != no_positions:
+            tests += _c3(name, seeds, nope[0], nope[1], layers, sesoi, loss_sesoi)
+    for name, seeds in entities.items():
+        if name != no_positions and "zero" in seeds[0]:
+            tests += _zeroed(name, seeds, layers, sesoi, loss_sesoi)
+    if not entities:
+        return _table([], alpha)
     single = [name for name, seeds in entities.items() if len(seeds) < 2]
-    if no_positions in entities and len(entities) > 1 and (not resample_seeds or single):
+    if nope is not None and len(entities) > 1 and (not resample_seeds or single):
         warnings.warn(
-            "the C3 rows compare retrained models with "
+            "the C2 and C3 rows compare retrained models with "
             + ("one training seed each" if not resample_seeds else f"one seed for {single}")
             + ": their intervals cover windows only and say nothing about another seed; train "
             "more seeds (homoglens train --seed S) and compare with group_by='variant'",
             stacklevel=3,
         )
+    first = next(iter(entities.values()))[0]["none"]
+    n_window = int(next(iter(first.values())).shape[0])
     windows = window_resamples(n_window, block=block, n_boot=n_boot, seed=seed)
-    rows = []
+    rows: list[tuple[_Test, Estimate]] = []
     for t in tests:
-        est = estimate(
-            t.groups,
-            weights=t.weights,
-            windows=windows,
-            resample_seeds=resample_seeds,
-            sesoi=t.sesoi,
-            ci=ci,
-            seed=seed,
-        )
+        if not t.groups:  # an intersection-union row: the weakest of its family
+            weakest = _weakest(rows, t.every_layer)
+            if weakest is not None:
+                shown = replace(t, test=f"{weakest[0].test} > 0 at every layer >= 1 "
+                                "(weakest layer shown)")  # fmt: skip
+                rows.append((shown, weakest[1]))
+            continue
+        est = estimate(t.groups, weights=t.weights, windows=windows,
+                       resample_seeds=resample_seeds, sesoi=t.sesoi, ci=ci, seed=seed)  # fmt: skip
         rows.append((t, est))
+    return _table(rows, alpha)
+
+
+def _table(rows: list[tuple[_Test, Estimate]], alpha: float) -> pd.DataFrame:
+    """The claims table of estimated rows: Holm over the primary ones, verdicts."""
+    import pandas as pd
+
     primary = [i for i, (t, _) in enumerate(rows) if t.primary]
     p_holm = dict(zip(primary, holm([rows[i][1].p for i in primary]), strict=True))
     tost_holm = dict(zip(primary, holm([rows[i][1].p_tost for i in primary]), strict=True))
@@ -382,13 +448,7 @@ def claims_table(
                 "p_tost": est.p_tost,
                 "p_tost_holm": tost_holm.get(i, math.nan),
                 "sesoi": t.sesoi,
-                "verdict": verdict(
-                    est.value,
-                    math.nan if p is None else p,
-                    math.nan if pt is None else pt,
-                    predicted=t.predicted,
-                    alpha=alpha,
-                ),
+                "verdict": verdict(est.value, p, pt, predicted=t.predicted, alpha=alpha),
                 "n_seeds": est.n_seeds,
                 "seed_sd": est.seed_sd,
                 "n_windows": est.n_windows,

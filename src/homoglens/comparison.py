@@ -21,7 +21,9 @@ Per-window statistics (:data:`STATISTICS`; ``[seq]``, or ``[seq layer]`` over th
 * ``matched_first`` / ``matched_last`` ``[seq layer]``: the distance-matched edge excess;
 * ``naive_first`` / ``naive_last`` ``[seq layer]``: the naive edge excess (biased by distance);
 * ``sp_first`` / ``sp_last`` ``[seq layer]``: same-position cross-input similarity of an edge
-  minus the middle's;
+  minus the middle's; ``sp_mean`` ``[seq layer]``: SP averaged over positions (intact model
+  only, always measured on uncentred vectors: centred by position SP is -1/(n-1) everywhere
+  by construction, so ``centre`` applies to the other statistics only);
 * ``sink_rate``: percentage of (layer, head) whose Gu et al. importance on key 0 exceeds eps
   (intact model only); ``sink_importance_top``: importance of the strongest key-0 head.
 
@@ -55,7 +57,7 @@ from homoglens.interventions import ablated_positions
 from homoglens.models import load_model, model_info
 from homoglens.results import PositionAblationStudy
 from homoglens.results.comparison import LAYER_STATISTICS, STATISTICS, ModelComparison
-from homoglens.results.similarity import PositionalSimilarity
+from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
 from homoglens.similarity import positional_similarity
 from homoglens.sinks import sink_pass
 from homoglens.studies import position_ablation_study
@@ -105,8 +107,10 @@ def _window_statistics(
     similarity: Mapping[str, PositionalSimilarity],
     importance: torch.Tensor,
     eps: float,
+    cross: PositionalSimilarity,
 ) -> dict[str, dict[str, torch.Tensor]]:
-    """Every per-window statistic of one model, per mode."""
+    """Every per-window statistic of one model, per mode; the cross-input readings
+    (``sp_*``) of the intact model from ``cross``, measured on uncentred vectors."""
     out: dict[str, dict[str, torch.Tensor]] = {}
     for m, mode in enumerate(study.modes):
         sim = similarity[mode]
@@ -118,8 +122,11 @@ def _window_statistics(
             "mean_pairwise": pairwise,
         }
         for stat in LAYER_STATISTICS[1:]:
-            stats[stat] = sim.per_window(stat)
+            if stat not in CROSS_INPUT_STATISTICS:
+                stats[stat] = sim.per_window(stat)
         if mode == "none":
+            for stat in CROSS_INPUT_STATISTICS:
+                stats[stat] = cross.per_window(stat)
             alpha = importance.double()
             stats["sink_rate"] = (alpha > eps).double().mean((1, 2)) * 100
             flat = alpha.flatten(1)
@@ -178,7 +185,11 @@ def _shipped_statistics(
     out: dict[str, dict[str, torch.Tensor]] = {}
     for key, values in tensors.items():
         mode, stat = key.split("/")
-        if mode in modes:
+        # SP readings shipped from centred vectors are 0 by construction: left out (the
+        # cross-input rows then rest on the models measured here; scripts/replicates.py
+        # rebuilds them uncentred)
+        centred_sp = stat in CROSS_INPUT_STATISTICS and not meta.get("sp_uncentred", False)
+        if mode in modes and not centred_sp:
             out.setdefault(mode, {})[stat] = values.double()[idx]
     return out, meta
 
@@ -206,7 +217,7 @@ def compare_models(
     n_boot: int = 1000,
     ci: float = 0.95,
     block: int = 16,
-    sesoi: float = 0.01,
+    sesoi: float | None = None,
     loss_sesoi: float = 0.01,
     seed: int = 0,
     progress: bool = True,
@@ -249,7 +260,8 @@ def compare_models(
         n_boot: Bootstrap resamples.
         ci: Interval coverage in (0, 1).
         block: Consecutive windows per bootstrap block.
-        sesoi: Smallest effect size of interest for cosines.
+        sesoi: Smallest effect size of interest for cosines (``None``: a tenth of each
+            statistic's scale, :mod:`homoglens.claims`).
         loss_sesoi: Smallest effect size of interest for loss (nats/token).
         seed: Seed of the ``"permute"`` ablation and of the bootstrap.
         progress: Show progress bars.
@@ -296,7 +308,7 @@ def compare_models(
     n_boot = as_int("n_boot", n_boot, low=1)
     block = as_int("block", block, low=1)
     ci = as_float("ci", ci, low=0.0, high=1.0)
-    sesoi = as_float("sesoi", sesoi, low=0.0, high=1e9)
+    sesoi = None if sesoi is None else as_float("sesoi", sesoi, low=0.0, high=1e9)
     loss_sesoi = as_float("loss_sesoi", loss_sesoi, low=0.0, high=1e9)
     seed = as_int("seed", seed, low=0, high=2**63 - 1)
     shipped_only = [label for label, m in named.items() if _is_statistics_only(m)]
@@ -364,8 +376,14 @@ def compare_models(
                     m, batch_m, edge_k=edge_k, centre=centre, pseudo_values=True,
                     batch_size=batch_size, progress=progress,
                 )  # fmt: skip
+        cross = per_mode["none"]
+        if centre is not None:  # cross-input readings mean nothing on centred vectors
+            cross = positional_similarity(
+                m, batch_m, edge_k=edge_k, centre=None, pseudo_values=True,
+                batch_size=batch_size, progress=progress,
+            )  # fmt: skip
         scores, importance = sink_pass(m, batch_m, 0, eps, batch_size, None, "auto", progress)
-        statistics[label] = _window_statistics(study, per_mode, importance, eps)
+        statistics[label] = _window_statistics(study, per_mode, importance, eps, cross)
         studies[label], sinks[label] = study, scores
         similarity[label] = per_mode["none"].sel([per_mode["none"].layers[-1]])
         if layers is not None and layers != study.layers:
@@ -431,6 +449,7 @@ def compare_models(
             "window_index": window_index,
             "modes": run_modes,
             "centre": centre,
+            "sp_uncentred": True,
             "backends": {label: model_info(m).backend for label, m in loaded.items()},
             "weights": {label: model_info(m).weights for label, m in loaded.items()},
             "shipped_statistics": shipped_only,

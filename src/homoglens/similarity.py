@@ -103,6 +103,7 @@ def positional_similarity(
     centre: Centring | None = None,
     standardize: bool = False,
     exclude_first: bool | Literal["auto"] = "auto",
+    offset: int = 0,
     edge_k: int = 8,
     massive_threshold: float = 100.0,
     pseudo_values: bool = False,
@@ -145,6 +146,9 @@ def positional_similarity(
         standardize: Also divide each dimension by its corpus s.d. (Timkey & van Schijndel
             2021); needs ``centre``.
         exclude_first: Leave position 0 out; ``"auto"``: when it holds a BOS.
+        offset: Count positions from ``offset`` on (the statistics of the later part of each
+            window: its tokens at a late position, after a prefix of ``offset`` tokens; the
+            result's ``first_position``). 0: from the first counted position.
         edge_k: Positions per edge of the per-window statistics (the windows need at least
             ``2 * edge_k + 2`` counted positions).
         massive_threshold: Ratio above which a token counts as massive (Sun et al. 2024).
@@ -211,7 +215,8 @@ def positional_similarity(
             "over windows, so every window must have positions 0..T-1. Cut text into equal "
             "windows with corpus_windows(model, ..., seq_len=T), or pass token ids of one length"
         )
-    first = first_counted(exclude_first, batch.bos)
+    offset = as_int("offset", offset, low=0, high=int(lengths[0]) - 1)
+    first = max(first_counted(exclude_first, batch.bos), offset)
     n_pos = int(lengths[0]) - first
     edge_groups(n_pos, edge_k)
     device = model_device(model)

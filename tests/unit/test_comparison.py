@@ -71,8 +71,14 @@ def test_per_window_statistics_are_those_of_positional_similarity(
     sim = positional_similarity(
         model, windows, centre="position", pseudo_values=True, progress=False
     )
-    for stat in ("homogenization", "matched_first", "matched_last", "naive_last", "sp_last"):
+    for stat in ("homogenization", "matched_first", "matched_last", "naive_last"):
         assert torch.allclose(seq[stat], sim.per_window(stat), atol=1e-6), stat
+    # the cross-input readings come from uncentred vectors (centred by position, SP is
+    # -1/(n-1) everywhere by construction)
+    raw = positional_similarity(model, windows, centre=None, pseudo_values=True, progress=False)
+    for stat in ("sp_first", "sp_last", "sp_mean"):
+        assert torch.allclose(seq[stat], raw.per_window(stat), atol=1e-6), stat
+    assert seq["sp_mean"].std(0).max() > 1e-3  # not the constant of a centred SP
     assert comparison.layers == sim.layers == (0, 1, 2, 3, 4)
     study = comparison.studies[label]
     assert torch.allclose(seq["mean_pairwise"], study.mean_pairwise[0].double())
@@ -109,9 +115,9 @@ def test_claims_table_is_pre_declared_holm_adjusted_and_consistent(
     assert comparison.no_positions == "homoglens/tiny-none" and comparison.group_by is None
     assert set(claims["claim"]) == {"C1", "C2", "C3"}
     primary = claims[claims["primary"]]
-    # one primary test per reading and model: C1, C2 loc (2 edges), C2 cross per positional
-    # model; C3 a, b (2 edges), c per positional model against the NoPE model
-    assert len(primary) == 2 * 4 + 2 * 4
+    # one primary test per reading and model, per positional model: C1 (grows, every layer);
+    # C2 against the NoPE model: a and b at 2 edges, c; C3 a, b (2 edges), c
+    assert len(primary) == 2 * (2 + 5 + 4)
     assert not primary.duplicated(["reading", "model"]).any()  # one primary per reading
     assert not claims[claims["model"] == "homoglens/tiny-none"]["primary"].any()
     assert primary["p_holm"].tolist() == pytest.approx(holm(primary["p"].tolist()))

@@ -476,9 +476,8 @@ def train(
 @click.option(
     "--sesoi",
     type=click.FloatRange(min=0, min_open=True),
-    default=0.01,
-    show_default=True,
-    help="Smallest effect size of interest (cosine).",
+    default=None,
+    help="Smallest effect size of interest (cosine); default: a tenth of each statistic's scale.",
 )
 @seed_option("Bootstrap seed.")
 @count("--batch-size", 16, "Windows per forward pass (memory, not results).")

@@ -397,6 +397,11 @@ def comparison_section(comparison: ModelComparison, out: Path) -> str:
         else ""
     )
     primary = tables["claims"][tables["claims"]["primary"]]
+    sesoi_text = (
+        "a tenth of each statistic's scale (column sesoi)"
+        if comparison.sesoi is None
+        else f"{comparison.sesoi} cosine"
+    )
     return f"""
 <h2>Models compared on the same windows</h2>
 <p class="note">{comparison.n_sequences} windows:
@@ -410,8 +415,8 @@ at a position removed first). Sinks use
 Gu et al.'s importance on key 0 with eps = {comparison.eps}. The metrics are homoglens' own
 operationalisation of Yusupov et al. 2025 (arXiv 2508.17126), not the paper's numbers.</p>
 {png}
-<h3>Claims C1-C3: primary tests ({len(primary)}, Holm-adjusted, SESOI {comparison.sesoi}
-cosine / {comparison.loss_sesoi} nats)</h3>
+<h3>Claims C1-C3: primary tests ({len(primary)}, Holm-adjusted, SESOI {sesoi_text}
+/ {comparison.loss_sesoi} nats)</h3>
 <p class="note">holds: significant on the predicted side; equivalent: TOST shows the effect is
 smaller than the SESOI; fails: significant on the other side; inconclusive: none of these.
 The full table (secondary rows unadjusted) is in comparison_claims.csv.</p>

@@ -15,7 +15,7 @@ import torch
 from homoglens.claims import claims_table
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import PositionAblationStudy, prepare_folder, read_saved
-from homoglens.results.similarity import PositionalSimilarity
+from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
 from homoglens.results.sinks import SinkScores
 from homoglens.stats import estimate, window_resamples
 from homoglens.validate import as_float, as_int
@@ -37,6 +37,7 @@ LAYER_STATISTICS: tuple[str, ...] = (
     "naive_last",
     "sp_first",
     "sp_last",
+    "sp_mean",
 )
 
 
@@ -76,7 +77,8 @@ class ModelComparison:
         edge_k: Positions per edge.
         eps: Sink importance threshold.
         n_boot, ci, seed, block: Bootstrap resamples, coverage, seed, block length (windows).
-        sesoi, loss_sesoi: Smallest effects of interest (cosine; nats/token).
+        sesoi, loss_sesoi: Smallest effects of interest (cosine, ``None``: a tenth of each
+            statistic's scale; nats/token).
         settings: How the comparison was run.
 
     References:
@@ -100,7 +102,7 @@ class ModelComparison:
     ci: float = 0.95
     seed: int = 0
     block: int = 16
-    sesoi: float = 0.01
+    sesoi: float | None = None
     loss_sesoi: float = 0.01
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -179,6 +181,23 @@ class ModelComparison:
             )
         return {k: v.double() for k, v in self.statistics[label][mode].items()}
 
+    @property
+    def _sp_uncentred(self) -> bool:
+        """Whether the ``sp_*`` readings were measured on uncentred vectors (comparisons
+        saved before issue 38 measured them with ``centre``, which makes them 0 by
+        construction when centred by position)."""
+        return self.settings.get("centre") is None or bool(self.settings.get("sp_uncentred"))
+
+    def _claim_statistics(self, label: str) -> dict[str, dict[str, torch.Tensor]]:
+        """A model's statistics for the claims: centred ``sp_*`` readings left out."""
+        stats = self.statistics[label]
+        if self._sp_uncentred:
+            return dict(stats)
+        return {
+            mode: {k: v for k, v in values.items() if k not in CROSS_INPUT_STATISTICS}
+            for mode, values in stats.items()
+        }
+
     def _last(self, values: torch.Tensor) -> torch.Tensor:
         return values[:, -1] if values.ndim == 2 else values
 
@@ -195,7 +214,7 @@ class ModelComparison:
             windows=self._resamples,
             resample_seeds=False,
             ci=self.ci,
-            sesoi=self.sesoi,
+            sesoi=0.01 if self.sesoi is None else self.sesoi,  # (summary tables show no TOST)
             seed=self.seed,
         )
 
@@ -346,7 +365,8 @@ class ModelComparison:
         Welch-Satterthwaite degrees of freedom), and ``seed_sd`` gives the between-seed s.d.
 
         Args:
-            sesoi: Smallest effect size of interest for cosines (default: ``self.sesoi``).
+            sesoi: Smallest effect size of interest for cosines (default: ``self.sesoi``;
+                ``None`` there: a tenth of each statistic's scale, :mod:`homoglens.claims`).
             loss_sesoi: The same for loss, nats/token (default: ``self.loss_sesoi``).
             alpha: Level of each test (family-wise over the primary tests).
             block: Windows per bootstrap block (default: ``self.block``).
@@ -357,7 +377,7 @@ class ModelComparison:
             seed_sd, n_windows`` (see :func:`homoglens.claims.claims_table`).
         """
         entities = {
-            name: [self.statistics[label] for label in labels]
+            name: [self._claim_statistics(label) for label in labels]
             for name, labels in self.entities().items()
         }
         return claims_table(
@@ -433,6 +453,7 @@ class ModelComparison:
             "layers": list(self.layers),
             "edge_k": self.edge_k,
             "centre": self.settings.get("centre"),
+            "sp_uncentred": self._sp_uncentred,
             "eps": self.eps,
             "seed": self.seed,
             "n_windows": self.n_sequences,

@@ -39,12 +39,44 @@ if TYPE_CHECKING:
 
     from homoglens.types import PlotBackend
 
-__all__ = ["PositionalSimilarity", "WINDOW_STATISTICS"]
+__all__ = [
+    "CROSS_INPUT_STATISTICS",
+    "PositionalSimilarity",
+    "WINDOW_STATISTICS",
+    "cross_input_problem",
+]
 
 _C_STATS = (2, 3, 4)  # matched_first, matched_last, homogenization: they involve C
 
-WINDOW_STATISTICS: tuple[str, ...] = (*SIMILARITY_STATISTICS, "sp_first", "sp_last")
+WINDOW_STATISTICS: tuple[str, ...] = (*SIMILARITY_STATISTICS, "sp_first", "sp_last", "sp_mean")
 """Per-window statistics of :meth:`PositionalSimilarity.per_window` (cosines)."""
+
+CROSS_INPUT_STATISTICS: tuple[str, ...] = ("sp_first", "sp_last", "sp_mean")
+"""The cross-input readings (built on ``SP``): meaningful only on uncentred vectors."""
+
+
+def cross_input_problem(centre: str | None) -> str | None:
+    """Why a cross-input reading (``SP``) means nothing on vectors centred so, or ``None``.
+
+    Centred by position, every position's mean over windows is 0, so ``SP[i] = -1 / (n - 1)``
+    at every position by construction: any edge excess is 0 whatever the model does (a review
+    of SmolLM2 read -0.021 everywhere, and 0.0000 +- 0.0000 on every null and control).
+    Centred globally, a stationary positional code of constant norm gets an SP edge excess
+    (+0.014 / +0.011 at the first / last 8 positions, 44 % / 27 % false positives): the one
+    mean over positions is farther from the edges' codes. Source: issue 38 of homoglens;
+    docs/similarity.md, "Three readings".
+    """
+    if centre == "position":
+        return (
+            "the vectors were centred by position, so SP is -1/(n-1) at every position by "
+            "construction and any cross-input (SP) reading is 0 whatever the model does"
+        )
+    if centre == "global":
+        return (
+            "the vectors were centred globally, which makes a false SP edge excess on a "
+            "stationary positional code (44 % false positives at the first edge)"
+        )
+    return None
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,7 +110,8 @@ class PositionalSimilarity(SavedResult):
             the cross-window terms (a second pass; enables jackknife pseudo-values).
         window_same_position: ``[seq layer pos]`` or ``None``: per window and position,
             ``u_{s,i} . sum_{r != s} u_{r,i}`` (second pass).
-        first_position: 0, or 1 when position 0 was left out (a BOS).
+        first_position: The first counted position: 0, 1 when position 0 was left out (a
+            BOS), or the ``offset`` of :func:`~homoglens.positional_similarity`.
         edge_k: Positions per edge of the per-window statistics.
         space: ``"resid"``, ``"ln_input"`` or ``"final_norm"``.
         centre: ``None``, ``"global"`` or ``"position"``.
@@ -140,8 +173,8 @@ class PositionalSimilarity(SavedResult):
             raise ValueError(f"unit_sum is {tuple(self.unit_sum.shape)}, not [{n_layer} {n_pos} d]")
         if (self.window_cross is None) != (self.window_same_position is None):
             raise ValueError("window_cross and window_same_position come together")
-        if self.n_sequences < 1 or self.first_position not in (0, 1):
-            raise ValueError(f"n_sequences={self.n_sequences} < 1 or first_position not 0 / 1")
+        if self.n_sequences < 1 or self.first_position < 0:
+            raise ValueError(f"n_sequences={self.n_sequences} < 1 or first_position < 0")
         if self.space not in SPACES or self.centre not in CENTRES:
             raise ValueError(f"unknown space {self.space!r} or centre {self.centre!r}")
         edge_groups(n_pos, int(self.edge_k))  # edge_k fits the windows
@@ -341,8 +374,10 @@ class PositionalSimilarity(SavedResult):
         standard error then ignores ``C``'s noise and can be off either way: 0.0017 against a
         true 0.0013 on the AR(1) null of 400 x 128 x 128, 0.85-0.88 of the true spread on
         smaller ones, where the pseudo-values give 1.00 and 0.83-0.94). ``sp_first`` /
-        ``sp_last`` (``SP`` of an edge minus the middle's mean) exist only with the second
-        pass (they are cross-window by definition).
+        ``sp_last`` (``SP`` of an edge minus the middle's mean) and ``sp_mean`` (``SP``
+        averaged over the counted positions) exist only with the second pass (they are
+        cross-window by definition), and only on uncentred vectors: on centred ones they are
+        NaN with a warning (:func:`cross_input_problem`).
 
         Args:
             statistic: One of :data:`WINDOW_STATISTICS`.
@@ -358,14 +393,19 @@ class PositionalSimilarity(SavedResult):
                 f"statistic={statistic!r} must be one of {list(WINDOW_STATISTICS)}"
             )
         n = self.n_sequences
-        if statistic.startswith("sp_"):
+        if statistic in CROSS_INPUT_STATISTICS:
             if self.window_same_position is None:
                 raise InvalidInputError(
                     f"{statistic} needs the second pass; rerun positional_similarity(..., "
                     "pseudo_values=True)"
                 )
+            shape = (n, len(self.layers))
+            if self._cross_input_refused(statistic):
+                return torch.full(shape, math.nan, dtype=torch.float64, device="cpu")
             first, middle, last = edge_groups(self.n_pos, self.edge_k)
             psi = 2 * self.window_same_position / (n - 1) - self.SP[None]  # [seq layer pos]
+            if statistic == "sp_mean":
+                return psi.mean(-1)
             edge = first if statistic == "sp_first" else last
             return psi[..., list(edge)].mean(-1) - psi[..., list(middle)].mean(-1)
         e = SIMILARITY_STATISTICS.index(statistic)
@@ -376,6 +416,19 @@ class PositionalSimilarity(SavedResult):
         if self.window_cross is None or n < 2:
             return within - c_stat[None]
         return within - self.window_cross[..., e] / (n - 1) + c_stat[None]
+
+    def _cross_input_refused(self, what: str) -> bool:
+        """Warn and return True when ``what`` (a cross-input reading) means nothing on these
+        vectors (:func:`cross_input_problem`)."""
+        problem = cross_input_problem(self.centre)
+        if problem is None:
+            return False
+        warnings.warn(
+            f"{what} is NaN: {problem}. Measure cross-input readings on uncentred vectors: "
+            "positional_similarity(..., centre=None, exclude_first=True, pseudo_values=True)",
+            stacklevel=3,
+        )
+        return True
 
     # ------------------------------------------------------------------ tables
     def edge_excess(
@@ -458,21 +511,30 @@ class PositionalSimilarity(SavedResult):
         minus the middle's mean, per layer (Barbero et al. 2024: late tokens of different
         inputs converge), with a block-bootstrap interval when the second pass ran.
 
+        This is reading (b) of "edge tokens homogenize" (edge tokens converging on a direction
+        shared by all inputs): it reads +c on every window's first ``edge_k`` tokens plus one
+        common vector, 0 on stationary processes. On centred vectors it means nothing (every
+        value NaN, with a warning: :func:`cross_input_problem`); measure it uncentred, with
+        ``exclude_first`` where position 0 holds a BOS or massive activations. Causal mixing
+        alone (no positional preference) can still move it: a verdict about positional bias
+        compares it with a calibrated reference (docs/similarity.md, "Three readings").
+
         Returns:
             DataFrame with columns ``layer, edge, sp_edge, sp_middle, excess, se, ci_low,
             ci_high, n_sequences``.
         """
         import pandas as pd
 
+        refused = self._cross_input_refused("sp_excess")
         first, middle, last = edge_groups(self.n_pos, self.edge_k)
         idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
         rows = []
         for li, layer in enumerate(self.layers):
-            mid = float(self.SP[li, list(middle)].mean())
+            mid = math.nan if refused else float(self.SP[li, list(middle)].mean())
             for edge, where in (("first", first), ("last", last)):
-                value = float(self.SP[li, list(where)].mean())
+                value = math.nan if refused else float(self.SP[li, list(where)].mean())
                 lo = hi = se = math.nan
-                if self.has_pseudo_values and self.n_sequences > 1:
+                if self.has_pseudo_values and self.n_sequences > 1 and not refused:
                     est = estimate(
                         [self.per_window(f"sp_{edge}")[:, li][None]],
                         windows=idx,

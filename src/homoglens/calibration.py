@@ -1,0 +1,388 @@
+"""Calibrated readings of "edge tokens homogenize": the model against a causal null.
+
+A causal decoder mixes a prefix whatever its positional encoding, and causal mixing alone makes
+edge effects of either sign (a random walk from position 0 reads matched first -0.30 / last
++0.11; :mod:`homoglens.controls`). A verdict about *positional* bias therefore compares the
+model with a reference that keeps the causal mask and the content but not the positional
+preference, and speaks only of the difference (docs/similarity.md, "Three readings"):
+
+* ``reference="offset"``: the same tokens at a late offset. Each window of ``offset + T``
+  tokens is read twice: its last ``T`` tokens as a window of their own (positions 0..T-1, the
+  edge), and inside the whole window (positions offset..offset+T-1, the same content after a
+  prefix). On SmolLM2 the same tokens give a first-edge matched excess of -0.0147 at positions
+  0-7 and -0.0006 at 384-391: a start-of-sequence effect, not content.
+* ``reference=<model>``: the same windows through another model: the same architecture
+  without positions (the shipped NoPE model for the controlled comparison; for a real model a
+  randomly initialised copy, :func:`random_reference`, read with its positions zeroed).
+
+The three readings, each a per-window statistic (jackknife pseudo-values), all on uncentred
+vectors (a cross-input reading on position-centred vectors is 0 by construction):
+(a) ``within``: the distance-matched edge excess of ``W = M - C``; (b) ``shared direction``:
+``SP`` of an edge minus the middle's; (c) ``over depth``: mean ``SP`` at the layer minus at
+the first layer entry read.
+
+References:
+    Yusupov et al. 2025, arXiv 2508.17126 (the claim); Wu et al. 2025, arXiv 2502.01951 (the
+    causal mask alone biases attention toward early positions); Kazemnejad et al. 2023, arXiv
+    2305.19466 (models without positional encodings infer position from the causal mask);
+    Barbero et al. 2024, arXiv 2406.04267 (SP).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from homoglens.assets import atomic_folder, cache_dir
+from homoglens.claims import default_sesoi
+from homoglens.data import DataInput, TokenBatch, to_token_batch
+from homoglens.errors import IncompatibleResultsError, InvalidInputError
+from homoglens.interventions import ablated_positions
+from homoglens.models import load_model, model_info
+from homoglens.results import prepare_folder
+from homoglens.results.similarity import PositionalSimilarity
+from homoglens.similarity import positional_similarity
+from homoglens.stats import estimate, holm, verdict, window_resamples
+from homoglens.types import HookedModel, PositionAblation
+from homoglens.validate import as_float, as_int, check_model
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["READINGS", "CalibratedReadings", "calibrated_readings", "random_reference"]
+
+READINGS: tuple[tuple[str, str], ...] = (
+    ("a, within: first edge", "matched_first"),
+    ("a, within: last edge", "matched_last"),
+    ("b, shared direction: first edge", "sp_first"),
+    ("b, shared direction: last edge", "sp_last"),
+    ("c, over depth", "sp_mean"),
+)
+"""``(reading, statistic)`` of the three readings of "edge tokens homogenize"."""
+
+
+@dataclass(frozen=True, eq=False)
+class CalibratedReadings:
+    """The three readings of the model and of its causal-null reference, on the same windows.
+
+    Attributes:
+        model: The model's :class:`PositionalSimilarity` (uncentred, with pseudo-values) at
+            positions 0..T-1 of its windows.
+        reference: The reference's, on the same windows in the same order: the same tokens at
+            positions ``offset``.. of the longer windows, or another model's.
+        reference_kind: ``"offset"`` or ``"model"``.
+        reference_name: What the reference is, in words.
+        offset: Tokens of prefix before the late copy (0 for a model reference).
+    """
+
+    model: PositionalSimilarity
+    reference: PositionalSimilarity
+    reference_kind: str
+    reference_name: str
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        a, b = self.model, self.reference
+        if a.n_sequences != b.n_sequences or a.n_pos != b.n_pos or a.layers != b.layers:
+            raise InvalidInputError(
+                "the model and the reference must read the same number of windows, positions "
+                f"and layers: {a.n_sequences} x {a.n_pos} x {a.layers} against "
+                f"{b.n_sequences} x {b.n_pos} x {b.layers}"
+            )
+        if not (a.has_pseudo_values and b.has_pseudo_values) or a.centre or b.centre:
+            raise InvalidInputError(
+                "calibrated readings need uncentred similarities with pseudo-values "
+                "(positional_similarity(..., centre=None, pseudo_values=True))"
+            )
+
+    def values(self, statistic: str, layer: int | None = None) -> tuple[torch.Tensor, ...]:
+        """``([seq] model, [seq] reference)`` per-window values of one reading's statistic at
+        ``layer`` (default: the last entry read); ``sp_mean`` is the change from the first
+        entry read (reading (c))."""
+        li = self._layer_index(layer)
+        out = []
+        for sim in (self.model, self.reference):
+            v = sim.per_window(statistic)
+            out.append(v[:, li] - v[:, 0] if statistic == "sp_mean" else v[:, li])
+        return tuple(out)
+
+    def _layer_index(self, layer: int | None) -> int:
+        layers = self.model.layers
+        if layer is None:
+            return len(layers) - 1
+        if layer not in layers:
+            raise InvalidInputError(f"layer {layer} was not read; choose from {list(layers)}")
+        return layers.index(layer)
+
+    def table(
+        self,
+        layer: int | None = None,
+        *,
+        sesoi: float | None = None,
+        alpha: float = 0.05,
+        ci: float = 0.95,
+        block: int = 1,
+        n_boot: int = 1000,
+        seed: int = 0,
+    ) -> pd.DataFrame:
+        """Each reading: the model's value, the reference's, and their paired difference with
+        an interval and a verdict (Holm over the five readings; predicted sign > 0: the edges
+        of the model homogenize more than the causal null's).
+
+        Args:
+            layer: Residual entry (default: the last read).
+            sesoi: Smallest effect of interest (cosine); ``None``: a tenth of the scale of the
+                statistic in the model (``|H_W|`` at the layer for reading (a), mean ``|SP|``
+                for (b) and (c); :func:`homoglens.claims.default_sesoi`).
+            alpha: Level (family-wise over the five readings).
+            ci: Interval coverage in (0, 1).
+            block: Consecutive windows per bootstrap block (1: windows independent).
+            n_boot: Bootstrap resamples.
+            seed: Bootstrap seed.
+
+        Returns:
+            DataFrame with columns ``reading, statistic, layer, model, reference, difference,
+            se, ci_low, ci_high, p, p_holm, p_tost_holm, sesoi, verdict, n_windows``.
+        """
+        import pandas as pd
+
+        li = self._layer_index(layer)
+        alpha = as_float("alpha", alpha, low=0.0, high=1.0)
+        windows = window_resamples(self.model.n_sequences, block=block, n_boot=n_boot, seed=seed)
+        h_scale = abs(float(self.model.homogenization[li]))
+        sp_scale = float(self.model.SP[li].abs().mean())
+        rows, ests = [], []
+        for reading, stat in READINGS:
+            mine, ref = self.values(stat, self.model.layers[li])
+            scale = h_scale if stat.startswith("matched") else sp_scale
+            unit = default_sesoi(scale) if sesoi is None else as_float("sesoi", sesoi, low=0.0,
+                                                                        high=1e9)  # fmt: skip
+            est = estimate([(mine - ref)[None]], windows=windows, resample_seeds=False,
+                           sesoi=unit, ci=ci, seed=seed)  # fmt: skip
+            ests.append(est)
+            rows.append([reading, stat, self.model.layers[li], float(mine.mean()),
+                         float(ref.mean()), est.value, est.se, est.ci_low, est.ci_high, est.p,
+                         unit, est.n_windows])  # fmt: skip
+        p_holm = holm([e.p for e in ests])
+        tost_holm = holm([e.p_tost for e in ests])
+        for row, est, p, pt in zip(rows, ests, p_holm, tost_holm, strict=True):
+            row[10:10] = [p, pt]
+            row.insert(13, verdict(est.value, p, pt, predicted=+1, alpha=alpha))
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "reading",
+                "statistic",
+                "layer",
+                "model",
+                "reference",
+                "difference",
+                "se",
+                "ci_low",
+                "ci_high",
+                "p",
+                "p_holm",
+                "p_tost_holm",
+                "sesoi",
+                "verdict",
+                "n_windows",
+            ],  # fmt: skip
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """Save as ``calibrated.json`` + the two similarities (``model/``, ``reference/``)."""
+        folder = prepare_folder(path)
+        self.model.save(folder / "model")
+        self.reference.save(folder / "reference")
+        meta = {"format": "homoglens.CalibratedReadings/1", "reference_kind": self.reference_kind,
+                "reference_name": self.reference_name, "offset": self.offset}  # fmt: skip
+        (folder / "calibrated.json").write_text(json.dumps(meta, indent=2))
+        return folder
+
+    @classmethod
+    def load(cls, path: str | Path) -> CalibratedReadings:
+        """Load what :meth:`save` wrote.
+
+        Raises:
+            ResultsNotFoundError: a file is missing. IncompatibleResultsError: another format.
+        """
+        folder = Path(path).expanduser()
+        try:
+            meta = json.loads((folder / "calibrated.json").read_text())
+        except (OSError, ValueError) as err:
+            raise IncompatibleResultsError(f"{folder} holds no calibrated.json: {err}") from None
+        if meta.get("format") != "homoglens.CalibratedReadings/1":
+            raise IncompatibleResultsError(f"{folder} does not hold CalibratedReadings/1")
+        return cls(
+            model=PositionalSimilarity.load(folder / "model"),
+            reference=PositionalSimilarity.load(folder / "reference"),
+            reference_kind=str(meta["reference_kind"]),
+            reference_name=str(meta["reference_name"]),
+            offset=int(meta["offset"]),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"CalibratedReadings({self.model.n_sequences} windows x {self.model.n_pos} "
+            f"positions, reference: {self.reference_name})"
+        )
+
+
+def _late_copy(batch: TokenBatch, offset: int) -> TokenBatch:
+    """The last tokens of each window after ``offset`` (keeping a BOS at position 0)."""
+    keep = 1 if batch.bos else 0
+    tokens = torch.cat([batch.tokens[:, :keep], batch.tokens[:, keep + offset :]], dim=1)
+    mask = torch.ones_like(tokens)
+    return TokenBatch(tokens, mask, batch.bos, f"{batch.description}, last tokens after {offset}")
+
+
+def calibrated_readings(
+    model: HookedModel,
+    data: DataInput,
+    *,
+    reference: Literal["offset"] | HookedModel = "offset",
+    offset: int | None = None,
+    reference_positions: PositionAblation | None = None,
+    layers: list[int] | tuple[int, ...] | int | None = None,
+    edge_k: int = 8,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> CalibratedReadings:
+    """Measure the three readings of "edge tokens homogenize" in ``model`` and in a causal
+    null that keeps the causal mask and the content but not the positions (module docstring).
+
+    Args:
+        model: A ``HookedTransformer`` or ``TransformerBridge``.
+        data: Equal-length windows (:func:`~homoglens.positional_similarity` takes the same),
+            without padding. With ``reference="offset"`` each window holds ``offset + T``
+            tokens (plus a BOS if it starts with one): the model reads its last ``T`` alone.
+        reference: ``"offset"`` (the same tokens at a late offset) or another model with the
+            same tokenizer and depth, e.g. the model without positions.
+        offset: Prefix tokens before the late copy (default: half the window).
+        reference_positions: A positional ablation under which the reference model is read
+            (e.g. ``"zero"`` for a randomly initialised copy read without positions).
+        layers: Residual entries (default: all; reading (c) is against the first one read).
+        edge_k: Positions per edge.
+        batch_size: Windows per forward pass.
+        progress: Show progress bars.
+
+    Returns:
+        A :class:`CalibratedReadings`.
+
+    Raises:
+        InvalidInputError: windows of unequal length or with padding, an ``offset`` that
+            leaves fewer than ``2 * edge_k + 2`` positions, a reference of another depth,
+            ``reference_positions`` without a reference model.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126; Wu et al. 2025, arXiv 2502.01951.
+    """
+    check_model(model)
+    batch = to_token_batch(model, data)
+    if int(batch.attention_mask.min()) == 0:
+        raise InvalidInputError(
+            "calibrated_readings needs windows without padding; cut text into equal windows "
+            "with corpus_windows(model, ..., seq_len=T)"
+        )
+    options = {"layers": layers, "edge_k": edge_k, "centre": None, "pseudo_values": True,
+               "batch_size": batch_size, "progress": progress}  # fmt: skip
+    width = int(batch.tokens.shape[1]) - int(bool(batch.bos))
+    if isinstance(reference, str):
+        if reference != "offset":
+            raise InvalidInputError(f"reference={reference!r} must be 'offset' or a model")
+        if reference_positions is not None:
+            raise InvalidInputError("reference_positions applies to a reference model only")
+        offset = width // 2 if offset is None else as_int("offset", offset, low=1)
+        if width - offset < 2 * edge_k + 2:
+            raise InvalidInputError(
+                f"offset={offset} leaves {width - offset} positions of {width}; the edges "
+                f"need {2 * edge_k + 2}: use longer windows or a smaller offset"
+            )
+        start = positional_similarity(model, _late_copy(batch, offset), **options)
+        late = positional_similarity(model, batch, offset=offset + int(bool(batch.bos)), **options)
+        name = f"the same tokens after a prefix of {offset} tokens"
+        return CalibratedReadings(start, late, "offset", name, offset)
+    check_model(reference)
+    if int(reference.cfg.n_layers) != int(model.cfg.n_layers):
+        raise InvalidInputError(
+            f"the reference has {reference.cfg.n_layers} layers and the model "
+            f"{model.cfg.n_layers}; readings per layer need the same depth"
+        )
+    mine = positional_similarity(model, batch, **options)
+    ref_batch = to_token_batch(reference, batch)
+    if reference_positions is None:
+        theirs = positional_similarity(reference, ref_batch, **options)
+    else:
+        with ablated_positions(reference, reference_positions):
+            theirs = positional_similarity(reference, ref_batch, **options)
+    name = "another model" + ("" if reference_positions is None else
+                              f", positions {reference_positions}")  # fmt: skip
+    return CalibratedReadings(mine, theirs, "model", name, 0)
+
+
+def _hf_config(model: HookedModel) -> object:
+    """The Hugging Face config of ``model``: its own (bridge), or its folder's / Hub name's."""
+    from transformers import AutoConfig
+
+    hf = getattr(model, "original_model", None)
+    if hf is not None and getattr(hf, "config", None) is not None:
+        return hf.config
+    name = model_info(model).name
+    try:
+        return AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise InvalidInputError(
+            f"no Hugging Face config for {name!r} ({err}); load the model from a folder or "
+            "with backend='bridge', or pass your own reference model"
+        ) from None
+
+
+def random_reference(model: HookedModel, *, seed: int = 0) -> HookedModel:
+    """A randomly initialised copy of ``model``'s architecture: its causal null.
+
+    Random weights attend almost uniformly and have learned no positional preference, so read
+    with its positions zeroed (``calibrated_readings(model, data, reference=random_reference(
+    model), reference_positions="zero")``) it is causal mixing of the same tokens through the
+    same architecture with no positions. Hugging Face's own initialisation of the config
+    (``AutoModelForCausalLM.from_config``, seeded without touching the global RNG), saved once
+    per config and seed under the homoglens cache (``references/``) and loaded like ``model``
+    (same backend, device and dtype).
+
+    Args:
+        model: The model studied.
+        seed: Seed of the initialisation.
+
+    Returns:
+        The reference model.
+
+    Raises:
+        InvalidInputError: no Hugging Face config can be found for ``model``.
+
+    References:
+        Kazemnejad et al. 2023, arXiv 2305.19466 (NoPE); Wu et al. 2025, arXiv 2502.01951.
+    """
+    import hashlib
+
+    from transformers import AutoModelForCausalLM
+
+    check_model(model)
+    seed = as_int("seed", seed, low=0, high=2**31 - 1)
+    config = _hf_config(model)
+    text = config.to_json_string(use_diff=False)  # type: ignore[attr-defined]
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder = cache_dir() / "references" / f"{key}-s{seed}"
+    if not (folder / "config.json").is_file():
+        with atomic_folder(folder) as tmp, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            hf = AutoModelForCausalLM.from_config(config)
+            hf.save_pretrained(tmp, safe_serialization=True)
+            if model.tokenizer is not None:
+                model.tokenizer.save_pretrained(tmp)
+    param = next(iter(model.parameters()))
+    info = model_info(model)
+    return load_model(folder, backend=info.backend, device=param.device,  # type: ignore[arg-type]
+                      dtype=param.dtype)  # fmt: skip
