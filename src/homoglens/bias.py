@@ -40,6 +40,7 @@ from homoglens.similarity_math import (
     on_cpu_rows,
     similarity_coefficients,
 )
+from homoglens.stats import as_block
 from homoglens.types import AttentionBiasKind, BosPolicy, HookedModel, HookSpec
 from homoglens.validate import as_bool, as_float, as_int
 
@@ -273,7 +274,7 @@ def attention_bias_study(
     exclude_first: bool | Literal["auto"] = "auto",
     gradient_windows: int = 0,
     ci: float = 0.95,
-    block: int = 16,
+    block: int | Literal["auto"] = "auto",
     seed: int = 0,
     batch_size: int = 8,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
@@ -333,7 +334,8 @@ def attention_bias_study(
         exclude_first: Leave position 0 out of the similarity; ``"auto"``: when it holds a BOS.
         gradient_windows: Windows (the first ones) differentiated at zero; 0: none, else >= 2.
         ci: Default interval coverage of the result's tables.
-        block: Default bootstrap block length (consecutive windows).
+        block: Default bootstrap block length (consecutive windows; ``"auto"``: chosen from
+            the windows' autocorrelation, :func:`homoglens.stats.auto_block`).
         seed: Default bootstrap seed.
         batch_size: Windows per forward pass.
         attention_mask: ``[batch pos]`` 0/1 for token input.
@@ -379,7 +381,7 @@ def attention_bias_study(
             "gradient_windows=1: the derivative of C needs two windows; pass 0 or >= 2"
         )
     ci = as_float("ci", ci, low=0.0, high=1.0)
-    block = as_int("block", block, low=1)
+    block = as_block(block)
     seed = as_int("seed", seed, low=0)
     batch_size = as_int("batch_size", batch_size, low=1)
     progress = as_bool("progress", progress)

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from homoglens.assets import atomic_folder, cache_dir
-from homoglens.claims import default_sesoi
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.interventions import ablated_positions
@@ -46,7 +45,7 @@ from homoglens.models import load_model, model_info
 from homoglens.results import prepare_folder
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity import positional_similarity
-from homoglens.stats import estimate, holm, verdict, window_resamples
+from homoglens.stats import as_block, default_sesoi, estimate, holm, verdict
 from homoglens.types import HookedModel, PositionAblation
 from homoglens.validate import as_float, as_int, check_model
 
@@ -125,7 +124,7 @@ class CalibratedReadings:
         sesoi: float | None = None,
         alpha: float = 0.05,
         ci: float = 0.95,
-        block: int = 1,
+        block: int | Literal["auto"] = "auto",
         n_boot: int = 1000,
         seed: int = 0,
     ) -> pd.DataFrame:
@@ -140,7 +139,8 @@ class CalibratedReadings:
                 for (b) and (c); :func:`homoglens.claims.default_sesoi`).
             alpha: Level (family-wise over the five readings).
             ci: Interval coverage in (0, 1).
-            block: Consecutive windows per bootstrap block (1: windows independent).
+            block: Consecutive windows per bootstrap block: ``"auto"`` (from the windows'
+                autocorrelation, :func:`homoglens.stats.auto_block`) or an integer.
             n_boot: Bootstrap resamples.
             seed: Bootstrap seed.
 
@@ -152,7 +152,7 @@ class CalibratedReadings:
 
         li = self._layer_index(layer)
         alpha = as_float("alpha", alpha, low=0.0, high=1.0)
-        windows = window_resamples(self.model.n_sequences, block=block, n_boot=n_boot, seed=seed)
+        block = as_block(block)
         h_scale = abs(float(self.model.homogenization[li]))
         sp_scale = float(self.model.SP[li].abs().mean())
         rows, ests = [], []
@@ -161,8 +161,8 @@ class CalibratedReadings:
             scale = h_scale if stat.startswith("matched") else sp_scale
             unit = default_sesoi(scale) if sesoi is None else as_float("sesoi", sesoi, low=0.0,
                                                                         high=1e9)  # fmt: skip
-            est = estimate([(mine - ref)[None]], windows=windows, resample_seeds=False,
-                           sesoi=unit, ci=ci, seed=seed)  # fmt: skip
+            est = estimate([(mine - ref)[None]], block=block, n_boot=n_boot, sesoi=unit, ci=ci,
+                           seed=seed)  # fmt: skip
             ests.append(est)
             rows.append([reading, stat, self.model.layers[li], float(mine.mean()),
                          float(ref.mean()), est.value, est.se, est.ci_low, est.ci_high, est.p,

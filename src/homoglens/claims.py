@@ -60,11 +60,20 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from homoglens.stats import Estimate, estimate, holm, verdict, window_resamples
+from homoglens.stats import (
+    SESOI_FLOOR,
+    SESOI_FRACTION,
+    Estimate,
+    as_block,
+    default_sesoi,
+    estimate,
+    holm,
+    verdict,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -95,12 +104,6 @@ CLAIM_COLUMNS: tuple[str, ...] = (
 """Columns of the claims table (see :func:`claims_table`)."""
 
 Stats = Mapping[str, Mapping[str, torch.Tensor]]  # mode -> statistic -> [seq] or [seq layer]
-
-SESOI_FRACTION = 0.1
-"""Default smallest effect of interest of a cosine statistic, as a fraction of its scale."""
-
-SESOI_FLOOR = 1e-3
-"""The smallest default SESOI of a cosine statistic (a scale near 0 gives no usable TOST)."""
 
 
 @dataclass(frozen=True)
@@ -138,20 +141,6 @@ def _scale(seeds: Sequence[Stats], stat: str, li: int) -> float:
     if not have:
         return math.nan
     return abs(float(_values(have, "none", stat, li).nanmean()))
-
-
-def default_sesoi(scale: float) -> float:
-    """The default smallest effect of interest of a cosine statistic whose scale (e.g. the
-    model's whole ``|H_W|`` at the layer) is ``scale``: :data:`SESOI_FRACTION` of it, no less
-    than :data:`SESOI_FLOOR` (NaN scale: the floor).
-
-    A fixed 0.01 cosine is 20-25 % of the tiny models' whole centred H and accepts edge
-    effects a fifth of the homogenization as "no effect"; a fraction of the statistic's own
-    scale means the same in every model (issue 38; Lakens 2017 on justifying a SESOI).
-    """
-    if not math.isfinite(scale):
-        return SESOI_FLOOR
-    return max(SESOI_FLOOR, SESOI_FRACTION * abs(scale))
 
 
 def _sesoi(fixed: float | None, scale: float) -> float:
@@ -333,7 +322,7 @@ def claims_table(
     loss_sesoi: float = 0.01,
     alpha: float = 0.05,
     ci: float = 0.95,
-    block: int = 16,
+    block: int | Literal["auto"] = "auto",
     n_boot: int = 1000,
     seed: int = 0,
     resample_seeds: bool = False,
@@ -354,7 +343,9 @@ def claims_table(
         loss_sesoi: Smallest effect size of interest for loss (nats/token).
         alpha: Level of each test (family-wise for the primary ones).
         ci: Interval coverage.
-        block: Consecutive windows per bootstrap block.
+        block: Consecutive windows per bootstrap block: ``"auto"`` (the default, chosen per
+            test from the windows' autocorrelation, :func:`homoglens.stats.auto_block`) or an
+            integer.
         n_boot: Bootstrap resamples.
         seed: Bootstrap seed.
         resample_seeds: Resample seeds, then window blocks (hierarchical bootstrap); the
@@ -402,9 +393,7 @@ def claims_table(
             "more seeds (homoglens train --seed S) and compare with group_by='variant'",
             stacklevel=3,
         )
-    first = next(iter(entities.values()))[0]["none"]
-    n_window = int(next(iter(first.values())).shape[0])
-    windows = window_resamples(n_window, block=block, n_boot=n_boot, seed=seed)
+    block = as_block(block)
     rows: list[tuple[_Test, Estimate]] = []
     for t in tests:
         if not t.groups:  # an intersection-union row: the weakest of its family
@@ -414,7 +403,7 @@ def claims_table(
                                 "(weakest layer shown)")  # fmt: skip
                 rows.append((shown, weakest[1]))
             continue
-        est = estimate(t.groups, weights=t.weights, windows=windows,
+        est = estimate(t.groups, weights=t.weights, block=block, n_boot=n_boot,
                        resample_seeds=resample_seeds, sesoi=t.sesoi, ci=ci, seed=seed)  # fmt: skip
         rows.append((t, est))
     return _table(rows, alpha)

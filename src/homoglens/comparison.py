@@ -60,6 +60,7 @@ from homoglens.results.comparison import LAYER_STATISTICS, STATISTICS, ModelComp
 from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
 from homoglens.similarity import positional_similarity
 from homoglens.sinks import sink_pass
+from homoglens.stats import as_block
 from homoglens.studies import position_ablation_study
 from homoglens.types import Backend, Centring, GroupBy, HookedModel, PositionAblation
 from homoglens.validate import as_bool, as_float, as_int, check_key_eps, check_model
@@ -216,7 +217,7 @@ def compare_models(
     batch_size: int = 16,
     n_boot: int = 1000,
     ci: float = 0.95,
-    block: int = 16,
+    block: int | Literal["auto"] = "auto",
     sesoi: float | None = None,
     loss_sesoi: float = 0.01,
     seed: int = 0,
@@ -259,7 +260,8 @@ def compare_models(
         batch_size: Windows per forward pass.
         n_boot: Bootstrap resamples.
         ci: Interval coverage in (0, 1).
-        block: Consecutive windows per bootstrap block.
+        block: Consecutive windows per bootstrap block: ``"auto"`` (from the windows'
+            autocorrelation, :func:`homoglens.stats.auto_block`) or an integer.
         sesoi: Smallest effect size of interest for cosines (``None``: a tenth of each
             statistic's scale, :mod:`homoglens.claims`).
         loss_sesoi: Smallest effect size of interest for loss (nats/token).
@@ -306,7 +308,7 @@ def compare_models(
     seq_len = None if seq_len is None else as_int("seq_len", seq_len, low=2 * edge_k + 2)
     batch_size = as_int("batch_size", batch_size, low=1)
     n_boot = as_int("n_boot", n_boot, low=1)
-    block = as_int("block", block, low=1)
+    block = as_block(block)
     ci = as_float("ci", ci, low=0.0, high=1.0)
     sesoi = None if sesoi is None else as_float("sesoi", sesoi, low=0.0, high=1e9)
     loss_sesoi = as_float("loss_sesoi", loss_sesoi, low=0.0, high=1e9)

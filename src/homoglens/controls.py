@@ -7,6 +7,10 @@ that a statistic reads 0 where nothing is planted and finds what is:
 * ``"stationary"``: AR(1) over positions (rho 0.9) plus a +0.5 offset in every dimension
   (anisotropy): similarity falls with distance, no position is special. The naive edge excess
   reads about -0.035 (N 400, T 128, d 128), the matched excess and SP excess 0.
+* ``"consecutive"``: consecutive windows cut from one long stationary series (the AR(1) of
+  ``"stationary"`` plus a slow AR(1) component whose correlation spans about two windows):
+  windows of one text, correlated with their neighbours; still no position is special, so
+  every edge statistic's truth is 0 (the coverage simulation's block-correlated null).
 * ``"positional_code"``: a stationary sinusoidal code of constant norm (the same at a
   position in every window) plus independent noise: SP is the same at every position.
 * ``"random_walk"``: cumulative sums of independent steps from position 0, causal mixing
@@ -44,10 +48,17 @@ from homoglens.validate import as_float, as_int
 __all__ = ["CONTROLS", "Control", "control_activations"]
 
 Control = Literal[
-    "stationary", "positional_code", "random_walk", "uniform_causal", "edge_common", "last_pulled"
+    "stationary",
+    "consecutive",
+    "positional_code",
+    "random_walk",
+    "uniform_causal",
+    "edge_common",
+    "last_pulled",
 ]
 CONTROLS: tuple[str, ...] = (
     "stationary",
+    "consecutive",
     "positional_code",
     "random_walk",
     "uniform_causal",
@@ -78,7 +89,8 @@ def control_activations(
     strength: float = 1.0,
     seed: int = 0,
 ) -> Float[torch.Tensor, "batch pos d_model"]:
-    """Activations of ``n`` independent windows from a process with known edge effects.
+    """Activations of ``n`` windows (independent but for ``"consecutive"``) from a process with
+    known edge effects.
 
     Args:
         kind: One of :data:`CONTROLS` (module docstring).
@@ -120,6 +132,10 @@ def control_activations(
         code = code / code.norm(dim=-1, keepdim=True) * math.sqrt(d)  # constant norm
         noise = torch.randn(n, t, d, generator=gen, dtype=torch.float64, device="cpu")
         return code[None] + noise
+    if kind == "consecutive":
+        fast = _ar1(1, n * t, d, 0.9, gen)[0]
+        slow = _ar1(1, n * t, d, math.exp(-1.0 / (2 * t)), gen)[0]
+        return (fast + slow + 0.5).reshape(n, t, d)
     x = _ar1(n, t, d, 0.9, gen) + 0.5
     if kind == "edge_common":
         common = torch.randn(d, generator=gen, dtype=torch.float64, device="cpu")

@@ -371,7 +371,7 @@ def activation_fields(
     exclude_first: bool = False,
     edge_k: int = 8,
     massive_threshold: float = 100.0,
-    pseudo_values: bool = False,
+    pseudo_values: bool = True,
     batch_size: int = 64,
 ) -> dict[str, Any]:
     """The fields (but the provenance) of :func:`~homoglens.similarity_from_activations`'s

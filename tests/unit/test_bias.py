@@ -50,7 +50,7 @@ def test_strength_zero_is_the_unhooked_run_bit_for_bit(arch: str, backend: str) 
     loss = next_token_loss(logits, WINDOWS, torch.ones_like(WINDOWS)).double()
     assert torch.equal(study.window_loss[base], loss)
     with eager_attention():
-        sim = positional_similarity(model, WINDOWS, **COMMON)
+        sim = positional_similarity(model, WINDOWS, pseudo_values=False, **COMMON)
     for e, stat in enumerate(SIMILARITY_STATISTICS):
         got, want = study.window_statistics[base, ..., e], sim.per_window(stat)
         assert torch.allclose(got, want, rtol=0, atol=5e-7), stat
@@ -161,7 +161,15 @@ def test_heads_and_blocks_bias_only_those() -> None:
 def test_curve_table_save_load_and_plot(tmp_path) -> None:
     study = attention_bias_study(_model(), WINDOWS, kind="first", **COMMON)
     frame = study.curve("homogenization", -1)
-    assert list(frame.columns[:6]) == ["strength", "b", "beta", "kl", "value", "delta"]
+    assert list(frame.columns[:7]) == [
+        "strength",
+        "b",
+        "beta",
+        "kl",
+        "mass_moved",
+        "value",
+        "delta",
+    ]
     base = frame[frame.strength == 0.0].iloc[0]
     assert base.delta == 0.0 and math.isnan(base.ci_low)
     assert (frame.ci_low <= frame.delta).all() or frame.ci_low.isna().any()

@@ -152,9 +152,9 @@ def test_pseudo_values_average_to_the_statistic_and_track_its_noise() -> None:
 
 def test_merge_of_uneven_splits_equals_one_pass() -> None:
     x = ar1(23, 20, 5, seed=4)
-    whole = PositionalSimilarity.from_activations(x, edge_k=3)
+    whole = PositionalSimilarity.from_activations(x, edge_k=3, pseudo_values=False)
     parts = [
-        PositionalSimilarity.from_activations(x[a:b], edge_k=3)
+        PositionalSimilarity.from_activations(x[a:b], edge_k=3, pseudo_values=False)
         for a, b in ((0, 3), (3, 4), (4, 23))
     ]
     merged = PositionalSimilarity.merge(*parts)
@@ -434,7 +434,7 @@ def test_save_load_tables_and_plot(tmp_path, get_model) -> None:
     assert list(sim.sp_excess().columns)[:5] == ["layer", "edge", "sp_edge", "sp_middle", "excess"]
     edge = sim.edge_excess()
     assert list(edge.columns) == [
-        "layer", "edge", "naive", "matched", "ci_low", "ci_high", "n_sequences"
+        "layer", "edge", "naive", "matched", "se", "ci_low", "ci_high", "n_sequences"
     ]  # fmt: skip
     with pytest.warns(UserWarning, match="edge_k=4"):
         other = sim.edge_excess(k=3)

@@ -9,7 +9,16 @@ import pytest
 import torch
 
 from homoglens import InvalidInputError
-from homoglens.stats import estimate, holm, seed_resamples, verdict, window_resamples
+from homoglens.stats import (
+    MIN_WINDOWS,
+    as_block,
+    auto_block,
+    estimate,
+    holm,
+    seed_resamples,
+    verdict,
+    window_resamples,
+)
 
 
 def test_block_resamples_are_runs_of_consecutive_windows() -> None:
@@ -39,7 +48,8 @@ def test_iid_standard_error_and_coverage() -> None:
         covered += est.ci_low <= 0.3 <= est.ci_high
         if rep == 0:
             assert abs(est.se / (float(x.std()) / math.sqrt(200)) - 1) < 0.1
-            assert est.df == math.inf and est.n_seeds == 1 and math.isnan(est.seed_sd)
+            # Student's t over the blocks of a resample (block 1: about n - 1 df)
+            assert 150 < est.df < 200 and est.n_seeds == 1 and math.isnan(est.seed_sd)
     assert 0.90 <= covered / 200 <= 0.99
 
 
@@ -122,3 +132,49 @@ def test_one_window_gives_no_interval() -> None:
     seeds = torch.tensor([[0.2], [0.3], [0.25]])  # three seeds of one window each: an interval
     est = estimate([seeds], windows=window_resamples(1, block=1, n_boot=200), resample_seeds=True)
     assert est.ci_low < est.value < est.ci_high
+
+
+def _ar(n: int, rho: float, gen: torch.Generator) -> torch.Tensor:
+    e = torch.randn(n, generator=gen, dtype=torch.float64)
+    x = torch.empty(n, dtype=torch.float64)
+    x[0] = e[0]
+    for i in range(1, n):
+        x[i] = rho * x[i - 1] + math.sqrt(1 - rho * rho) * e[i]
+    return x
+
+
+def test_auto_block_is_one_for_independent_windows_and_grows_with_correlation() -> None:
+    gen = torch.Generator().manual_seed(5)
+    iid = [auto_block(torch.randn(256, generator=gen)) for _ in range(20)]
+    assert sum(b == 1 for b in iid) >= 15
+    correlated = [auto_block(_ar(256, 0.6, gen)) for _ in range(20)]
+    assert sorted(correlated)[10] >= 8
+    assert auto_block(torch.zeros(50)) == 1 and auto_block(torch.ones(3)) == 1
+    assert as_block("auto") == "auto" and as_block(3) == 3
+    for bad in (0, -1, 2.5, "16", True, None):
+        with pytest.raises(InvalidInputError, match="block"):
+            as_block(bad)
+
+
+def test_too_few_windows_or_no_spread_give_nan_with_a_warning_never_zero_width() -> None:
+    """Issue 38: fewer than MIN_WINDOWS windows, or identical windows, give NaN (with a
+    warning), not a zero-width or [min, max] interval."""
+    x = torch.tensor([[0.1, 0.3, 0.2]], dtype=torch.float64)
+    assert x.shape[1] < MIN_WINDOWS
+    with pytest.warns(UserWarning, match="too few"):
+        est = estimate([x])
+    assert est.value == pytest.approx(0.2) and math.isnan(est.ci_low) and math.isnan(est.p)
+    with pytest.warns(UserWarning, match="no spread"):
+        flat = estimate([torch.full((1, 12), 0.5, dtype=torch.float64)])
+    assert math.isnan(flat.se) and math.isnan(flat.ci_high) and math.isnan(flat.p_tost)
+
+
+def test_the_default_interval_uses_t_over_blocks() -> None:
+    """With the block drawn here, df = blocks - 1 exactly and the interval is value -+ t * se."""
+    from scipy import stats as st
+
+    x = torch.randn(1, 40, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    est = estimate([x], block=4)
+    assert est.df == 9
+    q = st.t.ppf(0.975, 9)
+    assert est.ci_high - est.value == pytest.approx(q * est.se)

@@ -32,6 +32,7 @@ from homoglens.cli.options import (
     BACKEND,
     INTERACTIVE,
     Group,
+    block_option,
     choice,
     count,
     data_options,
@@ -472,7 +473,7 @@ def train(
 )
 @click.option("--eps", type=float, default=0.3, show_default=True, help="Sink threshold.")
 @count("--n-boot", 1000, "Bootstrap resamples.")
-@count("--block", 16, "Consecutive windows per bootstrap block.")
+@block_option()
 @click.option(
     "--sesoi",
     type=click.FloatRange(min=0, min_open=True),

@@ -34,6 +34,35 @@ def count(name: str, default: int, help: str, *, min: int = 1) -> Decorator:
     )
 
 
+class _Block(click.ParamType):
+    """``auto`` or an integer >= 1."""
+
+    name = "auto|N"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if value == "auto" or isinstance(value, int):
+            return value
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            self.fail(f"{value!r} is neither 'auto' nor an integer >= 1", param, ctx)
+        return number
+
+
+def block_option() -> Decorator:
+    """``--block``: windows per bootstrap block, ``auto`` (from their autocorrelation) or N."""
+    return click.option(
+        "--block",
+        type=_Block(),
+        default="auto",
+        show_default=True,
+        help="Consecutive windows per bootstrap block: auto (chosen from the windows' "
+        "autocorrelation, Politis-White) or an integer (1: independent windows).",
+    )
+
+
 def choice(name: str, choices: list[str], help: str) -> Decorator:
     """A choice option whose first choice is the default."""
     return click.option(

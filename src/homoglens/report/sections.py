@@ -189,8 +189,9 @@ cosine of positions i and j, C[i, j] the same pair across different windows, W =
 contextual similarity. The <em>naive</em> edge excess (an edge position's mean similarity to the
 others minus the middle's) is negative for any sequence whose similarity falls with distance;
 the <em>matched</em> excess compares edge-middle pairs of W with middle-middle pairs at the same
-distance, and is 0 in expectation when no position is special. Intervals: {pct}% Wald intervals
-with moving-block bootstrap standard errors over windows (blocks of 16), jackknife pseudo-values
+distance, and is 0 in expectation when no position is special. Intervals: {pct}% t intervals
+with moving-block bootstrap standard errors over windows (block length chosen from their
+autocorrelation), jackknife pseudo-values
 {"on" if result.has_pseudo_values else "off"}. SP[i] = C[i, i] is the similarity of the same
 position across inputs.</p>
 {heat}
@@ -384,11 +385,11 @@ def comparison_section(comparison: ModelComparison, out: Path) -> str:
     unit = (
         f"Models are variants; their training seeds ({seeds}) are the unit of replication: "
         "intervals come from a hierarchical bootstrap (seeds, then blocks of "
-        f"{comparison.block} consecutive windows) with t quantiles on Welch-Satterthwaite degrees "
+        f"{_blocks(comparison.block)}) with t quantiles on Welch-Satterthwaite degrees "
         "of freedom over the seed and window parts, and seed_sd is the between-seed s.d."
         if grouped
         else f"Each model is one training run: intervals are over windows only (moving blocks of "
-        f"{comparison.block} consecutive windows), so they say nothing about another seed."
+        f"{_blocks(comparison.block)}), so they say nothing about another seed."
     )
     shipped = comparison.settings.get("shipped_statistics") or []
     shipped_note = (
@@ -451,6 +452,13 @@ def first_token_warning(profile: HomogenizationProfile) -> str:
         "effective_rank) then mostly describe that one token there; rerun with "
         "<code>--exclude-first</code> to measure the rest.</p>"
     )
+
+
+def _blocks(block: object) -> str:
+    """How a bootstrap block length reads in a report."""
+    if block == "auto":
+        return "consecutive windows, their length chosen from the windows' autocorrelation"
+    return f"{block} consecutive windows"
 
 
 def bias_section(study: AttentionBiasStudy, out: Path) -> str:

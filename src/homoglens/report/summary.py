@@ -156,7 +156,7 @@ def summary_rows(
     interval is the raw one shifted by the anisotropy baseline, which is held fixed.
     """
     from homoglens.results.studies import paired_bootstrap
-    from homoglens.stats import estimate, window_resamples
+    from homoglens.stats import estimate
 
     check_studies(study, massive)
     rows: list[dict[str, Any]] = []
@@ -181,8 +181,7 @@ def summary_rows(
     ))  # fmt: skip
     if similarity is not None and len(similarity.layers) > 1 and similarity.n_sequences > 1:
         h = similarity.per_window("homogenization")
-        idx = window_resamples(similarity.n_sequences, block=16, n_boot=1000, seed=0)
-        est = estimate([(h[:, -1] - h[:, 0])[None]], windows=idx, resample_seeds=False)
+        est = estimate([(h[:, -1] - h[:, 0])[None]])
         rows.append(_row(
             f"H_W layer {similarity.layers[-1]} - layer {similarity.layers[0]} (C1)", est.value,
             est.ci_low, est.ci_high,

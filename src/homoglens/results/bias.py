@@ -13,8 +13,8 @@ from jaxtyping import Float
 from homoglens.errors import InvalidInputError
 from homoglens.results.base import Provenance, SavedResult
 from homoglens.similarity_math import SIMILARITY_STATISTICS, edge_groups
-from homoglens.stats import estimate, window_resamples
-from homoglens.types import ATTENTION_BIAS_KINDS
+from homoglens.stats import as_block, default_sesoi, estimate, verdict
+from homoglens.types import ATTENTION_BIAS_KINDS, Verdict
 
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
@@ -59,6 +59,24 @@ class SlopeAtZero:
         gradient_ci_low: Its interval (NaN when it has no per-window spread).
         gradient_ci_high: Its interval.
         gradient_windows: Windows behind ``gradient``.
+        central_gradient_windows: ``central`` on the ``gradient_windows`` windows only: the
+            like-for-like cross-check of ``gradient`` (same windows, same estimand; they differ
+            by O(step^2)). NaN without a gradient.
+        per_mass: The dose in attention moved: d metric / d mass at zero, the central
+            difference of the metric over that of the mass on the biased keys (``mass`` of
+            :data:`ATTENTION_CHECKS`, averaged over the biased blocks), i.e. the change of the
+            metric per unit of attention mass moved onto the biased keys (1 = all of a row's
+            attention). NaN for ``"temperature"`` (no biased keys) and where the mass does not
+            move.
+        per_mass_ci_low: Its interval (delta method over the paired windows; NaN for the
+            cross-window ``sp_*`` metrics).
+        per_mass_ci_high: Its interval.
+        sesoi: Smallest effect of interest of ``per_mass``, in the metric's unit per unit of
+            mass: a tenth of the metric's own scale at the baseline
+            (:func:`homoglens.stats.default_sesoi`), i.e. moving all of the attention changes
+            the metric by less than a tenth of its value; for ``loss``, 0.01 nats.
+        p: Two-sided p-value of ``per_mass`` = 0.
+        p_tost: TOST p-value of ``|per_mass| >= sesoi`` (small: equivalent to no effect).
     """
 
     metric: str
@@ -72,13 +90,56 @@ class SlopeAtZero:
     gradient_ci_low: float
     gradient_ci_high: float
     gradient_windows: int
+    central_gradient_windows: float = math.nan
+    per_mass: float = math.nan
+    per_mass_ci_low: float = math.nan
+    per_mass_ci_high: float = math.nan
+    sesoi: float = math.nan
+    p: float = math.nan
+    p_tost: float = math.nan
+
+    def verdict(self, *, predicted: int = 1, alpha: float = 0.05) -> Verdict:
+        """Three-way verdict on ``per_mass`` (:func:`homoglens.stats.verdict`): ``"holds"``
+        when the metric moves with the attention mass on the side ``predicted`` (+1: more
+        mass, higher metric), ``"equivalent"`` when TOST bounds it inside ``+-sesoi`` per unit
+        of mass, ``"fails"`` on the other side, else ``"inconclusive"``."""
+        return verdict(self.per_mass, self.p, self.p_tost, predicted=predicted, alpha=alpha)
 
     def __repr__(self) -> str:
         return (
             f"SlopeAtZero({self.metric}, layer {self.layer}: central {self.central:.4g} "
-            f"[{self.ci_low:.4g}, {self.ci_high:.4g}] at step {self.step:g}; gradient "
-            f"{self.gradient:.4g} on {self.gradient_windows} windows)"
+            f"[{self.ci_low:.4g}, {self.ci_high:.4g}] per unit of b at step {self.step:g}; "
+            f"{self.per_mass:.4g} [{self.per_mass_ci_low:.4g}, {self.per_mass_ci_high:.4g}] per "
+            f"unit of attention mass moved (SESOI {self.sesoi:.3g}); gradient "
+            f"{self.gradient:.4g} against central {self.central_gradient_windows:.4g} on the "
+            f"same {self.gradient_windows} windows)"
         )
+
+
+def _per_mass(
+    value: float,
+    per: torch.Tensor | None,
+    mass: torch.Tensor,
+    *,
+    sesoi: float,
+    ci: float,
+    block: Any,
+    seed: int,
+    n_boot: int,
+) -> tuple[float, float, float, float, float]:
+    """``value`` (a change of a metric) per unit of the mean change ``mass`` ``[seq]`` of the
+    attention on the biased keys, with a delta-method interval over the paired windows:
+    ``(ratio, ci_low, ci_high, p, p_tost)`` (NaN where the mass does not move, or the bounds
+    where ``per`` is None)."""
+    moved = float(mass.mean())
+    if not math.isfinite(moved) or abs(moved) < 1e-12:
+        return (math.nan,) * 5
+    ratio = value / moved
+    if per is None or per.shape[0] < 2:
+        return ratio, math.nan, math.nan, math.nan, math.nan
+    linear = ratio + (per.double() - ratio * mass.double()) / moved  # mean: ratio
+    est = estimate([linear[None]], block=block, n_boot=n_boot, ci=ci, seed=seed, sesoi=sesoi)
+    return ratio, est.ci_low, est.ci_high, est.p, est.p_tost
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,7 +184,8 @@ class AttentionBiasStudy(SavedResult):
         window_gradient_attention: ``[gseq block check]`` d check / d b at zero, per window.
         window_gradient_loss: ``[gseq]`` d loss / d b at zero, per window.
         ci: Default interval coverage of :meth:`curve` and :meth:`slope_at_zero`.
-        block: Default bootstrap block length (consecutive windows).
+        block: Default bootstrap block length (consecutive windows; ``"auto"``: chosen from the
+            windows' autocorrelation, :func:`homoglens.stats.auto_block`).
         seed: Default bootstrap seed.
         provenance: :class:`~homoglens.results.Provenance`.
 
@@ -160,11 +222,12 @@ class AttentionBiasStudy(SavedResult):
     window_gradient_attention: Float[torch.Tensor, "gseq block check"]
     window_gradient_loss: Float[torch.Tensor, " gseq"]
     ci: float = 0.95
-    block: int = 16
+    block: int | str = "auto"
     seed: int = 0
     provenance: Provenance = field(default_factory=Provenance)
 
     def __post_init__(self) -> None:
+        as_block(self.block)
         if self.kind not in ATTENTION_BIAS_KINDS:
             raise ValueError(f"kind={self.kind!r} must be one of {list(ATTENTION_BIAS_KINDS)}")
         s = list(self.strengths)
@@ -222,12 +285,30 @@ class AttentionBiasStudy(SavedResult):
         rows, per strength (0 at the baseline)."""
         return self.attention[..., ATTENTION_CHECKS.index("kl")].mean(-1)
 
-    def _bootstrap(self, ci: Any, block: Any, seed: Any) -> tuple[float, int, int]:
+    def _bootstrap(self, ci: Any, block: Any, seed: Any) -> tuple[float, Any, int]:
         return (
             self.ci if ci is None else ci,
-            self.block if block is None else block,
+            as_block(self.block if block is None else block),
             self.seed if seed is None else seed,
         )
+
+    def _mass(self) -> torch.Tensor | None:
+        """``[strength seq]`` mass on the biased keys per window, averaged over the biased
+        blocks (None for ``"temperature"``, which has no biased keys)."""
+        if self.kind == "temperature":
+            return None
+        return self.window_attention[..., ATTENTION_CHECKS.index("mass")].mean(-1)
+
+    def _scale(self, metric: str, li: int) -> float:
+        """The metric's own scale at the baseline, for its default SESOI."""
+        values, _ = self._values(metric, li)
+        if metric.startswith("sp_"):
+            sp = self.sp[self._index(self.baseline), li]
+            return float(sp.abs().mean())
+        if metric.startswith(("matched_", "naive_")):
+            e = SIMILARITY_STATISTICS.index("homogenization")
+            return float(self.statistics[self._index(self.baseline), li, e])
+        return float(values[self._index(self.baseline)])
 
     def _index(self, strength: float) -> int:
         for i, s in enumerate(self.strengths):
@@ -315,12 +396,18 @@ class AttentionBiasStudy(SavedResult):
             n_boot: Bootstrap resamples.
 
         Returns:
-            DataFrame with columns ``strength, b, beta, kl, value, delta, se, ci_low, ci_high,
+            DataFrame with columns ``strength, b, beta, kl, mass_moved, value, delta, se,
+            ci_low, ci_high, per_mass, per_mass_ci_low, per_mass_ci_high, per_kl,
             n_sequences``: ``value`` the metric at that strength, ``delta`` = value - value at
             the baseline, and ``se`` / ``ci_low`` / ``ci_high`` the circular block-bootstrap
-            standard error and Wald interval of ``delta`` over the paired windows (NaN for
-            ``sp_*``, which are cross-window by definition, and at the baseline). ``kl`` is the
-            dose as a perturbation size (:attr:`kl`).
+            standard error and t interval of ``delta`` over the paired windows (NaN for
+            ``sp_*``, which are cross-window by definition, and at the baseline). The dose in
+            the units that matter: ``kl`` (:attr:`kl`, nats) and ``mass_moved`` (the change of
+            the attention on the biased keys, averaged over the biased blocks; NaN for
+            temperature); ``per_mass`` = delta / mass_moved with its delta-method interval
+            over the paired windows, and ``per_kl`` = delta / kl (per nat of KL). A nat of b
+            moves little attention when the rows are saturated, so compare effects per unit of
+            mass, not per unit of b.
 
         Raises:
             InvalidInputError: unknown metric, a layer the study did not read, bad ``ci``.
@@ -331,31 +418,53 @@ class AttentionBiasStudy(SavedResult):
         li = self._layer(metric, layer)
         values, per = self._values(metric, li)
         base = self._index(self.baseline)
-        idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
+        mass = self._mass()
+        sesoi = self._sesoi(metric, li)
         rows = []
         for i, s in enumerate(self.strengths):
             se = lo = hi = math.nan
-            if per is not None and i != base and self.n_sequences > 1:
-                est = estimate(
-                    [(per[i] - per[base])[None]], windows=idx, resample_seeds=False, ci=ci
-                )  # paired: the same windows at both strengths
-                se, lo, hi = est.se, est.ci_low, est.ci_high
+            delta = float(values[i] - values[base])
+            paired = None if per is None else per[i] - per[base]
+            if paired is not None and i != base and self.n_sequences > 1:
+                est = estimate([paired[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
+                se, lo, hi = est.se, est.ci_low, est.ci_high  # paired: the same windows
+            moved = math.nan
+            ratio = (math.nan,) * 5
+            if mass is not None and i != base:
+                moved = float((mass[i] - mass[base]).mean())
+                ratio = _per_mass(
+                    delta, paired, mass[i] - mass[base], sesoi=sesoi, ci=ci, block=block,
+                    seed=seed, n_boot=n_boot,
+                )  # fmt: skip
+            kl = float(self.kl[i])
             temperature = self.kind == "temperature"
             rows.append(
                 {
                     "strength": s,
                     "b": 0.0 if temperature else s,
                     "beta": s if temperature else 1.0,
-                    "kl": float(self.kl[i]),
+                    "kl": kl,
+                    "mass_moved": moved,
                     "value": float(values[i]),
-                    "delta": float(values[i] - values[base]),
+                    "delta": delta,
                     "se": se,
                     "ci_low": lo,
                     "ci_high": hi,
+                    "per_mass": ratio[0],
+                    "per_mass_ci_low": ratio[1],
+                    "per_mass_ci_high": ratio[2],
+                    "per_kl": delta / kl if i != base and kl > 0 else math.nan,
                     "n_sequences": self.n_sequences,
                 }
             )
         return pd.DataFrame(rows)
+
+    def _sesoi(self, metric: str, li: int) -> float:
+        """The default SESOI of ``metric`` per unit of attention mass moved (see
+        :class:`SlopeAtZero`)."""
+        if metric == "loss":
+            return 0.01
+        return default_sesoi(self._scale(metric, li))
 
     def slope_at_zero(
         self,
@@ -369,9 +478,14 @@ class AttentionBiasStudy(SavedResult):
     ) -> SlopeAtZero:
         """The in-distribution answer: d metric / d b at the unbiased point, as a central
         difference at the smallest symmetric pair of strengths run (+-b, or 1 +- d for
-        temperature) with a paired block-bootstrap interval, cross-checked with the exact
-        first-order derivative (forward-mode autograd through the same bias at zero, on the
-        first ``gradient_windows`` windows). The two agree to O(step^2) plus sampling noise.
+        temperature) with a paired block-bootstrap interval, and the same per unit of
+        attention mass moved onto the biased keys (``per_mass``, with its SESOI, p-values and
+        :meth:`SlopeAtZero.verdict`): b is a logit, and a nat of it moves little attention
+        where the rows are saturated, so "no effect per nat of b" says nothing about the effect
+        of the attention. Cross-checked with the exact first-order derivative (forward-mode
+        autograd through the same bias at zero) on the first ``gradient_windows`` windows,
+        against the central difference on those same windows (``central_gradient_windows``):
+        the two agree to O(step^2).
 
         Args:
             metric: One of :data:`BIAS_METRICS`.
@@ -410,17 +524,28 @@ class AttentionBiasStudy(SavedResult):
         up, down = self._index(base + step), self._index(base - step)
         central = float((values[up] - values[down]) / (2 * step))
         se = lo = hi = math.nan
-        if per is not None and self.n_sequences > 1:
-            idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
-            diff = (per[up] - per[down]) / (2 * step)
-            est = estimate([diff[None]], windows=idx, resample_seeds=False, ci=ci)
+        diff = None if per is None else (per[up] - per[down]) / (2 * step)
+        if diff is not None and self.n_sequences > 1:
+            est = estimate([diff[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
             se, lo, hi = est.se, est.ci_low, est.ci_high
         grad, gper = self._gradient(metric, li)
         g_lo = g_hi = math.nan
         if gper is not None and self.gradient_windows > 1:
-            gidx = window_resamples(self.gradient_windows, block=block, n_boot=n_boot, seed=seed)
-            g = estimate([gper[None]], windows=gidx, resample_seeds=False, ci=ci)
+            g = estimate([gper[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
             g_lo, g_hi = g.ci_low, g.ci_high
+        like = math.nan  # the central difference on the gradient's own windows
+        if diff is not None and self.gradient_windows:
+            like = float(diff[: self.gradient_windows].mean())
+        elif self.gradient_windows and metric.startswith("sp_"):
+            like = math.nan  # SP is cross-window: its per-window share is not stored
+        mass = self._mass()
+        sesoi = self._sesoi(metric, li)
+        ratio: tuple[float, ...] = (math.nan,) * 5
+        if mass is not None:
+            ratio = _per_mass(
+                central, diff, (mass[up] - mass[down]) / (2 * step), sesoi=sesoi, ci=ci,
+                block=block, seed=seed, n_boot=n_boot,
+            )  # fmt: skip
         shown = (
             -1
             if metric == "loss"
@@ -440,6 +565,13 @@ class AttentionBiasStudy(SavedResult):
             gradient_ci_low=g_lo,
             gradient_ci_high=g_hi,
             gradient_windows=self.gradient_windows,
+            central_gradient_windows=like,
+            per_mass=ratio[0],
+            per_mass_ci_low=ratio[1],
+            per_mass_ci_high=ratio[2],
+            sesoi=sesoi,
+            p=ratio[3],
+            p_tost=ratio[4],
         )
 
     def to_pandas(self) -> pd.DataFrame:

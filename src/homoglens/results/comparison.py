@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -17,8 +16,8 @@ from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import PositionAblationStudy, prepare_folder, read_saved
 from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
 from homoglens.results.sinks import SinkScores
-from homoglens.stats import estimate, window_resamples
-from homoglens.validate import as_float, as_int
+from homoglens.stats import as_block, estimate
+from homoglens.validate import as_float
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -76,7 +75,8 @@ class ModelComparison:
             are training seeds of one model; seeds are the unit of replication).
         edge_k: Positions per edge.
         eps: Sink importance threshold.
-        n_boot, ci, seed, block: Bootstrap resamples, coverage, seed, block length (windows).
+        n_boot, ci, seed, block: Bootstrap resamples, coverage, seed, block length (windows;
+            ``"auto"``: chosen from the windows' autocorrelation).
         sesoi, loss_sesoi: Smallest effects of interest (cosine, ``None``: a tenth of each
             statistic's scale; nats/token).
         settings: How the comparison was run.
@@ -101,7 +101,7 @@ class ModelComparison:
     n_boot: int = 1000
     ci: float = 0.95
     seed: int = 0
-    block: int = 16
+    block: int | str = "auto"
     sesoi: float | None = None
     loss_sesoi: float = 0.01
     settings: dict[str, Any] = field(default_factory=dict)
@@ -201,17 +201,12 @@ class ModelComparison:
     def _last(self, values: torch.Tensor) -> torch.Tensor:
         return values[:, -1] if values.ndim == 2 else values
 
-    @cached_property
-    def _resamples(self) -> torch.Tensor:
-        return window_resamples(
-            self.n_sequences, block=self.block, n_boot=self.n_boot, seed=self.seed
-        )
-
     def _estimate(self, groups: list[torch.Tensor], weights: list[float] | None = None) -> Any:
         return estimate(
             groups,
             weights=weights,
-            windows=self._resamples,
+            block=as_block(self.block),
+            n_boot=self.n_boot,
             resample_seeds=False,
             ci=self.ci,
             sesoi=0.01 if self.sesoi is None else self.sesoi,  # (summary tables show no TOST)
@@ -355,7 +350,7 @@ class ModelComparison:
         sesoi: float | None = None,
         loss_sesoi: float | None = None,
         alpha: float = 0.05,
-        block: int | None = None,
+        block: int | Literal["auto"] | None = None,
     ) -> pd.DataFrame:
         """Test every reading of claims C1-C3 (:mod:`homoglens.claims`) on these models.
 
@@ -390,7 +385,7 @@ class ModelComparison:
             else as_float("loss_sesoi", loss_sesoi, low=0, high=1e9),
             alpha=as_float("alpha", alpha, low=0.0, high=1.0),
             ci=self.ci,
-            block=self.block if block is None else as_int("block", block, low=1),
+            block=as_block(self.block if block is None else block),
             n_boot=self.n_boot,
             seed=self.seed,
             resample_seeds=self.group_by is not None,

@@ -12,7 +12,7 @@ from jaxtyping import Float
 from homoglens.errors import InvalidInputError
 from homoglens.results.base import Provenance, SavedResult
 from homoglens.similarity_math import SIMILARITY_STATISTICS
-from homoglens.stats import estimate, window_resamples
+from homoglens.stats import estimate
 
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
@@ -152,7 +152,7 @@ class LengthStudy(SavedResult):
         layer: int = -1,
         *,
         ci: float = 0.95,
-        block: int = 16,
+        block: int | Literal["auto"] = "auto",
         seed: int = 0,
         n_boot: int = 1000,
     ) -> pd.DataFrame:
@@ -163,7 +163,8 @@ class LengthStudy(SavedResult):
             statistic: One of :data:`~homoglens.similarity_math.SIMILARITY_STATISTICS`.
             layer: Residual entry (negative: from the end).
             ci: Interval coverage.
-            block: Bootstrap block length (consecutive windows).
+            block: Bootstrap block length (consecutive windows): ``"auto"`` (from the
+                windows' autocorrelation, :func:`homoglens.stats.auto_block`) or an integer.
             seed: Bootstrap seed.
             n_boot: Bootstrap resamples.
 
@@ -180,11 +181,10 @@ class LengthStudy(SavedResult):
                 f"statistic={statistic!r} must be one of {list(SIMILARITY_STATISTICS)}"
             )
         li, e = self._li(layer), SIMILARITY_STATISTICS.index(statistic)
-        idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
         rows = []
         for t, length in enumerate(self.lengths):
             per = self.window_statistics[t, :, li, e]
-            est = estimate([per[None]], windows=idx, resample_seeds=False, ci=ci, seed=seed)
+            est = estimate([per[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
             rows.append(
                 {
                     "length": length,

@@ -29,7 +29,7 @@ from homoglens.similarity_math import (
     edge_groups,
     similarity_coefficients,
 )
-from homoglens.stats import estimate, window_resamples
+from homoglens.stats import estimate
 from homoglens.types import CENTRES, SPACES, Centring
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ class PositionalSimilarity(SavedResult):
         exclude_first: bool = False,
         edge_k: int = 8,
         massive_threshold: float = 100.0,
-        pseudo_values: bool = False,
+        pseudo_values: bool = True,
         batch_size: int = 64,
     ) -> PositionalSimilarity:
         """Position x position similarity of activations you already have: the residual stream
@@ -436,7 +436,7 @@ class PositionalSimilarity(SavedResult):
         k: int | None = None,
         *,
         ci: float = 0.95,
-        block: int = 16,
+        block: int | Literal["auto"] = "auto",
         seed: int = 0,
         n_boot: int = 1000,
     ) -> pd.DataFrame:
@@ -447,21 +447,25 @@ class PositionalSimilarity(SavedResult):
         same for the middle positions (what ``edge_summary`` reports; negative for any process
         whose similarity falls with distance). ``matched`` compares edge-middle pairs of ``W``
         with middle-middle pairs at the same distance (zero in expectation when no position is
-        special). The interval is a Wald interval with the standard error of a circular
-        moving-block bootstrap over windows (blocks of ``block`` consecutive windows).
+        special). The interval is a t interval with the standard error of a circular
+        moving-block bootstrap over windows (:func:`homoglens.stats.estimate`) of the per-window
+        values (:meth:`per_window`: jackknife pseudo-values when the second pass ran, else C
+        held fixed, which is wider than the truth on real data).
 
         Args:
             k: Positions per edge (default: ``edge_k``). Intervals need the per-window values,
                 stored for ``edge_k`` only; another ``k`` gives point estimates and NaN bounds.
             ci: Interval coverage, in (0, 1).
-            block: Consecutive windows per bootstrap block (1: i.i.d.).
+            block: Consecutive windows per bootstrap block: ``"auto"`` (chosen from the
+                windows' autocorrelation, :func:`homoglens.stats.auto_block`) or an integer
+                (1: i.i.d.).
             seed: Bootstrap seed.
             n_boot: Bootstrap resamples.
 
         Returns:
-            DataFrame with columns ``layer, edge, naive, matched, ci_low, ci_high,
-            n_sequences`` (one row per layer and edge ``first`` / ``last``). The standard error
-            is ``(ci_high - ci_low) / (2 z)`` (``z = 1.96`` at ``ci = 0.95``).
+            DataFrame with columns ``layer, edge, naive, matched, se, ci_low, ci_high,
+            n_sequences`` (one row per layer and edge ``first`` / ``last``; the interval is NaN,
+            with a warning, from fewer than 4 windows).
 
         Raises:
             InvalidInputError: ``k`` too large for the windows, bad ``ci``/``block``.
@@ -481,22 +485,20 @@ class PositionalSimilarity(SavedResult):
                 f"intervals; rerun positional_similarity(..., edge_k={k}) for them",
                 stacklevel=2,
             )
-        idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
         for li, layer in enumerate(self.layers):
             for e, edge in enumerate(("first", "last")):
-                lo = hi = math.nan
+                lo = hi = se = math.nan
                 if have:
                     values = self.per_window(f"matched_{edge}")[:, li]
-                    est = estimate(
-                        [values[None]], windows=idx, resample_seeds=False, ci=ci, seed=seed
-                    )
-                    lo, hi = est.ci_low, est.ci_high
+                    est = estimate([values[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
+                    lo, hi, se = est.ci_low, est.ci_high, est.se
                 rows.append(
                     {
                         "layer": layer,
                         "edge": edge,
                         "naive": float(naive[li, e]),
                         "matched": float(matched[li, 2 + e]),
+                        "se": se,
                         "ci_low": lo,
                         "ci_high": hi,
                         "n_sequences": self.n_sequences,
@@ -505,7 +507,12 @@ class PositionalSimilarity(SavedResult):
         return pd.DataFrame(rows)
 
     def sp_excess(
-        self, *, ci: float = 0.95, block: int = 16, seed: int = 0, n_boot: int = 1000
+        self,
+        *,
+        ci: float = 0.95,
+        block: int | Literal["auto"] = "auto",
+        seed: int = 0,
+        n_boot: int = 1000,
     ) -> pd.DataFrame:
         """Same-position cross-input similarity of the first and last ``edge_k`` positions
         minus the middle's mean, per layer (Barbero et al. 2024: late tokens of different
@@ -527,7 +534,6 @@ class PositionalSimilarity(SavedResult):
 
         refused = self._cross_input_refused("sp_excess")
         first, middle, last = edge_groups(self.n_pos, self.edge_k)
-        idx = window_resamples(self.n_sequences, block=block, n_boot=n_boot, seed=seed)
         rows = []
         for li, layer in enumerate(self.layers):
             mid = math.nan if refused else float(self.SP[li, list(middle)].mean())
@@ -537,8 +543,8 @@ class PositionalSimilarity(SavedResult):
                 if self.has_pseudo_values and self.n_sequences > 1 and not refused:
                     est = estimate(
                         [self.per_window(f"sp_{edge}")[:, li][None]],
-                        windows=idx,
-                        resample_seeds=False,
+                        block=block,
+                        n_boot=n_boot,
                         ci=ci,
                         seed=seed,
                     )
