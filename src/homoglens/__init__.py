@@ -16,7 +16,9 @@ from homoglens.architectures import (
 )
 from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS, checkpoint_folders
 from homoglens.bias import attention_bias_study
+from homoglens.calibration import CalibratedReadings, calibrated_readings, random_reference
 from homoglens.comparison import REPLICATED_MODELS, compare_models
+from homoglens.controls import control_activations
 from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
 from homoglens.errors import (
     DistributedError,
@@ -93,6 +95,10 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - a source tree on sy
 
 __all__ = [
     "ARCHITECTURES",
+    "CalibratedReadings",
+    "calibrated_readings",
+    "random_reference",
+    "control_activations",
     "ATTRIBUTION_METRICS",
     "CheckpointSweep",
     "PATCH_COMPONENTS",

@@ -70,6 +70,10 @@ def test_profile_writes_report(tmp_path) -> None:
     assert "Position-resolved similarity" in html and "matched" in html
     sim = PositionalSimilarity.load(out / "similarity")
     assert sim.n_sequences == 6 and sim.first_position == 1 and sim.has_pseudo_values
+    assert sim.centre is None  # uncentred: the SP readings mean something
+    assert "three readings" in html and (out / "readings.csv").is_file()
+    summary = (out / "summary.csv").read_text()
+    assert "verdict" in summary.splitlines()[0] and "model - causal null" in summary
     assert (out / "similarity_edge_excess.csv").is_file() and (
         out / "figures/similarity.png"
     ).is_file()

@@ -314,3 +314,42 @@ def test_the_study_reads_logits_once_only(monkeypatch) -> None:
     monkeypatch.setattr(engine, "run_logits", counted)
     attention_bias_study(_model(), WINDOWS, kind="first", strengths=[-1.0, 0.0, 1.0], **COMMON)
     assert len(calls) == 1  # the check; 5 more passes (3 strengths x 2 batches) end at W_U
+
+
+def test_doses_per_unit_of_attention_mass_and_like_for_like_cross_check() -> None:
+    """Issue 38, point 5: a nat of b is not a dose (saturated rows move little attention), so
+    the slope is also reported per unit of attention mass moved onto the biased keys (the
+    central difference of the metric over that of the mass), with a SESOI in those units; the
+    gradient is cross-checked against the central difference on its own windows."""
+    study = attention_bias_study(
+        _model(f64=True),
+        WINDOWS,
+        kind="first",
+        strengths=[-1e-3, 0.0, 1e-3, 2.0],
+        gradient_windows=3,
+        **COMMON,
+    )
+    mass = study.slope_at_zero("mass", None)
+    assert mass.per_mass == pytest.approx(1.0, rel=1e-9)
+    slope = study.slope_at_zero("homogenization", -1)
+    assert slope.per_mass == pytest.approx(slope.central / mass.central, rel=1e-9)
+    assert slope.per_mass_ci_low < slope.per_mass < slope.per_mass_ci_high
+    h = float(study.statistics[1, -1, SIMILARITY_STATISTICS.index("homogenization")])
+    assert slope.sesoi == pytest.approx(max(1e-3, 0.1 * abs(h)))
+    assert slope.verdict() in ("holds", "fails", "equivalent", "inconclusive")
+    # like for like: the gradient's 3 windows against the central difference on those 3
+    # (O(step^2) apart), while the central difference over all 6 windows is another estimand
+    naive = study.slope_at_zero("naive_last", -1)
+    gap = abs(naive.central_gradient_windows - naive.gradient)
+    assert gap < max(5e-3 * abs(naive.gradient), 1e-6)
+    assert abs(naive.central - naive.gradient) > 10 * gap
+    assert math.isnan(slope.central_gradient_windows)  # its C is that of the 3 windows
+    curve = study.curve("homogenization", -1)
+    row = curve[curve["strength"] == 2.0].iloc[0]
+    assert row["per_mass"] == pytest.approx(row["delta"] / row["mass_moved"], rel=1e-9)
+    assert row["per_kl"] == pytest.approx(row["delta"] / row["kl"], rel=1e-9)
+    assert math.isnan(curve[curve["strength"] == 0.0].iloc[0]["per_mass"])
+    temperature = attention_bias_study(
+        _model(), WINDOWS, kind="temperature", strengths=[0.5, 1.0, 1.5], **COMMON
+    )
+    assert math.isnan(temperature.slope_at_zero("homogenization", -1).per_mass)

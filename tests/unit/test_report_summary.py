@@ -119,3 +119,39 @@ def test_studies_from_other_windows_or_of_the_other_kind_are_refused_or_not_quot
     with pytest.raises(InvalidInputError, match="patching= takes"):
         write_profile_report(other, tmp_path / "e", patching=[other])  # type: ignore[list-item]
     assert not any((tmp_path / n).exists() for n in "abcde")
+
+
+def test_summary_gives_calibrated_verdicts_adjusted_c3_and_no_mean_headline(
+    results, get_model
+) -> None:
+    """Issue 38: the C2 rows are the three readings against the causal null, each with a
+    verdict; C3 is the change of the adjusted (not raw) homogenization; the massive "set to
+    mean" row (0 by construction: position 0 is the same BOS in every window) is no headline;
+    every position-resolved row names the same (last) layer."""
+    from homoglens import calibrated_readings, positional_similarity
+
+    windows, study, massive = results
+    model = get_model("gpt2", BACKENDS[-1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = positional_similarity(model, windows, edge_k=3, progress=False)
+        readings = calibrated_readings(model, windows, edge_k=3, progress=False)
+    profile = study.profiles["none"]
+    rows = summary_rows(profile, study=study, similarity=sim, massive=massive, readings=readings)
+    c2 = [r for r in rows if r["measure"].startswith("C2 (")]
+    assert len(c2) == 5
+    assert all(r["verdict"] in ("holds", "equivalent", "fails", "inconclusive") for r in c2)
+    table = readings.table()
+    assert [r["value"] for r in c2] == pytest.approx(table["difference"].tolist(), abs=1e-12)
+    assert not any("uncalibrated" in r["measure"] for r in rows)
+    c3 = next(r for r in rows if "positions zeroed - intact (C3)" in r["measure"])
+    assert c3["measure"].startswith("adjusted homogenization")
+    m = study.modes.index("zero")
+    want = float(
+        (study.mean_pairwise[m][:, -1] - study.mean_pairwise[0][:, -1]).mean()
+        - (study.profiles["zero"].baseline[-1] - study.profiles["none"].baseline[-1])
+    )
+    assert c3["value"] == pytest.approx(want, abs=1e-6)
+    assert not any("set to mean" in r["measure"] for r in rows)
+    layers = {int(x) for r in rows for x in re.findall(r"layer (\d+)", r["measure"])}
+    assert layers == {profile.layers[-1]} | {sim.layers[0]}  # C1 reads last minus first

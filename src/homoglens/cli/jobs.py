@@ -173,7 +173,7 @@ def sinks_job(model: Any, windows: Any, opts: dict[str, Any], *, required: bool)
 
 
 def similarity_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
-    """The position-resolved section (centred by position, with pseudo-values: three passes);
+    """The position-resolved section (uncentred, with pseudo-values: two passes);
     ``None`` with a warning when the windows are of unequal length or too short for the
     edges."""
     from homoglens.similarity import positional_similarity
@@ -192,11 +192,34 @@ def similarity_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
         model,
         windows,
         edge_k=edge_k,
-        centre="position",
+        centre=None,  # uncentred: SP (a cross-input reading) means nothing on centred vectors
         pseudo_values=True,
         batch_size=opts["batch_size"],
         progress=opts["progress"],
     )
+
+
+def readings_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
+    """The three readings of C2 against the causal null (the same tokens after a prefix of half
+    the window, :func:`~homoglens.calibrated_readings`); ``None`` with a warning when the windows
+    are unequal, padded or too short for the edges."""
+    from homoglens.calibration import calibrated_readings
+
+    lengths = windows.lengths
+    width = int(lengths.min()) - int(bool(windows.bos))
+    offset = width // 2
+    edge_k = min(opts["edge_k"], (width - offset - 2) // 2)
+    if int(lengths.min()) != int(lengths.max()) or edge_k < 1 or len(windows) < 4:
+        click.echo(
+            "warning: the calibrated readings need at least 4 equal windows of 8 counted tokens; "
+            "the report has none",
+            err=True,
+        )
+        return None
+    return calibrated_readings(
+        model, windows, reference="offset", offset=offset, edge_k=edge_k,
+        batch_size=opts["batch_size"], progress=opts["progress"],
+    )  # fmt: skip
 
 
 def bias_job(model: Any, windows: Any, opts: dict[str, Any], **bias: Any) -> Any:
@@ -353,6 +376,9 @@ def run_profile(
             if similarity
             else None
         )
+        readings = (
+            timed("readings", lambda: readings_job(model, windows, opts)) if similarity else None
+        )
         biased = (
             timed("attention bias", lambda: bias_job(
                 model, windows, opts, kind="first", strengths=(-1.0, -0.25, 0.0, 0.25, 1.0),
@@ -393,6 +419,7 @@ def run_profile(
                 similarity=sim,
                 bias=biased,
                 massive=massive_study,
+                readings=readings,
                 interactive=opts["interactive"],
             )
         report = folder / "report.html"

@@ -24,6 +24,7 @@ from homoglens.report.sections import (
     length_section,
     massive_section,
     patching_section,
+    readings_section,
     similarity_section,
     sinks_section,
     study_section,
@@ -37,6 +38,7 @@ from homoglens.report.summary import (
 )
 
 if TYPE_CHECKING:
+    from homoglens.calibration import CalibratedReadings
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
     from homoglens.results.bias import AttentionBiasStudy
     from homoglens.results.comparison import ModelComparison
@@ -185,6 +187,7 @@ def write_profile_report(
     similarity: PositionalSimilarity | None = None,
     bias: AttentionBiasStudy | None = None,
     massive: PositionAblationStudy | None = None,
+    readings: CalibratedReadings | None = None,
     interactive: bool = False,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
@@ -199,7 +202,10 @@ def write_profile_report(
     ``similarity*.csv``, figures and a position-resolved section; with ``bias``:
     ``attention_bias/``, ``attention_bias_*.csv``, a figure and a dose-response section; with
     ``massive`` (a :func:`~homoglens.massive_ablation_study`): ``massive_ablation/``,
-    ``massive_ablation_*.csv``, a figure and a section. The page opens with a summary (the
+    ``massive_ablation_*.csv``, a figure and a section; with ``readings`` (a
+    :func:`~homoglens.calibrated_readings`): ``readings/``, ``readings.csv`` and a section of
+    the three readings of C2 against the causal null, whose verdicts the summary shows. The
+    page opens with a summary (the
     headline numbers with their intervals and what they mean, ``summary.csv``) and a table of
     contents.
 
@@ -218,13 +224,14 @@ def write_profile_report(
     """
     check_results(
         profile, study=study, sinks=sinks, patching=patching, similarity=similarity, bias=bias,
-        massive=massive,
+        massive=massive, readings=readings,
     )  # fmt: skip
     _off_screen()
     with interactive_figures(interactive):
         return _profile_page(
             profile, Path(out), edge_k=edge_k, title=title, study=study, sinks=sinks,
             patching=patching, similarity=similarity, bias=bias, massive=massive,
+            readings=readings,
         )  # fmt: skip
 
 
@@ -240,6 +247,7 @@ def _profile_page(
     similarity: PositionalSimilarity | None,
     bias: AttentionBiasStudy | None,
     massive: PositionAblationStudy | None = None,
+    readings: CalibratedReadings | None = None,
 ) -> Path:
     """The body of :func:`write_profile_report`."""
     from homoglens.results.figures import profile_adjusted, profile_curves, profile_heatmap
@@ -281,6 +289,8 @@ def _profile_page(
     )
     prov.update(n_sequences=profile.n_sequences, n_tokens=profile.n_tokens, positions=profile.n_pos)
     ablation = similarity_section(similarity, out) if similarity is not None else ""
+    if readings is not None:
+        ablation += readings_section(readings, out)
     if study is not None:
         ablation += study_section(study, out)
     if bias is not None:
@@ -341,7 +351,13 @@ mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
 <code>HomogenizationProfile.load</code>), profile.csv (tidy), edge_summary.csv, figures/.</p>
 """
     rows = summary_rows(
-        profile, study=study, similarity=similarity, sinks=sinks, bias=bias, massive=massive
+        profile,
+        study=study,
+        similarity=similarity,
+        sinks=sinks,
+        bias=bias,
+        massive=massive,
+        readings=readings,
     )
     import pandas as pd
 

@@ -14,6 +14,7 @@ from homoglens.errors import InvalidInputError
 from homoglens.report.html import figure_tag, table_html
 
 if TYPE_CHECKING:
+    from homoglens.calibration import CalibratedReadings
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
     from homoglens.results.bias import AttentionBiasStudy
     from homoglens.results.comparison import ModelComparison
@@ -162,7 +163,7 @@ def similarity_section(result: PositionalSimilarity, out: Path) -> str:
     result.save(out / "similarity")
     figures = out / "figures"
     figures.mkdir(exist_ok=True)
-    late = result.layers[max(0, (3 * (len(result.layers) - 1)) // 4)]
+    late = result.layers[-1]  # the summary's layer too
     heat = figure_tag(
         lambda backend: result.plot(layers=[late], backend=backend),
         figures / "similarity.png", "similarity",
@@ -461,6 +462,39 @@ def _blocks(block: object) -> str:
     return f"{block} consecutive windows"
 
 
+def readings_section(readings: CalibratedReadings, out: Path) -> str:
+    """Save calibrated readings and return their HTML section: the three readings of "edge
+    tokens homogenize" in the model and in the causal null, their paired differences with
+    intervals and verdicts at the last layer (every layer in ``readings.csv``)."""
+    import pandas as pd
+
+    readings.save(out / "readings")
+    tables = [readings.table(layer) for layer in readings.model.layers[1:]]
+    everything = pd.concat(tables, ignore_index=True)
+    everything.to_csv(out / "readings.csv", index=False)
+    last = tables[-1]
+    shown = last[["reading", "model", "reference", "difference", "ci_low", "ci_high", "sesoi",
+                  "verdict"]]  # fmt: skip
+    return f"""
+<h2>Edge homogenization against a causal null: three readings (C2)</h2>
+<p class="note">A causal decoder mixes a prefix whatever its positions, and causal mixing alone
+makes edge effects of either sign, so each reading of "edge tokens homogenize" is read in the
+model and in a reference that keeps the causal mask and the content but not the position
+({html.escape(readings.reference_name)}), on the same {readings.model.n_sequences} windows of
+{readings.model.n_pos} positions (uncentred, jackknife pseudo-values), and only their paired
+difference gets a verdict: (a) within-window contextual similarity of the edges, the
+distance-matched excess of W; (b) convergence of the edge tokens on a direction shared by all
+inputs, SP of the edge minus the middle; (c) cross-input convergence over depth, mean SP at the
+layer minus at the embeddings. Verdicts: holds (difference &gt; 0), equivalent (within the
+SESOI, a tenth of the statistic's scale), fails (&lt; 0), inconclusive; Holm over the five
+readings; t intervals over windows with a block length chosen from their autocorrelation.</p>
+<h3>Layer {readings.model.layers[-1]}</h3>
+{table_html(shown)}
+<p class="note">Every layer: readings.csv; the similarities: readings/ (reload with
+CalibratedReadings.load).</p>
+"""
+
+
 def bias_section(study: AttentionBiasStudy, out: Path) -> str:
     """Save an attention-bias study and return its HTML section: the dose-response figure,
     the slope at zero of each readout with its interval, and the curve of H_W."""
@@ -483,8 +517,13 @@ def bias_section(study: AttentionBiasStudy, out: Path) -> str:
         except InvalidInputError:
             continue
         rows.append({"metric": metric, "slope at zero": slope.central, "ci_low": slope.ci_low,
-                     "ci_high": slope.ci_high, "step": slope.step,
-                     "gradient": slope.gradient})  # fmt: skip
+                     "ci_high": slope.ci_high, "per unit of mass": slope.per_mass,
+                     "mass ci_low": slope.per_mass_ci_low, "mass ci_high": slope.per_mass_ci_high,
+                     "sesoi (per mass)": slope.sesoi,
+                     "verdict": slope.verdict() if metric != "mass" else "",
+                     "step": slope.step, "gradient": slope.gradient,
+                     "central, gradient windows": slope.central_gradient_windows,
+                     })  # fmt: skip
     import pandas as pd
 
     slopes = pd.DataFrame(rows)
@@ -500,9 +539,13 @@ def bias_section(study: AttentionBiasStudy, out: Path) -> str:
 the distance-matched edge excess, SP; the next-token loss; and the manipulation checks (mass on
 the biased keys, entropy, KL(A' || A), the dose as a perturbation size). The slope at zero is
 the in-distribution answer: a central difference at the smallest +-{axis} run, with a
-{int(round(study.ci * 100))}% moving-block bootstrap interval over paired windows.</p>
+{int(round(study.ci * 100))}% moving-block bootstrap interval over paired windows, per unit of
+{axis} and per unit of attention mass moved onto the biased keys (a nat of {axis} moves little
+attention where the rows are saturated, so the verdict, against a SESOI of a tenth of the
+metric's scale per unit of mass, is read per unit of mass; predicted sign &gt; 0). The gradient
+(forward-mode autograd) is checked against the central difference on its own windows.</p>
 {figure}
-<h3>Slope at zero (per unit of {axis})</h3>
+<h3>Slope at zero (per unit of {axis} and per unit of attention mass)</h3>
 {table_html(slopes)}
 <h3>H_W at entry {last} by strength (delta: paired change from the unbiased run)</h3>
 {table_html(curve)}

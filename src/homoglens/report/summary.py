@@ -21,6 +21,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from homoglens.calibration import CalibratedReadings
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
     from homoglens.results.bias import AttentionBiasStudy
     from homoglens.results.similarity import PositionalSimilarity
@@ -48,13 +49,16 @@ def _sign(low: float, high: float) -> str:
     return "interval contains 0"
 
 
-def _row(measure: str, value: float, low: float, high: float, reading: str) -> dict[str, Any]:
+def _row(
+    measure: str, value: float, low: float, high: float, reading: str, verdict: str = ""
+) -> dict[str, Any]:
     return {
         "measure": measure,
         "value": float(value),
         "ci_low": float(low),
         "ci_high": float(high),
         "sign": _sign(float(low), float(high)),
+        "verdict": verdict,
         "reading": reading,
     }
 
@@ -80,6 +84,7 @@ def check_results(profile: Any, **results: Any) -> None:
     a :class:`~homoglens.results.HomogenizationProfile`, each of ``results`` (by the
     :func:`~homoglens.report.write_profile_report` argument it was given as) None or its
     result type."""
+    from homoglens.calibration import CalibratedReadings
     from homoglens.errors import InvalidInputError
     from homoglens.results import HomogenizationProfile, PositionAblationStudy
     from homoglens.results.bias import AttentionBiasStudy
@@ -94,6 +99,7 @@ def check_results(profile: Any, **results: Any) -> None:
         "patching": (PositionalPatchingResult, list),
         "similarity": (PositionalSimilarity,),
         "bias": (AttentionBiasStudy,),
+        "readings": (CalibratedReadings,),
     }
     if not isinstance(profile, HomogenizationProfile):
         raise InvalidInputError(
@@ -140,20 +146,28 @@ def summary_rows(
     sinks: SinkAnalysis | None = None,
     bias: AttentionBiasStudy | None = None,
     massive: PositionAblationStudy | None = None,
+    readings: CalibratedReadings | None = None,
 ) -> list[dict[str, Any]]:
     """The headline numbers of a report, one dict per row: ``measure``, ``value``, ``ci_low``,
     ``ci_high`` (NaN where the result holds no per-window values, or fewer than 2, or where
-    ``study`` measured other windows than ``profile``), ``sign`` (how the interval reads) and
-    ``reading`` (what the number means).
+    ``study`` measured other windows than ``profile``), ``sign`` (how the interval reads),
+    ``verdict`` (holds / equivalent / fails / inconclusive for the calibrated C2 readings,
+    empty for descriptive rows) and ``reading`` (what the number means).
+
+    Every position-resolved row is at the last layer, as the position-resolved section. The
+    C2 rows are the three readings against the causal null (``readings``), when given; without
+    them the uncalibrated matched excess is shown, flagged as such. The C3 row is the change of
+    the *adjusted* homogenization (raw minus the anisotropy baseline of each run).
 
     Raises:
         InvalidInputError: a massive-activation study given as ``study`` or a positional one as
             ``massive``.
 
     Intervals: paired percentile bootstrap over windows for the ablation rows (as in their
-    section); Wald intervals with moving-block bootstrap standard errors over windows (blocks
-    of 16) for the position-resolved rows; the bias slope's own interval. The adjusted value's
-    interval is the raw one shifted by the anisotropy baseline, which is held fixed.
+    section); t intervals with moving-block bootstrap standard errors over windows (block length
+    chosen from their autocorrelation) for the position-resolved rows and the readings; the
+    bias slope's own interval. The adjusted value's interval is the raw one shifted by the
+    anisotropy baseline, which is held fixed.
     """
     from homoglens.results.studies import paired_bootstrap
     from homoglens.stats import estimate
@@ -188,25 +202,47 @@ def summary_rows(
             "contextual homogenization (W = M - C, cross-window similarity of the same "
             "positions removed) gained with depth; C1 predicts > 0",
         ))  # fmt: skip
-        edge = similarity.edge_excess()
-        edge = edge[edge["layer"] == similarity.layers[-1]]
-        for r in edge.itertuples():
+        if readings is None:
+            edge = similarity.edge_excess()
+            edge = edge[edge["layer"] == similarity.layers[-1]]
+            for r in edge.itertuples():
+                rows.append(_row(
+                    f"matched {r.edge}-edge excess, layer {r.layer} (C2, uncalibrated)",
+                    r.matched, r.ci_low, r.ci_high,
+                    f"the {similarity.edge_k} {r.edge} positions against middle pairs at the "
+                    "same distance; not a verdict on positional bias: causal mixing alone moves "
+                    "it (measure the readings against a causal null: calibrated_readings)",
+                ))  # fmt: skip
+    if readings is not None:
+        table = readings.table()
+        meaning = {
+            "matched_first": "within-window similarity of the first edge (distance-matched W)",
+            "matched_last": "within-window similarity of the last edge (distance-matched W)",
+            "sp_first": "first-edge tokens converging on a direction shared by all inputs (SP)",
+            "sp_last": "last-edge tokens converging on a direction shared by all inputs (SP)",
+            "sp_mean": "cross-input convergence from the embeddings to this layer (mean SP)",
+        }
+        for r in table.itertuples():
             rows.append(_row(
-                f"matched {r.edge}-edge excess, layer {r.layer} (C2)", r.matched, r.ci_low,
-                r.ci_high,
-                f"the {similarity.edge_k} {r.edge} positions against middle pairs at the same "
-                "distance; C2 predicts > 0, 0 when no position is special",
+                f"C2 ({r.reading}), layer {r.layer}: model - causal null", r.difference,
+                r.ci_low, r.ci_high,
+                f"{meaning[r.statistic]}, in the model minus in "
+                f"{readings.reference_name}; C2 predicts > 0 (Holm over the five readings, "
+                f"SESOI {r.sesoi:.3g})",
+                verdict=str(r.verdict),
             ))  # fmt: skip
     if study is not None and "zero" in study.modes and study.loss.shape[1] >= 2:
         m = study.modes.index("zero")
         opts = {"n_boot": study.n_boot, "ci": study.ci, "seed": study.seed}
-        diff = study.mean_pairwise[m][:, -1] - study.mean_pairwise[0][:, -1]
+        shift = float(study.profiles["zero"].baseline[-1] - study.profiles["none"].baseline[-1])
+        diff = study.mean_pairwise[m][:, -1] - study.mean_pairwise[0][:, -1] - shift
         d, dlo, dhi = (float(t) for t in paired_bootstrap(diff, **opts))
         rows.append(_row(
-            f"mean pairwise cosine, layer {study.layers[-1]}: positions zeroed - intact (C3)",
+            f"adjusted homogenization, layer {study.layers[-1]}: positions zeroed - intact (C3)",
             d, dlo, dhi,
             "what removing the explicit positional signal at inference does to homogenization "
-            "(out of distribution; C3 predicts < 0)",
+            "beyond anisotropy (raw minus each run's baseline; out of distribution; C3 predicts "
+            "< 0)",
         ))  # fmt: skip
         loss = study.loss[m] - study.loss[0]
         d, dlo, dhi = (float(t) for t in paired_bootstrap(loss, **opts))
@@ -221,11 +257,13 @@ def summary_rows(
             slope = None
         if slope is not None:
             rows.append(_row(
-                f"d H_W / d b at b = 0, attention bias toward the first key, layer {slope.layer}",
-                slope.central, slope.ci_low, slope.ci_high,
-                "how homogenization responds to attention pushed toward the first key (per nat "
-                "of bias); > 0: more attention to the first token makes tokens more alike (C2, "
-                "attention reading)",
+                f"d H_W / d mass at b = 0, attention moved onto the first key, layer "
+                f"{slope.layer}", slope.per_mass, slope.per_mass_ci_low, slope.per_mass_ci_high,
+                "how homogenization responds per unit of attention mass moved onto the first "
+                "key (1 = all of a row's attention; a nat of bias moves little where rows are "
+                f"saturated); > 0: more attention to the first token makes tokens more alike "
+                f"(C2, attention reading; SESOI {slope.sesoi:.3g} per unit of mass)",
+                verdict=slope.verdict() if math.isfinite(slope.per_mass) else "",
             ))  # fmt: skip
     if sinks is not None:
         from homoglens.results.figures import sink_rate_label
@@ -243,10 +281,10 @@ def summary_rows(
             f"layer {massive.settings.get('layer')}, dims {massive.settings.get('dims')}, "
             f"positions {massive.settings.get('positions')}"
         )
-        for mode, reading in (
-            ("mean", "Sun et al.: harmless"),
-            ("zero", "Sun et al.: destroys the model"),
-        ):
+        # "set to mean" is no headline: the sites include position 0, which holds the same
+        # token (the BOS) in every window, so its mean is its value and the row reads 0 by
+        # construction (it stays in the massive-activation section)
+        for mode, reading in (("zero", "Sun et al.: destroys the model"),):
             m = massive.modes.index(mode)
             d, dlo, dhi = (
                 float(t) for t in paired_bootstrap(massive.loss[m] - massive.loss[0], **opts)
@@ -272,7 +310,8 @@ def summary_html(rows: list[dict[str, Any]], *, ci: float = 0.95) -> str:
         "<tr>"
         f"<td>{html.escape(r['measure'])}</td><td>{num(r['value'])}</td>"
         f"<td>{interval(r['ci_low'], r['ci_high'])}"
-        f"</td><td>{html.escape(r['sign'])}</td><td>{html.escape(r['reading'])}</td>"
+        f"</td><td>{html.escape(r['sign'])}</td><td>{html.escape(r.get('verdict', ''))}</td>"
+        f"<td>{html.escape(r['reading'])}</td>"
         "</tr>"
         for r in rows
     )
@@ -280,10 +319,11 @@ def summary_html(rows: list[dict[str, Any]], *, ci: float = 0.95) -> str:
 <h2>Summary</h2>
 <p class="note">The headline numbers of the sections below, each with its {pct}% interval over
 windows (the unit of replication for one model; another training run needs seeds, see
-homoglens compare). A sign is read from the interval only. Details, all layers and CSVs are in
-each section.</p>
+homoglens compare). A sign is read from the interval only; verdicts (holds / equivalent to no
+effect / fails / inconclusive) only where a claim is tested against its causal null. Details,
+all layers and CSVs are in each section.</p>
 <table class="dataframe summary"><thead><tr><th>measure</th><th>value</th>
-<th>{pct}% interval</th><th>sign</th><th>what it means</th></tr></thead>
+<th>{pct}% interval</th><th>sign</th><th>verdict</th><th>what it means</th></tr></thead>
 <tbody>{body}</tbody></table>
 """
 

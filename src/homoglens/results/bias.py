@@ -61,7 +61,11 @@ class SlopeAtZero:
         gradient_windows: Windows behind ``gradient``.
         central_gradient_windows: ``central`` on the ``gradient_windows`` windows only: the
             like-for-like cross-check of ``gradient`` (same windows, same estimand; they differ
-            by O(step^2)). NaN without a gradient.
+            by O(step^2)). NaN without a gradient, and for the statistics that involve the
+            cross-window ``C`` (``homogenization``, ``matched_*``) and ``sp_*`` when the gradient
+            covers fewer windows than the study: the gradient's ``C`` is that of its own
+            windows, which the stored sums do not hold at the other strengths (differentiate
+            every window, ``gradient_windows = n``, for that cross-check).
         per_mass: The dose in attention moved: d metric / d mass at zero, the central
             difference of the metric over that of the mass on the biased keys (``mass`` of
             :data:`ATTENTION_CHECKS`, averaged over the biased blocks), i.e. the change of the
@@ -534,16 +538,19 @@ class AttentionBiasStudy(SavedResult):
             g = estimate([gper[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
             g_lo, g_hi = g.ci_low, g.ci_high
         like = math.nan  # the central difference on the gradient's own windows
-        if diff is not None and self.gradient_windows:
-            like = float(diff[: self.gradient_windows].mean())
-        elif self.gradient_windows and metric.startswith("sp_"):
-            like = math.nan  # SP is cross-window: its per-window share is not stored
+        g = self.gradient_windows
+        cross = metric in SIMILARITY_STATISTICS and not metric.startswith("naive")
+        if g == self.n_sequences:
+            like = central  # the same windows: the same estimand
+        elif diff is not None and g and not cross:
+            like = float(diff[:g].mean())  # per-window values that do not involve C
         mass = self._mass()
         sesoi = self._sesoi(metric, li)
         ratio: tuple[float, ...] = (math.nan,) * 5
         if mass is not None:
+            own = None if metric == "mass" else diff  # the mass per unit of itself: exactly 1
             ratio = _per_mass(
-                central, diff, (mass[up] - mass[down]) / (2 * step), sesoi=sesoi, ci=ci,
+                central, own, (mass[up] - mass[down]) / (2 * step), sesoi=sesoi, ci=ci,
                 block=block, seed=seed, n_boot=n_boot,
             )  # fmt: skip
         shown = (
