@@ -37,7 +37,7 @@ References:
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from jaxtyping import Float
@@ -56,15 +56,7 @@ Control = Literal[
     "edge_common",
     "last_pulled",
 ]
-CONTROLS: tuple[str, ...] = (
-    "stationary",
-    "consecutive",
-    "positional_code",
-    "random_walk",
-    "uniform_causal",
-    "edge_common",
-    "last_pulled",
-)
+CONTROLS: tuple[str, ...] = get_args(Control)
 """The generators of :func:`control_activations`."""
 
 

@@ -222,14 +222,14 @@ def summary_rows(
             "sp_last": "last-edge tokens converging on a direction shared by all inputs (SP)",
             "sp_mean": "cross-input convergence from the embeddings to this layer (mean SP)",
         }
-        for r in table.itertuples():
+        for r in table.to_dict("records"):
             rows.append(_row(
-                f"C2 ({r.reading}), layer {r.layer}: model - causal null", r.difference,
-                r.ci_low, r.ci_high,
-                f"{meaning[r.statistic]}, in the model minus in "
+                f"C2 ({r['reading']}), layer {r['layer']}: model - causal null", r["difference"],
+                r["ci_low"], r["ci_high"],
+                f"{meaning[r['statistic']]}, in the model minus in "
                 f"{readings.reference_name}; C2 predicts > 0 (Holm over the five readings, "
-                f"SESOI {r.sesoi:.3g})",
-                verdict=str(r.verdict),
+                f"SESOI {r['sesoi']:.3g})",
+                verdict=str(r["verdict"]),
             ))  # fmt: skip
     if study is not None and "zero" in study.modes and study.loss.shape[1] >= 2:
         m = study.modes.index("zero")

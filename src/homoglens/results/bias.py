@@ -137,7 +137,7 @@ def _per_mass(
     where ``per`` is None)."""
     moved = float(mass.mean())
     if not math.isfinite(moved) or abs(moved) < 1e-12:
-        return (math.nan,) * 5
+        return math.nan, math.nan, math.nan, math.nan, math.nan
     ratio = value / moved
     if per is None or per.shape[0] < 2:
         return ratio, math.nan, math.nan, math.nan, math.nan
@@ -289,7 +289,9 @@ class AttentionBiasStudy(SavedResult):
         rows, per strength (0 at the baseline)."""
         return self.attention[..., ATTENTION_CHECKS.index("kl")].mean(-1)
 
-    def _bootstrap(self, ci: Any, block: Any, seed: Any) -> tuple[float, Any, int]:
+    def _bootstrap(
+        self, ci: Any, block: Any, seed: Any
+    ) -> tuple[float, int | Literal["auto"], int]:
         return (
             self.ci if ci is None else ci,
             as_block(self.block if block is None else block),
@@ -382,7 +384,7 @@ class AttentionBiasStudy(SavedResult):
         layer: int | None = -1,
         *,
         ci: float | None = None,
-        block: int | None = None,
+        block: int | Literal["auto"] | None = None,
         seed: int | None = None,
         n_boot: int = 1000,
     ) -> pd.DataFrame:
@@ -476,7 +478,7 @@ class AttentionBiasStudy(SavedResult):
         layer: int | None = -1,
         *,
         ci: float | None = None,
-        block: int | None = None,
+        block: int | Literal["auto"] | None = None,
         seed: int | None = None,
         n_boot: int = 1000,
     ) -> SlopeAtZero:
