@@ -136,8 +136,22 @@ def test_summary_gives_calibrated_verdicts_adjusted_c3_and_no_mean_headline(
         warnings.simplefilter("ignore")
         sim = positional_similarity(model, windows, edge_k=3, progress=False)
         readings = calibrated_readings(model, windows, edge_k=3, progress=False)
+        standardized = positional_similarity(
+            model, windows, edge_k=3, centre="global", standardize=True, progress=False
+        )
     profile = study.profiles["none"]
-    rows = summary_rows(profile, study=study, similarity=sim, massive=massive, readings=readings)
+    rows = summary_rows(
+        profile, study=study, similarity=sim, massive=massive, readings=readings,
+        standardized=standardized,
+    )  # fmt: skip
+    measures = [r["measure"] for r in rows]  # the corrections beside the C1 headline
+    for start in ("C1 corrected for anisotropy", "C1 standardized", "residual norm growth"):
+        assert any(m.startswith(start) for m in measures), start
+    anisotropy = next(r for r in rows if r["measure"].startswith("C1 corrected"))
+    assert anisotropy["value"] == pytest.approx(
+        float(profile.adjusted[-1] - profile.adjusted[0]), abs=1e-12
+    )
+    assert anisotropy["ci_low"] < anisotropy["value"] < anisotropy["ci_high"]
     c2 = [r for r in rows if r["measure"].startswith("C2 (")]
     assert len(c2) == 5
     assert all(r["verdict"] in ("holds", "equivalent", "fails", "inconclusive") for r in c2)

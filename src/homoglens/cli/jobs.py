@@ -172,8 +172,12 @@ def sinks_job(model: Any, windows: Any, opts: dict[str, Any], *, required: bool)
     )
 
 
-def similarity_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
-    """The position-resolved section (uncentred, with pseudo-values: two passes);
+def similarity_job(
+    model: Any, windows: Any, opts: dict[str, Any], *, standardize: bool = False
+) -> Any:
+    """The position-resolved section (uncentred, with pseudo-values: two passes), or with
+    ``standardize`` the C1 correction (globally centred and standardised, no pseudo-values:
+    two passes);
     ``None`` with a warning when the windows are of unequal length or too short for the
     edges."""
     from homoglens.similarity import positional_similarity
@@ -192,8 +196,9 @@ def similarity_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
         model,
         windows,
         edge_k=edge_k,
-        centre=None,  # uncentred: SP (a cross-input reading) means nothing on centred vectors
-        pseudo_values=True,
+        centre="global" if standardize else None,  # SP means nothing on centred vectors
+        standardize=standardize,
+        pseudo_values=not standardize,
         batch_size=opts["batch_size"],
         progress=opts["progress"],
     )
@@ -379,6 +384,11 @@ def run_profile(
         readings = (
             timed("readings", lambda: readings_job(model, windows, opts)) if similarity else None
         )
+        standardized = (
+            timed("standardized", lambda: similarity_job(model, windows, opts, standardize=True))
+            if similarity
+            else None
+        )
         biased = (
             timed("attention bias", lambda: bias_job(
                 model, windows, opts, kind="first", strengths=(-1.0, -0.25, 0.0, 0.25, 1.0),
@@ -420,6 +430,7 @@ def run_profile(
                 bias=biased,
                 massive=massive_study,
                 readings=readings,
+                standardized=standardized,
                 interactive=opts["interactive"],
             )
         report = folder / "report.html"

@@ -188,6 +188,7 @@ def write_profile_report(
     bias: AttentionBiasStudy | None = None,
     massive: PositionAblationStudy | None = None,
     readings: CalibratedReadings | None = None,
+    standardized: PositionalSimilarity | None = None,
     interactive: bool = False,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
@@ -204,7 +205,9 @@ def write_profile_report(
     ``massive`` (a :func:`~homoglens.massive_ablation_study`): ``massive_ablation/``,
     ``massive_ablation_*.csv``, a figure and a section; with ``readings`` (a
     :func:`~homoglens.calibrated_readings`): ``readings/``, ``readings.csv`` and a section of
-    the three readings of C2 against the causal null, whose verdicts the summary shows. The
+    the three readings of C2 against the causal null, whose verdicts the summary shows; with
+    ``standardized`` (a ``positional_similarity(..., centre="global", standardize=True)``): the
+    C1 headline after standardisation, beside the other corrections in the summary. The
     page opens with a summary (the
     headline numbers with their intervals and what they mean, ``summary.csv``) and a table of
     contents.
@@ -224,14 +227,14 @@ def write_profile_report(
     """
     check_results(
         profile, study=study, sinks=sinks, patching=patching, similarity=similarity, bias=bias,
-        massive=massive, readings=readings,
+        massive=massive, readings=readings, standardized=standardized,
     )  # fmt: skip
     _off_screen()
     with interactive_figures(interactive):
         return _profile_page(
             profile, Path(out), edge_k=edge_k, title=title, study=study, sinks=sinks,
             patching=patching, similarity=similarity, bias=bias, massive=massive,
-            readings=readings,
+            readings=readings, standardized=standardized,
         )  # fmt: skip
 
 
@@ -248,6 +251,7 @@ def _profile_page(
     bias: AttentionBiasStudy | None,
     massive: PositionAblationStudy | None = None,
     readings: CalibratedReadings | None = None,
+    standardized: PositionalSimilarity | None = None,
 ) -> Path:
     """The body of :func:`write_profile_report`."""
     from homoglens.results.figures import profile_adjusted, profile_curves, profile_heatmap
@@ -358,6 +362,7 @@ mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
         bias=bias,
         massive=massive,
         readings=readings,
+        standardized=standardized,
     )
     import pandas as pd
 

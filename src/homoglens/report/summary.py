@@ -100,6 +100,7 @@ def check_results(profile: Any, **results: Any) -> None:
         "similarity": (PositionalSimilarity,),
         "bias": (AttentionBiasStudy,),
         "readings": (CalibratedReadings,),
+        "standardized": (PositionalSimilarity,),
     }
     if not isinstance(profile, HomogenizationProfile):
         raise InvalidInputError(
@@ -147,6 +148,7 @@ def summary_rows(
     bias: AttentionBiasStudy | None = None,
     massive: PositionAblationStudy | None = None,
     readings: CalibratedReadings | None = None,
+    standardized: PositionalSimilarity | None = None,
 ) -> list[dict[str, Any]]:
     """The headline numbers of a report, one dict per row: ``measure``, ``value``, ``ci_low``,
     ``ci_high`` (NaN where the result holds no per-window values, or fewer than 2, or where
@@ -157,7 +159,12 @@ def summary_rows(
     Every position-resolved row is at the last layer, as the position-resolved section. The
     C2 rows are the three readings against the causal null (``readings``), when given; without
     them the uncalibrated matched excess is shown, flagged as such. The C3 row is the change of
-    the *adjusted* homogenization (raw minus the anisotropy baseline of each run).
+    the *adjusted* homogenization (raw minus the anisotropy baseline of each run). Beside the
+    C1 headline stand the standard corrections: the anisotropy-adjusted change (Ethayarajh
+    2019), the change after standardising every dimension (``standardized``: a
+    ``positional_similarity(..., centre="global", standardize=True)``, which takes the rogue
+    dimensions' dominance out of the cosine, Timkey & van Schijndel 2021; its global mean leaves
+    out massive tokens, Sun et al. 2024) and the growth of the residual norm.
 
     Raises:
         InvalidInputError: a massive-activation study given as ``study`` or a positional one as
@@ -202,6 +209,9 @@ def summary_rows(
             "contextual homogenization (W = M - C, cross-window similarity of the same "
             "positions removed) gained with depth; C1 predicts > 0",
         ))  # fmt: skip
+    if len(profile.layers) > 1:
+        rows += _corrections(profile, study, standardized)
+    if similarity is not None and len(similarity.layers) > 1 and similarity.n_sequences > 1:
         if readings is None:
             edge = similarity.edge_excess()
             edge = edge[edge["layer"] == similarity.layers[-1]]
@@ -293,6 +303,51 @@ def summary_rows(
                 f"next-token loss, massive activations set to {mode} - intact (nats/token)",
                 d, dlo, dhi, f"{where}; {reading}",
             ))  # fmt: skip
+    return rows
+
+
+def _corrections(
+    profile: HomogenizationProfile,
+    study: PositionAblationStudy | None,
+    standardized: PositionalSimilarity | None,
+) -> list[dict[str, Any]]:
+    """The standard corrections beside the C1 headline (see :func:`summary_rows`)."""
+    from homoglens.results.studies import paired_bootstrap
+    from homoglens.stats import estimate
+
+    rows = []
+    first, last = profile.layers[0], profile.layers[-1]
+    change = float(profile.adjusted[-1] - profile.adjusted[0])
+    lo = hi = math.nan
+    if same_run(profile, study):
+        assert study is not None
+        shift = float(profile.baseline[-1] - profile.baseline[0])
+        per = study.mean_pairwise[0][:, -1] - study.mean_pairwise[0][:, 0] - shift
+        _, low, high = paired_bootstrap(per, n_boot=study.n_boot, ci=study.ci, seed=study.seed)
+        lo, hi = float(low), float(high)
+    rows.append(_row(
+        f"C1 corrected for anisotropy: adjusted layer {last} - layer {first}", change, lo, hi,
+        "the raw homogenization's growth net of each layer's anisotropy baseline (Ethayarajh "
+        "2019); C1 predicts > 0",
+    ))  # fmt: skip
+    if standardized is not None and len(standardized.layers) > 1:
+        h = standardized.per_window("homogenization")
+        est = estimate([(h[:, -1] - h[:, 0])[None]])
+        rows.append(_row(
+            f"C1 standardized: H_W layer {standardized.layers[-1]} - layer "
+            f"{standardized.layers[0]}", est.value, est.ci_low, est.ci_high,
+            "the same after centring and dividing every dimension by its corpus s.d., so that "
+            "a few rogue (or massive) dimensions cannot dominate the cosine (Timkey & van "
+            "Schijndel 2021); C1 predicts > 0",
+        ))  # fmt: skip
+    counted = profile.count > 0
+    norms = [float(profile.norm[i][counted].mean()) for i in (0, -1)]
+    rows.append(_row(
+        f"residual norm growth: mean norm layer {last} / layer {first}", norms[1] / norms[0],
+        math.nan, math.nan,
+        "how much the residual stream grows; cosines are scale-free, but a growing shared "
+        "component (anisotropy, massive activations) raises raw similarity with it",
+    ))  # fmt: skip
     return rows
 
 
