@@ -1,8 +1,9 @@
 """The attention-bias findings of docs/findings.md: for each kind, the slope at zero of H_W and
 of the matched edge excess at the last residual entry (central difference at +-0.25, or beta
-1 +- 0.05, with a moving-block bootstrap interval over paired windows), the mass slope as the
-manipulation check, on SmolLM2-135M-Instruct and the shipped controlled models (with and
-without BOS).
+1 +- 0.05, with a moving-block bootstrap interval over paired windows), per nat of b and per
+unit of attention mass moved onto the biased keys (with its SESOI, a tenth of H_W, and its
+verdict), the mass slope as the manipulation check, on SmolLM2-135M-Instruct and the shipped
+controlled models (with and without BOS).
 
     .venv/bin/python scripts/bias_findings.py                 # about 12 min on 2 cores
     .venv/bin/python scripts/bias_findings.py --models homoglens/tiny-rotary --n-seq 16
@@ -28,6 +29,7 @@ KINDS = {
 
 
 def main() -> None:
+    """Print the findings table (markdown) to stdout."""
     from homoglens import attention_bias_study, corpus_windows, load_model
     from homoglens.training import heldout_windows
 
@@ -43,9 +45,10 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    print("| model | kind | KL at the largest push | mass slope | H_W slope [95% CI] | "
-          "matched_first slope [95% CI] | matched_last slope [95% CI] | loss slope |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | kind | KL at the largest push | mass slope | H_W per nat [95% CI] | "
+          "H_W per unit of mass [95% CI] (SESOI; verdict) | matched_first per mass [95% CI] | "
+          "matched_last per mass [95% CI] | loss per nat |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models:
         model = load_model(name)
         if name.startswith("homoglens/"):
@@ -54,11 +57,19 @@ def main() -> None:
             windows = corpus_windows(model, n_seq=args.n_seq, seq_len=args.seq_len)
         for kind, strengths in KINDS.items():
             study = attention_bias_study(model, windows, kind=kind, strengths=strengths,
-                                         block=4, progress=False)  # fmt: skip
-            cells = []
-            for metric in ("homogenization", "matched_first", "matched_last"):
-                s = study.slope_at_zero(metric)
-                cells.append(f"{s.central:+.4f} [{s.ci_low:+.4f}, {s.ci_high:+.4f}]")
+                                         progress=False)  # fmt: skip
+            h = study.slope_at_zero("homogenization")
+            cells = [f"{h.central:+.4f} [{h.ci_low:+.4f}, {h.ci_high:+.4f}]"]
+            if kind == "temperature":
+                cells += ["n/a"] * 3
+            else:
+                verdict = f"({h.sesoi:.4f}; {h.verdict()})"
+                cells.append(f"{h.per_mass:+.4f} [{h.per_mass_ci_low:+.4f}, "
+                             f"{h.per_mass_ci_high:+.4f}] {verdict}")  # fmt: skip
+                for metric in ("matched_first", "matched_last"):
+                    s = study.slope_at_zero(metric)
+                    cells.append(f"{s.per_mass:+.4f} [{s.per_mass_ci_low:+.4f}, "
+                                 f"{s.per_mass_ci_high:+.4f}]")  # fmt: skip
             mass = (
                 "n/a"
                 if kind == "temperature"

@@ -134,9 +134,10 @@ class CalibratedReadings:
 
         Args:
             layer: Residual entry (default: the last read).
-            sesoi: Smallest effect of interest (cosine); ``None``: a tenth of the scale of the
-                statistic in the model (``|H_W|`` at the layer for reading (a), mean ``|SP|``
-                for (b) and (c); :func:`homoglens.claims.default_sesoi`).
+            sesoi: Smallest effect of interest (cosine); ``None``: a tenth of the model's
+                contextual homogenization ``|H_W|`` at the layer, for every reading
+                (:func:`homoglens.stats.default_sesoi`; not the level of SP, which is mostly
+                anisotropy).
             alpha: Level (family-wise over the five readings).
             ci: Interval coverage in (0, 1).
             block: Consecutive windows per bootstrap block: ``"auto"`` (from the windows'
@@ -154,12 +155,10 @@ class CalibratedReadings:
         alpha = as_float("alpha", alpha, low=0.0, high=1.0)
         block = as_block(block)
         h_scale = abs(float(self.model.homogenization[li]))
-        sp_scale = float(self.model.SP[li].abs().mean())
         rows, ests = [], []
         for reading, stat in READINGS:
             mine, ref = self.values(stat, self.model.layers[li])
-            scale = h_scale if stat.startswith("matched") else sp_scale
-            unit = default_sesoi(scale) if sesoi is None else as_float("sesoi", sesoi, low=0.0,
+            unit = default_sesoi(h_scale) if sesoi is None else as_float("sesoi", sesoi, low=0.0,
                                                                         high=1e9)  # fmt: skip
             est = estimate([(mine - ref)[None]], block=block, n_boot=n_boot, sesoi=unit, ci=ci,
                            seed=seed)  # fmt: skip

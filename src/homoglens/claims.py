@@ -40,11 +40,14 @@ pairwise cosine; ``L`` the last layer entry):
   secondary: zeroing positions at inference.
 
 SESOI: by default (``sesoi=None``) a tenth (:data:`SESOI_FRACTION`) of the scale of the
-statistic at the layer tested, in the positional model: ``|H(L)|`` for the ``W`` readings and
-the C1 / C3 cosine rows, the mean ``|SP|`` over positions for the SP readings (no smaller than
-:data:`SESOI_FLOOR`). A fixed 0.01 cosine is 20-25 % of the tiny models' whole centred H and
-accepts edge effects a fifth of the homogenization as "no effect"; a fraction of the
-statistic's own scale means the same thing in every model. Loss keeps an absolute SESOI in nats.
+homogenization at the layer tested, in the positional model: ``|H(L)|`` (no smaller than
+:data:`SESOI_FLOOR`), for every cosine row, the SP readings included. A fixed 0.01 cosine is
+20-25 % of the tiny models' whole centred H and accepts edge effects a fifth of the
+homogenization as "no effect"; a fraction of the model's own homogenization means the same thing
+in every model. The SP readings are scaled by it too, not by the level of SP: uncentred SP is
+mostly anisotropy (0.6 in SmolLM2's last layer), which the readings are built to leave out, and
+a tenth of it would call a +0.03 edge convergence "no effect". Loss keeps an absolute SESOI in
+nats.
 
 NoPE models' C1/C2 rows are secondary (the claims are about models with positions). Without
 seeds (``resample_seeds=False``, or one seed in a group) an interval covers windows only: it says
@@ -191,11 +194,11 @@ def _c2_readings(seeds: Sequence[Stats], last: int) -> list[tuple[str, str, str,
         note = "" if len(have) == len(seeds) else f", {len(have)} of {len(seeds)} seeds"
         for edge in ("first", "last"):
             out.append((f"b, shared direction: the {edge} tokens alike across inputs",
-                        f"SP {edge} edge minus middle (uncentred{note})", "sp_mean",
+                        f"SP {edge} edge minus middle (uncentred{note})", "homogenization",
                         _values(have, "none", f"sp_{edge}", last)))  # fmt: skip
         sp = _values(have, "none", "sp_mean", None)
         out.append(("c, over depth: inputs converge", f"mean SP(L) - SP(0) (uncentred{note})",
-                    "sp_mean", sp[..., last] - sp[..., 0]))  # fmt: skip
+                    "homogenization", sp[..., last] - sp[..., 0]))  # fmt: skip
     return out
 
 

@@ -486,7 +486,7 @@ difference gets a verdict: (a) within-window contextual similarity of the edges,
 distance-matched excess of W; (b) convergence of the edge tokens on a direction shared by all
 inputs, SP of the edge minus the middle; (c) cross-input convergence over depth, mean SP at the
 layer minus at the embeddings. Verdicts: holds (difference &gt; 0), equivalent (within the
-SESOI, a tenth of the statistic's scale), fails (&lt; 0), inconclusive; Holm over the five
+SESOI, a tenth of the model's H_W at the layer), fails (&lt; 0), inconclusive; Holm over the five
 readings; t intervals over windows with a block length chosen from their autocorrelation.</p>
 <h3>Layer {readings.model.layers[-1]}</h3>
 {table_html(shown)}
