@@ -41,6 +41,7 @@ def main() -> None:
                  "homoglens/tiny-none", "homoglens/tiny-learned-bos", "homoglens/tiny-rotary-bos",
                  "homoglens/tiny-none-bos"],
     )  # fmt: skip
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--n-seq", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     args = parser.parse_args()
@@ -55,7 +56,8 @@ def main() -> None:
             windows = heldout_windows(model.tokenizer, n_seq=args.n_seq, bos=name.endswith("-bos"))
         else:
             windows = corpus_windows(model, n_seq=args.n_seq, seq_len=args.seq_len)
-        for kind, strengths in KINDS.items():
+        for kind in args.kinds:
+            strengths = KINDS[kind]
             study = attention_bias_study(model, windows, kind=kind, strengths=strengths,
                                          progress=False)  # fmt: skip
             h = study.slope_at_zero("homogenization")
