@@ -367,7 +367,7 @@ def attention_bias_study(
         ...                              strengths=[-1, 0, 1], edge_k=4, gradient_windows=0,
         ...                              progress=False)
         >>> study.curve("homogenization").shape
-        (3, 10)
+        (3, 15)
     """
     info = model_info(model)
     values = _strengths(kind, strengths) if isinstance(kind, str) else ()

@@ -359,7 +359,9 @@ def similarity_from_activations(
         >>> from homoglens import PositionalSimilarity
         >>> sim = PositionalSimilarity.from_activations(torch.randn(10, 20, 16), edge_k=4)
         >>> edge = sim.edge_excess(block=2)
-        >>> tuple(sim.M.shape), list(edge.columns)
-        ((1, 20, 20), ['layer', 'edge', 'naive', 'matched', 'ci_low', 'ci_high', 'n_sequences'])
+        >>> tuple(sim.M.shape)
+        (1, 20, 20)
+        >>> list(edge.columns)
+        ['layer', 'edge', 'naive', 'matched', 'se', 'ci_low', 'ci_high', 'n_sequences']
     """
     return PositionalSimilarity.from_activations(resid, attention_mask, **options)
