@@ -33,6 +33,7 @@ from homoglens.interventions import attention_bias_plan
 from homoglens.models import check_writable, model_info
 from homoglens.results.bias import ATTENTION_CHECKS, AttentionBiasStudy
 from homoglens.similarity_math import (
+    ACTIVATION_CACHE_BYTES,
     SIMILARITY_STATISTICS,
     WindowSums,
     edge_groups,
@@ -273,6 +274,7 @@ def attention_bias_study(
     edge_k: int = 8,
     exclude_first: bool | Literal["auto"] = "auto",
     gradient_windows: int = 0,
+    pseudo_values: bool = True,
     ci: float = 0.95,
     block: int | Literal["auto"] = "auto",
     seed: int = 0,
@@ -333,6 +335,12 @@ def attention_bias_study(
         edge_k: Positions per edge of the edge statistics.
         exclude_first: Leave position 0 out of the similarity; ``"auto"``: when it holds a BOS.
         gradient_windows: Windows (the first ones) differentiated at zero; 0: none, else >= 2.
+        pseudo_values: Each window's share of the cross-window terms too (a second pass over
+            the windows: the unit vectors kept from the first when they fit in
+            :data:`~homoglens.similarity_math.ACTIVATION_CACHE_BYTES`, else a second forward
+            pass per strength), so that the intervals of the statistics that subtract ``C`` and
+            of ``sp_*`` use jackknife pseudo-values (False: ``C`` held fixed, wider than the
+            truth on real data, and no interval for ``sp_*``).
         ci: Default interval coverage of the result's tables.
         block: Default bootstrap block length (consecutive windows; ``"auto"``: chosen from
             the windows' autocorrelation, :func:`homoglens.stats.auto_block`).
@@ -376,6 +384,7 @@ def attention_bias_study(
     value_zero_first = as_bool("value_zero_first", value_zero_first)
     edge_k = as_int("edge_k", edge_k, low=1)
     gradient_windows = as_int("gradient_windows", gradient_windows, low=0)
+    pseudo_values = as_bool("pseudo_values", pseudo_values)
     if gradient_windows == 1:
         raise InvalidInputError(
             "gradient_windows=1: the derivative of C needs two windows; pass 0 or >= 2"
@@ -413,11 +422,18 @@ def attention_bias_study(
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
     entries = tuple(range(n_layers + 1))
     sums = [WindowSums(len(entries), n_pos, d_model, edge_k, device) for _ in plans]
+    rank, size = world()
+    offset, stop = shard_bounds(n_all, size)[rank]
+    # The pseudo-values' second pass reads every window's unit vectors again: kept from the
+    # first pass when they fit in the activation budget, else a second forward pass.
+    kept = len(plans) * (stop - offset) * len(entries) * n_pos * d_model * 4
+    replay = pseudo_values and kept <= ACTIVATION_CACHE_BYTES
+    if replay:
+        for s_sums in sums:
+            s_sums.keep_units(stop - offset)
     grad = _Gradient(len(entries), n_pos, d_model, edge_k, device)
     attention: list[list[torch.Tensor]] = [[] for _ in plans]
     losses: list[list[torch.Tensor]] = [[] for _ in plans]
-    rank, size = world()
-    offset = shard_bounds(n_all, size)[rank][0]
     head = LossHead(model)  # the loss without [batch pos d_vocab] logits
     seen = 0
 
@@ -512,21 +528,52 @@ def attention_bias_study(
         step=step,
     )
     provenance = provenance_of(info, batch, entries, bool(first))
+    if size > 1:
+        for s_sums in sums:
+            s_sums.all_reduce()
+    if replay:
+        for s_sums in sums:
+            s_sums.cross_from_kept()
+    elif pseudo_values:
+
+        def cross_step(tokens: torch.Tensor, mask: torch.Tensor) -> None:
+            for si, plan in enumerate(plans):
+                hooks = [
+                    (resid_hook_name(layer), _cross_hook(sums[si], i, first))
+                    for i, layer in enumerate(entries)
+                ]
+                jobs = jobs_of(plan, [], 0)
+                head.loss(tokens, hooks, mask, jobs=jobs)
+                jobs_collect.pop(id(jobs))(int(tokens.shape[1]))
+
+        stream(
+            model,
+            batch,
+            [],
+            batch_size=batch_size,
+            desc=f"attention bias ({kind}, pseudo-values)",
+            progress=progress,
+            step=cross_step,
+        )
 
     def rows(parts: list[torch.Tensor], shape: tuple[int, ...], n: int) -> torch.Tensor:
         empty = torch.empty(0, *shape, dtype=torch.float64, device="cpu")
         local = torch.cat([empty, *(part.cpu() for part in parts)])
         return gather_rows(local, n, device).cpu() if size > 1 else local
 
-    window_stats, sp, to_first = [], [], []
+    window_stats, sp, to_first, window_sp = [], [], [], []
+    n_stat = len(SIMILARITY_STATISTICS)
     for s_sums in sums:
-        if size > 1:
-            s_sums.all_reduce()
-        per_window = rows(s_sums.rows, (len(entries), len(SIMILARITY_STATISTICS)), n_all)
-        stats, s_sp, s_first = s_sums.finish(per_window)
+        per_window = rows(s_sums.rows, (len(entries), n_stat), n_all)
+        cross = same = None
+        if pseudo_values:
+            cross = rows(s_sums.cross_rows, (len(entries), n_stat), n_all)
+            same = rows(s_sums.same_rows, (len(entries), n_pos), n_all)
+        stats, s_sp, s_first, s_edges = s_sums.finish(per_window, cross, same)
         window_stats.append(stats)
         sp.append(s_sp)
         to_first.append(s_first)
+        window_sp.append(s_edges)
 
     n_blocks, n_checks = len(plan0.blocks), len(ATTENTION_CHECKS)
     f64 = torch.float64
@@ -561,6 +608,8 @@ def attention_bias_study(
         n_sequences=n_all,
         statistics=stacked.mean(1),
         window_statistics=stacked,
+        pseudo_values=pseudo_values,
+        window_sp=torch.stack(window_sp) if pseudo_values else None,
         sp=torch.stack(sp),
         to_first=torch.stack(to_first),
         window_attention=torch.stack([rows(a, (n_blocks, n_checks), n_all) for a in attention]),
@@ -576,6 +625,16 @@ def attention_bias_study(
         seed=seed,
         provenance=provenance,
     )
+
+
+def _cross_hook(sums: WindowSums, i: int, first: int) -> Any:
+    """The pseudo-values' second forward pass: entry ``i``'s vectors into ``sums``."""
+
+    def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+        work = torch.float64 if resid.dtype == torch.float64 else torch.float32
+        sums.add_cross(i, resid.detach()[:, first:].to(work))
+
+    return hook
 
 
 def _loss_tangent(

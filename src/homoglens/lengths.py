@@ -13,15 +13,17 @@ from jaxtyping import Float, Int
 from homoglens.architectures import resid_hook_name
 from homoglens.blocked_attention import AttentionJob, PatternRows
 from homoglens.data import DataInput, to_token_batch
-from homoglens.distributed import all_reduce_sum, gather_rows, world
+from homoglens.distributed import all_reduce_sum, gather_rows, shard_bounds, world
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError, SequenceTooLongError, UnsupportedArchitectureError
 from homoglens.models import model_info
 from homoglens.results.lengths import LengthStudy
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity_math import (
+    ACTIVATION_CACHE_BYTES,
     SIMILARITY_STATISTICS,
     SimilaritySums,
+    cross_shares,
     edge_groups,
     first_counted,
     similarity_coefficients,
@@ -82,6 +84,7 @@ def length_study(
     lags: Sequence[int] = (1, 4, 16),
     edge_k: int = 8,
     exclude_first: bool | Literal["auto"] = "auto",
+    pseudo_values: bool = True,
     batch_size: int = 8,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
@@ -107,6 +110,11 @@ def length_study(
         lags: Lags delta >= 1 of the lag-controlled similarity.
         edge_k: Positions per edge of the per-length edge statistics.
         exclude_first: Leave position 0 out of the similarity; ``"auto"``: when it holds a BOS.
+        pseudo_values: Each window's share of the cross-window terms too (a second pass: the
+            unit vectors kept from the first when they fit in
+            :data:`~homoglens.similarity_math.ACTIVATION_CACHE_BYTES`, else a second forward
+            pass), so that the per-window statistics that subtract ``C`` are jackknife
+            pseudo-values (False: ``C`` held fixed, intervals wider than the truth on real data).
         batch_size: Windows per forward pass.
         attention_mask: ``[batch pos]`` 0/1 for token input.
         bos: BOS policy for text input.
@@ -140,6 +148,7 @@ def length_study(
     edge_k = as_int("edge_k", edge_k, low=1)
     batch_size = as_int("batch_size", batch_size, low=1)
     progress = as_bool("progress", progress)
+    pseudo_values = as_bool("pseudo_values", pseudo_values)
     given: Any = lags
     if getattr(given, "ndim", 1) == 1 and hasattr(given, "tolist"):
         given = given.tolist()  # a 1-d numpy array or tensor
@@ -178,6 +187,15 @@ def length_study(
     rows: list[torch.Tensor] = []  # [batch length layer stat]
     norm = torch.log(torch.arange(1, long + 1, dtype=f64, device=device))
     norm[0] = math.nan
+    d_model = int(model.cfg.d_model)
+    start, stop = shard_bounds(len(batch), world()[1])[world()[0]]
+    size = len(entries) * (stop - start) * n_pos * d_model * 4
+    kept = None  # every window's unit vectors [layer window pos d] for the second pass
+    if pseudo_values and size <= ACTIVATION_CACHE_BYTES:
+        kept = torch.empty(
+            len(entries), stop - start, n_pos, d_model, dtype=torch.float32, device=device
+        )
+    filled = [0] * len(entries)
 
     def resid(i: int) -> Any:
         def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
@@ -196,6 +214,9 @@ def length_study(
                 )
                 sums.n += x.shape[0]
             u, _ = sums.units_of(i, x[:, first:])
+            if kept is not None:
+                kept[i, filled[i] : filled[i] + u.shape[0]] = u.to(kept.device, torch.float32)
+                filled[i] += int(u.shape[0])
             gram = u @ u.transpose(1, 2)
             sums.within[i] += gram.sum(0, dtype=f64).to(sums.within.device)
             sums.units[i] += u.sum(0, dtype=f64).to(sums.units.device)
@@ -231,15 +252,55 @@ def length_study(
     n_all = len(batch)
     if world()[1] > 1:
         all_reduce_sum([sums.within, sums.units, sums.n, attn])
-    local = torch.cat(
-        [
-            torch.empty(
-                0, len(chosen), len(entries), len(SIMILARITY_STATISTICS), dtype=f64, device="cpu"
-            ),
-            *rows,
-        ]
-    )
-    per_window = gather_rows(local, n_all, device).cpu() if world()[1] > 1 else local
+    cross_rows: list[torch.Tensor] = []  # [batch length layer stat]
+    same_rows: list[torch.Tensor] = []  # [batch layer pos]
+
+    def cross(i: int, u: torch.Tensor) -> None:
+        """The second pass: each window's share of the cross-window terms, at every length."""
+        if i == 0:
+            b = int(u.shape[0])
+            n_stat = len(SIMILARITY_STATISTICS)
+            cpu = {"dtype": f64, "device": "cpu"}
+            cross_rows.append(torch.zeros(b, len(chosen), len(entries), n_stat, **cpu))
+            same_rows.append(torch.zeros(b, len(entries), n_pos, **cpu))
+        for t, length in enumerate(chosen):
+            n = length - first
+            shares, same = cross_shares(u[:, :n], sums.units[i, :n], edge_k)
+            cross_rows[-1][:, t, i] = shares.cpu()
+            if n == n_pos:
+                same_rows[-1][:, i] = same.cpu()
+
+    if kept is not None:
+        for a in range(0, filled[0], batch_size):
+            for i in range(len(entries)):
+                cross(i, kept[i, a : a + batch_size])
+        del kept
+    elif pseudo_values:
+
+        def again(i: int) -> Any:
+            def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+                work = torch.float64 if x.dtype == torch.float64 else torch.float32
+                cross(i, sums.units_of(i, x.detach()[:, first:].to(work))[0])
+
+            return hook
+
+        stream(
+            model,
+            batch,
+            [Sums([(resid_hook_name(e), again(i)) for i, e in enumerate(entries)])],
+            batch_size=batch_size,
+            desc="length sweep (pseudo-values)",
+            progress=progress,
+        )
+
+    def gathered(parts: list[torch.Tensor], *shape: int) -> torch.Tensor:
+        local = torch.cat([torch.empty(0, *shape, dtype=f64, device="cpu"), *parts])
+        return gather_rows(local, n_all, device).cpu() if world()[1] > 1 else local
+
+    n_stat = len(SIMILARITY_STATISTICS)
+    per_window = gathered(rows, len(chosen), len(entries), n_stat)
+    window_cross = gathered(cross_rows, len(chosen), len(entries), n_stat)
+    window_same = gathered(same_rows, len(entries), n_pos)
     provenance = provenance_of(info, batch, entries, bool(first))
     stats, window_stats = [], []
     full: PositionalSimilarity | None = None
@@ -251,6 +312,8 @@ def length_study(
             unit_sum=sums.units[:, :n].cpu(),
             n_sequences=n_all,
             window_within=per_window[:, t],
+            window_cross=window_cross[:, t] if pseudo_values else None,
+            window_same_position=window_same[..., :n] if pseudo_values else None,
             first_position=first,
             edge_k=edge_k,
             provenance=provenance,
@@ -283,5 +346,6 @@ def length_study(
         first_key_mass=(attn[1] / scale).cpu(),
         statistics=torch.stack(stats),
         window_statistics=torch.stack(window_stats),
+        pseudo_values=pseudo_values,
         provenance=provenance,
     )

@@ -34,6 +34,7 @@ from homoglens.models import model_info
 from homoglens.results import Provenance
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity_math import (
+    ACTIVATION_CACHE_BYTES,
     SimilaritySums,
     activation_fields,
     centre_moments,
@@ -63,11 +64,6 @@ __all__ = [
     "CENTRES",
     "ACTIVATION_CACHE_BYTES",
 ]
-
-ACTIVATION_CACHE_BYTES = 2 * 2**30
-"""Memory (bytes) :func:`positional_similarity` may use to keep the measured vectors of its
-first pass (per rank), so that its second and third passes (centring, pseudo-values) read them
-instead of running the model again; above it, every pass runs the model."""
 
 
 def _space_fn(model: HookedModel, space: str) -> Callable[[torch.Tensor], torch.Tensor]:

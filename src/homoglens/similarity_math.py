@@ -20,6 +20,7 @@ from homoglens.types import CENTRES, SPACES, Centring, SimilaritySpace
 from homoglens.validate import as_bool, as_float, as_int, check_attention_mask
 
 __all__ = [
+    "ACTIVATION_CACHE_BYTES",
     "SIMILARITY_STATISTICS",
     "SimilaritySums",
     "activation_fields",
@@ -28,7 +29,15 @@ __all__ = [
     "similarity_coefficients",
     "window_statistics",
     "WindowSums",
+    "cross_shares",
 ]
+
+ACTIVATION_CACHE_BYTES = 2 * 2**30
+"""Memory (bytes) a measurement with more than one pass over the same windows
+(:func:`~homoglens.positional_similarity`'s centring and pseudo-values, the pseudo-values of
+:func:`~homoglens.attention_bias_study` and :func:`~homoglens.length_study`) may use to keep
+the vectors of its first pass (per rank), so that the later passes read them instead of running
+the model again; above it, every pass runs the model."""
 
 _C_STATS = (2, 3, 4)
 """The statistics of ``W = M - C`` that subtract ``C`` (matched_first, matched_last,
@@ -221,11 +230,13 @@ def finish_fields(
 
 class WindowSums:
     """Float64 running sums of one run, for every window's :data:`SIMILARITY_STATISTICS` (of
-    ``W = M - C``, ``C`` held fixed), ``SP`` and ``M[:, 0]`` without a ``[pos pos]`` matrix:
-    per window its statistics (:func:`window_statistics`), and over windows the sums of unit
-    vectors, of their squares and of their cosine to position 0: O(T d_model) memory per
-    layer, where :class:`SimilaritySums` holds ``[layer pos pos]`` (the attention-bias study
-    at long windows; uncentred vectors only)."""
+    ``W = M - C``), ``SP`` and ``M[:, 0]`` without a ``[pos pos]`` matrix: per window its
+    statistics (:func:`window_statistics`), and over windows the sums of unit vectors, of their
+    squares and of their cosine to position 0: O(T d_model) memory per layer, where
+    :class:`SimilaritySums` holds ``[layer pos pos]`` (the attention-bias study at long
+    windows; uncentred vectors only). A second pass (:meth:`add_cross`, or
+    :meth:`cross_from_kept` after :meth:`keep_units`) gives each window's share of the
+    cross-window terms, for jackknife pseudo-values."""
 
     def __init__(self, n_layer: int, n_pos: int, d_model: int, edge_k: int, device: torch.device):
         f64 = {"dtype": torch.float64, "device": device}
@@ -236,6 +247,21 @@ class WindowSums:
         self.first = torch.zeros(n_layer, n_pos, **f64)
         self.n = torch.zeros((), **f64)
         self.rows: list[torch.Tensor] = []  # [batch layer stat] per batch
+        self.cross_rows: list[torch.Tensor] = []  # [batch layer stat] per batch, second pass
+        self.same_rows: list[torch.Tensor] = []  # [batch layer pos] per batch, second pass
+        # every window's unit vectors [layer window pos d] (float32), when kept for the second
+        # pass (keep_units): one preallocated block, filled in stream order
+        self.kept: torch.Tensor | None = None
+        self._kept_rows = [0] * n_layer
+
+    def keep_units(self, n_windows: int) -> None:
+        """Keep the unit vectors of the next ``n_windows`` windows (float32, on the device of
+        the activations), so that :meth:`cross_from_kept` needs no second forward pass."""
+        self.kept = torch.empty(
+            (self.n_layer, n_windows, self.n_pos, self.d_model),
+            dtype=torch.float32,
+            device=self.units.device,
+        )
 
     def units_of(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Unit vectors of ``x [batch pos d]`` (0 for zero vectors) and their norms."""
@@ -244,6 +270,10 @@ class WindowSums:
     def add(self, i: int, x: torch.Tensor, row: torch.Tensor) -> None:
         """Add layer ``i`` of a batch; its per-window statistics go into ``row``."""
         u, _ = self.units_of(i, x)
+        if self.kept is not None:
+            start = self._kept_rows[i]
+            self.kept[i, start : start + u.shape[0]] = u.to(self.kept.device, torch.float32)
+            self._kept_rows[i] = start + int(u.shape[0])
         row[:, i] = window_statistics(u, self.edge_k)
         u64 = u.double()
         self.units[i] += u64.sum(0).to(self.units.device)
@@ -254,11 +284,47 @@ class WindowSums:
         """Sum over ranks (the per-window rows are gathered by the caller)."""
         all_reduce_sum([self.units, self.squares, self.first, self.n])
 
-    def finish(self, window_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """From every window's rows ``[seq layer stat]`` (all ranks, CPU): ``([seq layer stat]``
-        per-window statistics, as :meth:`PositionalSimilarity.per_window` gives them without
-        the second pass, ``[layer pos]`` SP, ``[layer pos]`` the cosine to position 0).
-        Windows fewer than 2: the C-subtracted statistics and SP are NaN."""
+    def add_cross(self, i: int, x: torch.Tensor) -> None:
+        """Second pass, after the final (all-reduced) sums: layer ``i`` of a batch ``x [batch
+        pos d]`` (raw vectors: a forward pass run again). Each window's share of the
+        cross-window terms goes to :attr:`cross_rows` / :attr:`same_rows` (:func:`cross_shares`);
+        batches in the order of the first pass, every layer of a batch before the next."""
+        u, _ = self.units_of(i, x)
+        self._add_cross(i, u)
+
+    def cross_from_kept(self, batch_size: int = 64) -> None:
+        """The second pass from the kept unit vectors (:meth:`keep_units`), no forward pass."""
+        if self.kept is None:
+            raise RuntimeError("no unit vectors were kept")
+        for start in range(0, self._kept_rows[0], batch_size):
+            stop = min(start + batch_size, self._kept_rows[0])
+            for i in range(self.n_layer):
+                self._add_cross(i, self.kept[i, start:stop])
+        self.kept = None
+
+    def _add_cross(self, i: int, u: torch.Tensor) -> None:
+        if i == 0:
+            f64 = {"dtype": torch.float64, "device": "cpu"}
+            b = int(u.shape[0])
+            self.cross_rows.append(torch.zeros(b, self.n_layer, len(SIMILARITY_STATISTICS), **f64))
+            self.same_rows.append(torch.zeros(b, self.n_layer, self.n_pos, **f64))
+        cross, same = cross_shares(u, self.units[i], self.edge_k)
+        self.cross_rows[-1][:, i] = cross.cpu()
+        self.same_rows[-1][:, i] = same.cpu()
+
+    def finish(
+        self,
+        window_rows: torch.Tensor,
+        cross_rows: torch.Tensor | None = None,
+        same_rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """From every window's rows ``[seq layer stat]`` (all ranks, CPU) and, after the second
+        pass, its shares of the cross-window terms (``[seq layer stat]``, ``[seq layer pos]``):
+        ``([seq layer stat]`` per-window statistics as :meth:`PositionalSimilarity.per_window`
+        gives them (jackknife pseudo-values with the shares, else ``C`` held fixed),
+        ``[layer pos]`` SP, ``[layer pos]`` the cosine to position 0, ``[seq layer 2]`` the
+        pseudo-values of ``sp_first`` / ``sp_last`` or None without the shares). Windows
+        fewer than 2: the C-subtracted statistics and SP are NaN."""
         n = int(window_rows.shape[0])
         units = self.units.cpu()
         out = window_rows.clone()
@@ -277,9 +343,53 @@ class WindowSums:
             )
             c_stats = (together - window_rows.sum(0)) / pair
             sp = ((units * units).sum(-1) - self.squares.cpu()) / pair
+        pseudo = cross_rows is not None and n >= 2
         for e in _C_STATS:
             out[..., e] = window_rows[..., e] - c_stats[None, :, e].to(out.dtype)
-        return out, sp, self.first.cpu() / max(n, 1)
+            if pseudo:
+                assert cross_rows is not None
+                out[..., e] += 2 * c_stats[None, :, e] - cross_rows[..., e] / (n - 1)
+        sp_edges = None
+        if same_rows is not None:
+            first, middle, last = edge_groups(self.n_pos, self.edge_k)
+            psi = 2 * same_rows / max(n - 1, 1) - sp[None]  # [seq layer pos]; mean: SP
+            mid = psi[..., list(middle)].mean(-1)
+            sp_edges = torch.stack(
+                [psi[..., list(first)].mean(-1) - mid, psi[..., list(last)].mean(-1) - mid], -1
+            )
+        return out, sp, self.first.cpu() / max(n, 1), sp_edges
+
+
+def cross_shares(
+    u: Float[torch.Tensor, "batch pos d_model"],
+    unit_sum: Float[torch.Tensor, "pos d_model"],
+    edge_k: int,
+) -> tuple[Float[torch.Tensor, "batch stat"], Float[torch.Tensor, "batch pos"]]:
+    """Each window's share of the cross-window terms of ``C`` (the second pass of the jackknife
+    pseudo-values), without a ``[pos pos]`` matrix: with ``V = sum_t U_t`` over every window,
+    ``cross_s = sum_{t != s} stat(U_s U_t^T + U_t U_s^T)``, which by polarisation of the
+    quadratic form :func:`window_statistics` is ``stat(V) - stat(U_s) - stat(V - U_s)``, and
+    ``same_s[p] = sum_{t != s} u_{s,p} . u_{t,p}``. Float64.
+
+    Args:
+        u: ``[batch pos d_model]`` unit vectors of a batch of windows.
+        unit_sum: ``[pos d_model]`` their sum over every window (all ranks).
+        edge_k: Positions per edge.
+
+    Returns:
+        ``([batch 5]`` shares of :data:`SIMILARITY_STATISTICS`, ``[batch pos]`` same-position
+        shares``)``.
+
+    References:
+        Efron & Stein 1981 (jackknife of U-statistics); docs/similarity.md, "Intervals".
+    """
+    u64 = u.to(torch.float64)
+    total = unit_sum.to(u64.device, torch.float64)[None]
+    rest = total - u64
+    cross = window_statistics(total, edge_k) - window_statistics(u64, edge_k)
+    cross = cross - window_statistics(rest, edge_k)
+    same = (u64 * rest).sum(-1)
+    return cross, same
 
 
 def check_similarity_options(

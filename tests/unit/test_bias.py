@@ -50,9 +50,13 @@ def test_strength_zero_is_the_unhooked_run_bit_for_bit(arch: str, backend: str) 
     loss = next_token_loss(logits, WINDOWS, torch.ones_like(WINDOWS)).double()
     assert torch.equal(study.window_loss[base], loss)
     with eager_attention():
-        sim = positional_similarity(model, WINDOWS, pseudo_values=False, **COMMON)
-    for e, stat in enumerate(SIMILARITY_STATISTICS):
+        sim = positional_similarity(model, WINDOWS, centre=None, **COMMON)
+    for e, stat in enumerate(SIMILARITY_STATISTICS):  # jackknife pseudo-values, both
         got, want = study.window_statistics[base, ..., e], sim.per_window(stat)
+        assert torch.allclose(got, want, rtol=0, atol=5e-7), stat
+    assert study.window_sp is not None
+    for j, stat in enumerate(("sp_first", "sp_last")):
+        got, want = study.window_sp[base, ..., j], sim.per_window(stat)
         assert torch.allclose(got, want, rtol=0, atol=5e-7), stat
     assert torch.allclose(study.sp[base], sim.SP, rtol=0, atol=5e-7)
     assert torch.allclose(study.to_first[base], sim.to_first, rtol=0, atol=5e-7)
@@ -353,3 +357,32 @@ def test_doses_per_unit_of_attention_mass_and_like_for_like_cross_check() -> Non
         _model(), WINDOWS, kind="temperature", strengths=[0.5, 1.0, 1.5], **COMMON
     )
     assert math.isnan(temperature.slope_at_zero("homogenization", -1).per_mass)
+
+
+def test_pseudo_values_kept_or_run_again_and_without_them(monkeypatch) -> None:
+    """Issue 38, point 4: the study's per-window values of the statistics that subtract C (and
+    of sp_*) are jackknife pseudo-values by default, from the unit vectors kept from the first
+    pass or, above the activation budget, from a second forward pass per strength (the same
+    numbers); without them C is held fixed (the same corpus values, other per-window values)
+    and sp_* has no interval."""
+    import homoglens.bias as bias
+
+    model = _model()
+    options = {"kind": "first", "strengths": [-1.0, 0.0, 1.0], **COMMON}
+    kept = attention_bias_study(model, WINDOWS, **options)
+    assert kept.pseudo_values
+    monkeypatch.setattr(bias, "ACTIVATION_CACHE_BYTES", 0)
+    again = attention_bias_study(model, WINDOWS, **options)
+    assert again.window_sp is not None and kept.window_sp is not None
+    assert torch.allclose(again.window_statistics, kept.window_statistics, rtol=0, atol=1e-6)
+    assert torch.allclose(again.window_sp, kept.window_sp, rtol=0, atol=1e-6)
+    held = attention_bias_study(model, WINDOWS, pseudo_values=False, **options)
+    assert not held.pseudo_values and held.window_sp is None
+    assert torch.allclose(held.statistics, kept.statistics, rtol=0, atol=1e-7)
+    e = SIMILARITY_STATISTICS.index("matched_last")
+    assert not torch.allclose(held.window_statistics[..., e], kept.window_statistics[..., e])
+    sp_kept = kept.curve("sp_first", -1).set_index("strength")
+    sp_held = held.curve("sp_first", -1).set_index("strength")
+    assert sp_held["delta"].to_numpy() == pytest.approx(sp_kept["delta"].to_numpy(), abs=1e-7)
+    assert math.isfinite(sp_kept.loc[1.0, "se"]) and math.isnan(sp_held.loc[1.0, "se"])
+    assert hook_count(model) == 0

@@ -18,6 +18,7 @@ from homoglens import (
     load_model,
     positional_similarity,
 )
+from homoglens.similarity_math import SIMILARITY_STATISTICS
 from homoglens.testing import TINY_ARCHS, tiny_model_folder
 
 LENGTHS = (12, 20, 32)
@@ -73,6 +74,33 @@ def test_the_longest_length_is_positional_similarity() -> None:
     assert torch.allclose(study.first_key_mass[:, 0], torch.ones(()).double())
     ent = study.attention_entropy[:, 1:]
     assert bool((ent >= -1e-9).all() and (ent <= 1 + 1e-6).all())
+
+
+def test_pseudo_values_are_positional_similarity_s_kept_or_run_again(monkeypatch) -> None:
+    """Issue 38, point 4: per length, the per-window values of the statistics that subtract C
+    are positional_similarity's jackknife pseudo-values on the prefixes, from the kept unit
+    vectors or from a second forward pass; without them C is held fixed."""
+    import homoglens.lengths as lengths
+
+    model = _model("llama", BACKENDS[-1])
+    study = length_study(model, WINDOWS, lengths=LENGTHS, **COMMON)
+    assert study.pseudo_values
+    for t, length in enumerate(LENGTHS):
+        sim = positional_similarity(
+            model, WINDOWS[:, :length], edge_k=2, centre=None, progress=False
+        )
+        for e, stat in enumerate(SIMILARITY_STATISTICS):
+            got, want = study.window_statistics[t, ..., e], sim.per_window(stat)
+            assert torch.allclose(got, want, rtol=0, atol=1e-6), (length, stat)
+    monkeypatch.setattr(lengths, "ACTIVATION_CACHE_BYTES", 0)
+    again = length_study(model, WINDOWS, lengths=LENGTHS, **COMMON)
+    assert torch.allclose(again.window_statistics, study.window_statistics, rtol=0, atol=1e-6)
+    held = length_study(model, WINDOWS, lengths=LENGTHS, pseudo_values=False, **COMMON)
+    assert not held.pseudo_values
+    assert torch.allclose(held.statistics, study.statistics, rtol=0, atol=1e-7)
+    e = SIMILARITY_STATISTICS.index("homogenization")
+    assert not torch.allclose(held.window_statistics[..., e], study.window_statistics[..., e])
+    assert hook_count(model) == 0
 
 
 def test_tables_save_load_plot(tmp_path) -> None:

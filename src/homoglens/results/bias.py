@@ -73,7 +73,7 @@ class SlopeAtZero:
             attention). NaN for ``"temperature"`` (no biased keys) and where the mass does not
             move.
         per_mass_ci_low: Its interval (delta method over the paired windows; NaN for the
-            cross-window ``sp_*`` metrics).
+            cross-window ``sp_*`` metrics of a study without pseudo-values).
         per_mass_ci_high: Its interval.
         sesoi: Smallest effect of interest of ``per_mass``, in the metric's unit per unit of
             mass: a tenth of the metric's own scale at the baseline
@@ -175,7 +175,10 @@ class AttentionBiasStudy(SavedResult):
             :data:`~homoglens.similarity_math.SIMILARITY_STATISTICS` (cosines; ``naive_*`` of M,
             the rest of W).
         window_statistics: ``[strength seq layer stat]`` per-window values whose mean over
-            windows is ``statistics`` (C held at the corpus value).
+            windows is ``statistics``: for the statistics of ``W`` that subtract ``C``, jackknife
+            pseudo-values when ``pseudo_values`` (as
+            :meth:`~homoglens.PositionalSimilarity.per_window`), else ``C`` held at the corpus
+            value (intervals then ignore ``C``'s noise and are too wide on real data).
         sp: ``[strength layer pos]`` same-position cross-input similarity SP[i] = C[i, i].
         to_first: ``[strength layer pos]`` M[i, first counted position].
         window_attention: ``[strength seq block check]`` per window, each of
@@ -187,6 +190,11 @@ class AttentionBiasStudy(SavedResult):
         gradient_sp: ``[layer pos]`` d SP / d b at zero.
         window_gradient_attention: ``[gseq block check]`` d check / d b at zero, per window.
         window_gradient_loss: ``[gseq]`` d loss / d b at zero, per window.
+        pseudo_values: Whether the second pass ran (jackknife pseudo-values; results saved
+            before it existed load with False).
+        window_sp: ``[strength seq layer edge]`` or None: the jackknife pseudo-values of
+            ``sp_first`` and ``sp_last`` (mean over windows: the corpus value), with the second
+            pass.
         ci: Default interval coverage of :meth:`curve` and :meth:`slope_at_zero`.
         block: Default bootstrap block length (consecutive windows; ``"auto"``: chosen from the
             windows' autocorrelation, :func:`homoglens.stats.auto_block`).
@@ -225,6 +233,8 @@ class AttentionBiasStudy(SavedResult):
     gradient_sp: Float[torch.Tensor, "layer pos"]
     window_gradient_attention: Float[torch.Tensor, "gseq block check"]
     window_gradient_loss: Float[torch.Tensor, " gseq"]
+    pseudo_values: bool = False
+    window_sp: Float[torch.Tensor, "strength seq layer edge"] | None = None
     ci: float = 0.95
     block: int | str = "auto"
     seed: int = 0
@@ -256,6 +266,8 @@ class AttentionBiasStudy(SavedResult):
             "window_gradient_attention": (n_g, n_b, n_c),
             "window_gradient_loss": (n_g,),
         }
+        if self.window_sp is not None:
+            want["window_sp"] = (n_s, n, n_l, 2)
         for name, shape in want.items():
             got = tuple(getattr(self, name).shape)
             if got != shape:
@@ -355,7 +367,10 @@ class AttentionBiasStudy(SavedResult):
             first, middle, last = edge_groups(int(self.sp.shape[-1]), self.edge_k)
             edge = first if metric == "sp_first" else last
             sp = self.sp[:, li]
-            return sp[:, list(edge)].mean(-1) - sp[:, list(middle)].mean(-1), None
+            corpus = sp[:, list(edge)].mean(-1) - sp[:, list(middle)].mean(-1)
+            if self.window_sp is None:
+                return corpus, None
+            return corpus, self.window_sp[:, :, li, 0 if metric == "sp_first" else 1]
         e = SIMILARITY_STATISTICS.index(metric)
         return self.statistics[:, li, e], self.window_statistics[:, :, li, e]
 
@@ -406,8 +421,9 @@ class AttentionBiasStudy(SavedResult):
             ci_low, ci_high, per_mass, per_mass_ci_low, per_mass_ci_high, per_kl,
             n_sequences``: ``value`` the metric at that strength, ``delta`` = value - value at
             the baseline, and ``se`` / ``ci_low`` / ``ci_high`` the circular block-bootstrap
-            standard error and t interval of ``delta`` over the paired windows (NaN for
-            ``sp_*``, which are cross-window by definition, and at the baseline). The dose in
+            standard error and t interval of ``delta`` over the paired windows (their
+            jackknife pseudo-values for the statistics that involve ``C`` and for ``sp_*``; NaN
+            for ``sp_*`` of a study without pseudo-values, and at the baseline). The dose in
             the units that matter: ``kl`` (:attr:`kl`, nats) and ``mass_moved`` (the change of
             the attention on the biased keys, averaged over the biased blocks; NaN for
             temperature); ``per_mass`` = delta / mass_moved with its delta-method interval
@@ -541,7 +557,9 @@ class AttentionBiasStudy(SavedResult):
             g_lo, g_hi = g.ci_low, g.ci_high
         like = math.nan  # the central difference on the gradient's own windows
         g = self.gradient_windows
-        cross = metric in SIMILARITY_STATISTICS and not metric.startswith("naive")
+        cross = metric.startswith("sp_") or (
+            metric in SIMILARITY_STATISTICS and not metric.startswith("naive")
+        )
         if g == self.n_sequences:
             like = central  # the same windows: the same estimand
         elif diff is not None and g and not cross:

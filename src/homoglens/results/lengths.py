@@ -49,7 +49,12 @@ class LengthStudy(SavedResult):
             windows.
         statistics: ``[length layer stat]`` each of
             :data:`~homoglens.similarity_math.SIMILARITY_STATISTICS` on the first T positions.
-        window_statistics: ``[length seq layer stat]`` per-window values (C held fixed).
+        window_statistics: ``[length seq layer stat]`` per-window values whose mean is
+            ``statistics``: jackknife pseudo-values for the statistics that subtract ``C`` when
+            ``pseudo_values``, else ``C`` held fixed
+            (:meth:`~homoglens.PositionalSimilarity.per_window`).
+        pseudo_values: Whether the second pass ran (results saved before it existed load
+            with False).
         provenance: :class:`~homoglens.results.Provenance`.
 
     References:
@@ -75,6 +80,7 @@ class LengthStudy(SavedResult):
     first_key_mass: Float[torch.Tensor, "block pos"]
     statistics: Float[torch.Tensor, "length layer stat"]
     window_statistics: Float[torch.Tensor, "length seq layer stat"]
+    pseudo_values: bool = False
     provenance: Provenance = field(default_factory=Provenance)
 
     def __post_init__(self) -> None:
