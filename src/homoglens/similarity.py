@@ -38,8 +38,10 @@ from homoglens.similarity_math import (
     SimilaritySums,
     activation_fields,
     centre_moments,
+    check_drop_dims,
     check_similarity_options,
     cross_pass,
+    drop_dimensions,
     edge_groups,
     finish_fields,
     first_counted,
@@ -103,6 +105,7 @@ def positional_similarity(
     edge_k: int = 8,
     massive_threshold: float = 100.0,
     pseudo_values: bool = True,
+    drop_dims: int = 0,
     batch_size: int = 8,
     attention_mask: Int[torch.Tensor, "batch pos"] | None = None,
     bos: BosPolicy | bool = "auto",
@@ -154,6 +157,10 @@ def positional_similarity(
             forward pass). On by default: without it ``C`` is held fixed, and the standard error
             is 2.5-5.5 x too wide on real text (SmolLM2 on Austen) and off either way on
             nulls; ``False`` halves the cost and leaves the SP readings without intervals.
+        drop_dims: Zero, in every layer, the ``drop_dims`` dimensions with the largest mean
+            square over the counted tokens before the cosines (after any centring): the
+            massive-dimension removal of Sun et al. 2024 / Timkey & van Schijndel 2021, one more
+            pass (the indices are in the result's ``dropped_dims``). 0: none.
         batch_size: Windows per forward pass.
         attention_mask: ``[batch pos]`` 0/1 for token input.
         bos: BOS policy for text input (``"auto"``, ``"always"``, ``"never"``).
@@ -202,6 +209,7 @@ def positional_similarity(
     else:
         chosen = check_layers(layers, n_layers)
     batch_size = as_int("batch_size", batch_size, low=1)
+    drop_dims = check_drop_dims(drop_dims, int(model.cfg.d_model))
     progress = as_bool("progress", progress)
     batch = to_token_batch(
         model, data, attention_mask=attention_mask, bos=bos, text_column=text_column
@@ -235,7 +243,7 @@ def positional_similarity(
     shard = -(-n_all // world()[1])
     width = 8 if next(iter(model.parameters())).dtype == torch.float64 else 4
     size = shard * int(lengths[0]) * int(model.cfg.d_model) * len(chosen) * width
-    several = centre is not None or pseudo_values
+    several = centre is not None or pseudo_values or drop_dims > 0
     keep = several and size <= ACTIVATION_CACHE_BYTES
     # One preallocated block [layer window pos d] (not one tensor per batch and layer): freed at
     # the end as a whole, it goes back to the operating system instead of staying in the
@@ -281,6 +289,14 @@ def positional_similarity(
         stream(model, batch, [reader], batch_size=batch_size, desc=desc, progress=progress)
         replay = True
 
+    if drop_dims:
+        drop_dimensions(
+            sums,
+            lambda fn: feed(fn, "similarity (dimension energy)"),
+            drop_dims,
+            device,
+            reduce=True,
+        )
     if centre is not None:
         centre_moments(
             sums,
@@ -338,9 +354,10 @@ def similarity_from_activations(
         attention_mask: ``[batch pos]`` 0/1 (left or right padding); every row must hold the
             same number of real tokens. Default: all real.
         **options: Keywords of :func:`positional_similarity` that apply without a model:
-            ``centre``, ``standardize``, ``edge_k``, ``massive_threshold``, ``pseudo_values``
-            (defaults as there), ``exclude_first`` (a bool here: there is no BOS record;
-            default ``False``) and ``batch_size`` (windows reduced at a time, default 64).
+            ``centre``, ``standardize``, ``edge_k``, ``massive_threshold``, ``pseudo_values``,
+            ``drop_dims`` (defaults as there), ``exclude_first`` (a bool here: there is no BOS
+            record; default ``False``) and ``batch_size`` (windows reduced at a time, default
+            64).
 
     Returns:
         A :class:`~homoglens.results.similarity.PositionalSimilarity`.

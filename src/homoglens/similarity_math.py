@@ -91,6 +91,9 @@ class SimilaritySums:
         self.mean: torch.Tensor | None = None  # [layer d] or [layer pos d]
         self.scale: torch.Tensor | None = None  # [layer d]
         self.n_massive: tuple[int, ...] = ()
+        # dimensions zeroed before the cosines (drop_dims): a 0/1 mask and their indices
+        self.keep: torch.Tensor | None = None  # [layer d]
+        self.dropped: torch.Tensor | None = None  # [layer k] long
 
     def units_of(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Centre, standardise and normalise ``x [batch pos d]`` of layer ``i``: unit vectors
@@ -100,6 +103,8 @@ class SimilaritySums:
             x = x - (mean if mean.ndim == 2 else mean[None, None])
         if self.scale is not None:
             x = x / self.scale[i].to(x.device, x.dtype)
+        if self.keep is not None:
+            x = x * self.keep[i].to(x.device, x.dtype)
         return unit_rows(x)
 
     def add(self, i: int, x: torch.Tensor, row: torch.Tensor) -> None:
@@ -186,6 +191,41 @@ def centre_moments(
         sums.scale = torch.where(sd > 0, sd, torch.ones_like(sd))
 
 
+def drop_dimensions(
+    sums: SimilaritySums,
+    feed: Callable[[Callable[[int, torch.Tensor, int], None]], None],
+    drop_dims: int,
+    device: torch.device,
+    reduce: bool,
+) -> None:
+    """First pass of ``drop_dims``: each layer's mean square per dimension over the counted
+    tokens (all-reduced over ranks if ``reduce``); its ``drop_dims`` largest dimensions (the
+    massive / rogue ones) are zeroed in every later pass, after any centring."""
+    energy = torch.zeros(sums.n_layer, sums.d_model, dtype=torch.float64, device=device)
+
+    def take(i: int, x: torch.Tensor, first: int) -> None:
+        xs = x[:, first:].double()
+        energy[i] += (xs * xs).sum((0, 1)).to(device)
+
+    feed(take)
+    if reduce:
+        all_reduce_sum([energy])
+    top = energy.topk(drop_dims, dim=-1).indices.sort(-1).values
+    sums.keep = torch.ones_like(energy).scatter_(1, top, 0.0)
+    sums.dropped = top.cpu()
+
+
+def check_drop_dims(drop_dims: Any, d_model: int) -> int:
+    """``drop_dims`` as an int in ``0 .. d_model - 1`` (a typed error that names the range)."""
+    value = as_int("drop_dims", drop_dims, low=0)
+    if value >= d_model:
+        raise InvalidInputError(
+            f"drop_dims={value} would zero every dimension of d_model={d_model}; pass 0 .. "
+            f"{d_model - 1} (a few: the massive or rogue dimensions, e.g. 1-3)"
+        )
+    return value
+
+
 def finish_fields(
     sums: SimilaritySums,
     layers: tuple[int, ...],
@@ -225,6 +265,7 @@ def finish_fields(
         standardize=standardize,
         massive_threshold=massive_threshold,
         n_massive=sums.n_massive,
+        dropped_dims=sums.dropped,
     )
 
 
@@ -482,6 +523,7 @@ def activation_fields(
     edge_k: int = 8,
     massive_threshold: float = 100.0,
     pseudo_values: bool = True,
+    drop_dims: int = 0,
     batch_size: int = 64,
 ) -> dict[str, Any]:
     """The fields (but the provenance) of :func:`~homoglens.similarity_from_activations`'s
@@ -503,6 +545,7 @@ def activation_fields(
         "resid", centre, standardize, edge_k, massive_threshold, pseudo_values
     )
     first = int(as_bool("exclude_first", exclude_first))
+    drop_dims = check_drop_dims(drop_dims, d_model)
     batch_size = as_int("batch_size", batch_size, low=1)
     mask = check_attention_mask(
         torch.zeros(n_seq, width, dtype=torch.long, device="cpu"), attention_mask
@@ -534,6 +577,8 @@ def activation_fields(
                 x = x_all[i, start:stop][rows].view(stop - start, length, d_model)
                 fn(i, x.to(work), first)
 
+    if drop_dims:
+        drop_dimensions(sums, feed, drop_dims, device, reduce=False)
     if centre is not None:
         centre_moments(sums, feed, centre, standardize, massive_threshold, device, reduce=False)
     main_pass(sums, feed, n_layer, reduce=False)

@@ -139,14 +139,23 @@ def test_summary_gives_calibrated_verdicts_adjusted_c3_and_no_mean_headline(
         standardized = positional_similarity(
             model, windows, edge_k=3, centre="global", standardize=True, progress=False
         )
+        dims_dropped = positional_similarity(model, windows, edge_k=3, drop_dims=3, progress=False)
     profile = study.profiles["none"]
     rows = summary_rows(
         profile, study=study, similarity=sim, massive=massive, readings=readings,
-        standardized=standardized,
+        standardized=standardized, dims_dropped=dims_dropped,
     )  # fmt: skip
     measures = [r["measure"] for r in rows]  # the corrections beside the C1 headline
-    for start in ("C1 corrected for anisotropy", "C1 standardized", "residual norm growth"):
+    for start in (
+        "C1 corrected for anisotropy",
+        "C1 standardized",
+        "C1 without the 3 largest dimensions",
+        "residual norm growth",
+    ):
         assert any(m.startswith(start) for m in measures), start
+    h = dims_dropped.per_window("homogenization")
+    row = next(r for r in rows if r["measure"].startswith("C1 without"))
+    assert row["value"] == pytest.approx(float((h[:, -1] - h[:, 0]).mean()), abs=1e-12)
     anisotropy = next(r for r in rows if r["measure"].startswith("C1 corrected"))
     assert anisotropy["value"] == pytest.approx(
         float(profile.adjusted[-1] - profile.adjusted[0]), abs=1e-12

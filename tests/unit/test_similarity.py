@@ -246,6 +246,41 @@ def test_centrings_remove_what_they_promise() -> None:
             )
 
 
+def test_drop_dims_zeroes_the_massive_dimensions_and_nothing_else(tmp_path) -> None:
+    """Issue 38 (standard corrections): drop_dims=k zeroes, per layer, the k dimensions of
+    largest mean square before the cosines. Planted massive dimensions (a large shared value
+    on two dimensions, as in Sun et al. 2024) push every cosine near 1; dropping them gives the
+    brute force of the vectors with those dimensions zeroed by hand (float64), and the result
+    saves, loads and selects with its dropped dimensions; merging such results is refused (the
+    dimensions are each part's own), and a k that zeroes everything is a typed error."""
+    x = ar1(24, 20, 12, seed=21)
+    massive = x.clone()
+    massive[..., [2, 7]] += torch.tensor([40.0, -25.0], dtype=torch.float64)
+    k = 3
+    plain = PositionalSimilarity.from_activations(massive, edge_k=k)
+    assert float(plain.homogenization.mean()) > 0.8 or float(plain.M.mean()) > 0.8
+    dropped = PositionalSimilarity.from_activations(massive, edge_k=k, drop_dims=2)
+    assert dropped.dropped_dims is not None and dropped.dropped_dims.tolist() == [[2, 7]]
+    by_hand = massive.clone()
+    by_hand[..., [2, 7]] = 0
+    want = brute_force(by_hand, 0, k)
+    assert torch.allclose(dropped.M[0], want["M"], atol=1e-12)
+    assert torch.allclose(dropped.C[0], want["C"], atol=1e-12)
+    for stat in ("homogenization", "matched_first", "matched_last", "sp_first", "sp_last"):
+        ref = PositionalSimilarity.from_activations(by_hand, edge_k=k)
+        assert torch.allclose(dropped.per_window(stat), ref.per_window(stat), atol=1e-12), stat
+    dropped.save(tmp_path / "d")
+    back = PositionalSimilarity.load(tmp_path / "d")
+    assert back.dropped_dims is not None and back.dropped_dims.tolist() == [[2, 7]]
+    two = PositionalSimilarity.from_activations(torch.stack([massive, x]), edge_k=k, drop_dims=1)
+    assert two.dropped_dims is not None and two.sel(1).dropped_dims is not None
+    assert two.sel(1).dropped_dims.tolist() == two.dropped_dims[1:].tolist()
+    with pytest.raises(IncompatibleResultsError, match="drop_dims"):
+        PositionalSimilarity.merge(dropped, dropped)
+    with pytest.raises(InvalidInputError, match="drop_dims=12"):
+        PositionalSimilarity.from_activations(massive, edge_k=k, drop_dims=12)
+
+
 def test_global_centring_leaves_position_0_and_massive_tokens_out_of_the_mean() -> None:
     x = ar1(20, 16, 10, seed=11)
     spiked = x.clone()

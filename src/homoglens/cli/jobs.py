@@ -14,6 +14,10 @@ import click
 from homoglens.errors import HomoglensError
 from homoglens.types import PatchComponent, PatchDirection, PatchMetric, PositionAblation
 
+DROP_DIMS = 3
+"""Dimensions of largest mean square the report's C1 correction zeroes in each layer (the
+massive / rogue ones: a handful carry them, Timkey & van Schijndel 2021, Sun et al. 2024)."""
+
 
 def patching_job(
     model: Any,
@@ -173,11 +177,17 @@ def sinks_job(model: Any, windows: Any, opts: dict[str, Any], *, required: bool)
 
 
 def similarity_job(
-    model: Any, windows: Any, opts: dict[str, Any], *, standardize: bool = False
+    model: Any,
+    windows: Any,
+    opts: dict[str, Any],
+    *,
+    standardize: bool = False,
+    drop_dims: int = 0,
 ) -> Any:
     """The position-resolved section (uncentred, with pseudo-values: two passes), or with
     ``standardize`` the C1 correction (globally centred and standardised, no pseudo-values:
-    two passes);
+    two passes), or with ``drop_dims`` the C1 correction without the ``drop_dims`` dimensions
+    of largest energy (uncentred, with pseudo-values: three passes);
     ``None`` with a warning when the windows are of unequal length or too short for the
     edges."""
     from homoglens.similarity import positional_similarity
@@ -199,6 +209,7 @@ def similarity_job(
         centre="global" if standardize else None,  # SP means nothing on centred vectors
         standardize=standardize,
         pseudo_values=not standardize,
+        drop_dims=min(drop_dims, int(model.cfg.d_model) - 1),
         batch_size=opts["batch_size"],
         progress=opts["progress"],
     )
@@ -389,6 +400,14 @@ def run_profile(
             if similarity
             else None
         )
+        dims_dropped = (
+            timed(
+                "dimensions dropped",
+                lambda: similarity_job(model, windows, opts, drop_dims=DROP_DIMS),
+            )
+            if similarity
+            else None
+        )
         biased = (
             timed("attention bias", lambda: bias_job(
                 model, windows, opts, kind="first", strengths=(-1.0, -0.25, 0.0, 0.25, 1.0),
@@ -431,6 +450,7 @@ def run_profile(
                 massive=massive_study,
                 readings=readings,
                 standardized=standardized,
+                dims_dropped=dims_dropped,
                 interactive=opts["interactive"],
             )
         report = folder / "report.html"

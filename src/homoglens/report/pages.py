@@ -189,6 +189,7 @@ def write_profile_report(
     massive: PositionAblationStudy | None = None,
     readings: CalibratedReadings | None = None,
     standardized: PositionalSimilarity | None = None,
+    dims_dropped: PositionalSimilarity | None = None,
     interactive: bool = False,
 ) -> Path:
     """Write profile files, figures and ``report.html`` into the (prepared) folder ``out``.
@@ -207,7 +208,9 @@ def write_profile_report(
     :func:`~homoglens.calibrated_readings`): ``readings/``, ``readings.csv`` and a section of
     the three readings of C2 against the causal null, whose verdicts the summary shows; with
     ``standardized`` (a ``positional_similarity(..., centre="global", standardize=True)``): the
-    C1 headline after standardisation, beside the other corrections in the summary. The
+    C1 headline after standardisation, and with ``dims_dropped`` (a
+    ``positional_similarity(..., drop_dims=k)``) after removing the k dimensions of largest
+    energy, beside the other corrections in the summary. The
     page opens with a summary (the
     headline numbers with their intervals and what they mean, ``summary.csv``) and a table of
     contents.
@@ -227,14 +230,14 @@ def write_profile_report(
     """
     check_results(
         profile, study=study, sinks=sinks, patching=patching, similarity=similarity, bias=bias,
-        massive=massive, readings=readings, standardized=standardized,
+        massive=massive, readings=readings, standardized=standardized, dims_dropped=dims_dropped,
     )  # fmt: skip
     _off_screen()
     with interactive_figures(interactive):
         return _profile_page(
             profile, Path(out), edge_k=edge_k, title=title, study=study, sinks=sinks,
             patching=patching, similarity=similarity, bias=bias, massive=massive,
-            readings=readings, standardized=standardized,
+            readings=readings, standardized=standardized, dims_dropped=dims_dropped,
         )  # fmt: skip
 
 
@@ -252,6 +255,7 @@ def _profile_page(
     massive: PositionAblationStudy | None = None,
     readings: CalibratedReadings | None = None,
     standardized: PositionalSimilarity | None = None,
+    dims_dropped: PositionalSimilarity | None = None,
 ) -> Path:
     """The body of :func:`write_profile_report`."""
     from homoglens.results.figures import profile_adjusted, profile_curves, profile_heatmap
@@ -363,6 +367,7 @@ mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
         massive=massive,
         readings=readings,
         standardized=standardized,
+        dims_dropped=dims_dropped,
     )
     import pandas as pd
 

@@ -101,6 +101,7 @@ def check_results(profile: Any, **results: Any) -> None:
         "bias": (AttentionBiasStudy,),
         "readings": (CalibratedReadings,),
         "standardized": (PositionalSimilarity,),
+        "dims_dropped": (PositionalSimilarity,),
     }
     if not isinstance(profile, HomogenizationProfile):
         raise InvalidInputError(
@@ -149,6 +150,7 @@ def summary_rows(
     massive: PositionAblationStudy | None = None,
     readings: CalibratedReadings | None = None,
     standardized: PositionalSimilarity | None = None,
+    dims_dropped: PositionalSimilarity | None = None,
 ) -> list[dict[str, Any]]:
     """The headline numbers of a report, one dict per row: ``measure``, ``value``, ``ci_low``,
     ``ci_high`` (NaN where the result holds no per-window values, or fewer than 2, or where
@@ -164,7 +166,9 @@ def summary_rows(
     2019), the change after standardising every dimension (``standardized``: a
     ``positional_similarity(..., centre="global", standardize=True)``, which takes the rogue
     dimensions' dominance out of the cosine, Timkey & van Schijndel 2021; its global mean leaves
-    out massive tokens, Sun et al. 2024) and the growth of the residual norm.
+    out massive tokens, Sun et al. 2024), the change with the massive / rogue dimensions removed
+    (``dims_dropped``: a ``positional_similarity(..., drop_dims=k)``, the k dimensions of largest
+    mean square zeroed in each layer) and the growth of the residual norm.
 
     Raises:
         InvalidInputError: a massive-activation study given as ``study`` or a positional one as
@@ -210,7 +214,7 @@ def summary_rows(
             "positions removed) gained with depth; C1 predicts > 0",
         ))  # fmt: skip
     if len(profile.layers) > 1:
-        rows += _corrections(profile, study, standardized)
+        rows += _corrections(profile, study, standardized, dims_dropped)
     if similarity is not None and len(similarity.layers) > 1 and similarity.n_sequences > 1:
         if readings is None:
             edge = similarity.edge_excess()
@@ -310,6 +314,7 @@ def _corrections(
     profile: HomogenizationProfile,
     study: PositionAblationStudy | None,
     standardized: PositionalSimilarity | None,
+    dims_dropped: PositionalSimilarity | None = None,
 ) -> list[dict[str, Any]]:
     """The standard corrections beside the C1 headline (see :func:`summary_rows`)."""
     from homoglens.results.studies import paired_bootstrap
@@ -340,6 +345,18 @@ def _corrections(
             "a few rogue (or massive) dimensions cannot dominate the cosine (Timkey & van "
             "Schijndel 2021); C1 predicts > 0",
         ))  # fmt: skip
+    if dims_dropped is not None and dims_dropped.dropped_dims is not None:
+        if len(dims_dropped.layers) > 1:
+            k = int(dims_dropped.dropped_dims.shape[1])
+            h = dims_dropped.per_window("homogenization")
+            est = estimate([(h[:, -1] - h[:, 0])[None]])
+            rows.append(_row(
+                f"C1 without the {k} largest dimensions: H_W layer {dims_dropped.layers[-1]} - "
+                f"layer {dims_dropped.layers[0]}", est.value, est.ci_low, est.ci_high,
+                f"the C1 headline with the {k} dimensions of largest mean square zeroed in each "
+                "layer (massive and rogue dimensions: Sun et al. 2024, Timkey & van Schijndel "
+                "2021); C1 predicts > 0",
+            ))  # fmt: skip
     counted = profile.count > 0
     norms = [float(profile.norm[i][counted].mean()) for i in (0, -1)]
     rows.append(_row(

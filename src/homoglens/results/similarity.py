@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 from homoglens.assets import package_version
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
@@ -120,6 +120,8 @@ class PositionalSimilarity(SavedResult):
             global mean (``centre="global"``).
         n_massive: Per layer entry, tokens (after position 0) left out of the global mean for
             that reason (empty unless ``centre="global"``).
+        dropped_dims: ``[layer k]`` or ``None``: the dimensions zeroed before the cosines in
+            each layer entry (``drop_dims``: the k of largest mean square).
         provenance: :class:`~homoglens.results.Provenance`.
 
     References:
@@ -150,6 +152,7 @@ class PositionalSimilarity(SavedResult):
     standardize: bool = False
     massive_threshold: float = 100.0
     n_massive: tuple[int, ...] = ()
+    dropped_dims: Int[torch.Tensor, "layer k"] | None = None
     provenance: Provenance = field(default_factory=Provenance)
 
     def __post_init__(self) -> None:
@@ -171,6 +174,16 @@ class PositionalSimilarity(SavedResult):
                 raise ValueError(f"{name} has shape {got}, expected {shape}")
         if self.unit_sum.ndim != 3 or tuple(self.unit_sum.shape[:2]) != (n_layer, n_pos):
             raise ValueError(f"unit_sum is {tuple(self.unit_sum.shape)}, not [{n_layer} {n_pos} d]")
+        if self.dropped_dims is not None and (
+            self.dropped_dims.ndim != 2
+            or int(self.dropped_dims.shape[0]) != n_layer
+            or bool((self.dropped_dims < 0).any())
+            or bool((self.dropped_dims >= self.unit_sum.shape[-1]).any())
+        ):
+            raise ValueError(
+                f"dropped_dims {tuple(self.dropped_dims.shape)} must be [{n_layer} k] indices "
+                f"of the {int(self.unit_sum.shape[-1])} dimensions"
+            )
         if (self.window_cross is None) != (self.window_same_position is None):
             raise ValueError("window_cross and window_same_position come together")
         if self.n_sequences < 1 or self.first_position < 0:
@@ -211,6 +224,7 @@ class PositionalSimilarity(SavedResult):
         edge_k: int = 8,
         massive_threshold: float = 100.0,
         pseudo_values: bool = True,
+        drop_dims: int = 0,
         batch_size: int = 64,
     ) -> PositionalSimilarity:
         """Position x position similarity of activations you already have: the residual stream
@@ -234,6 +248,7 @@ class PositionalSimilarity(SavedResult):
             edge_k: As there.
             massive_threshold: As there.
             pseudo_values: As there.
+            drop_dims: As there.
             batch_size: Windows reduced at a time (memory, not results).
 
         Returns:
@@ -265,6 +280,7 @@ class PositionalSimilarity(SavedResult):
             edge_k=edge_k,
             massive_threshold=massive_threshold,
             pseudo_values=pseudo_values,
+            drop_dims=drop_dims,
             batch_size=batch_size,
         )
         provenance = replace(read.provenance, exclude_first=bool(fields["first_position"]))
@@ -663,6 +679,12 @@ class PositionalSimilarity(SavedResult):
                 edge_k, space, centring, model, backend or weights; centred parts.
         """
         first = merge_parts(parts, PositionalSimilarity)
+        if len(parts) > 1 and any(p.dropped_dims is not None for p in parts):
+            raise IncompatibleResultsError(
+                "results with drop_dims zeroed the dimensions of each part's own corpus, so "
+                "their sums do not add up to a one-pass result; run positional_similarity once "
+                "over all the data"
+            )
         if len(parts) > 1 and any(p.centre is not None for p in parts):
             raise IncompatibleResultsError(
                 "centred results subtract each part's own corpus mean, so their sums do not "
@@ -707,6 +729,7 @@ class PositionalSimilarity(SavedResult):
             standardize=first.standardize,
             massive_threshold=first.massive_threshold,
             n_massive=first.n_massive,  # merging is refused for centred results
+            dropped_dims=first.dropped_dims,  # and for those with dimensions dropped
             provenance=replace(
                 first.provenance,
                 data=" + ".join(datas) if len(datas) <= 3 else f"{len(parts)} merged parts",
@@ -740,6 +763,7 @@ class PositionalSimilarity(SavedResult):
             window_within=pick(self.window_within, 1),
             window_cross=pick(self.window_cross, 1),
             window_same_position=pick(self.window_same_position, 1),
+            dropped_dims=pick(self.dropped_dims, 0),
             provenance=replace(
                 self.provenance,
                 hook_points=tuple(hooks[i] for i in idx.tolist()) if hooks else (),
