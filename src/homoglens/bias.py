@@ -426,11 +426,13 @@ def attention_bias_study(
     offset, stop = shard_bounds(n_all, size)[rank]
     # The pseudo-values' second pass reads every window's unit vectors again: kept from the
     # first pass when they fit in the activation budget, else a second forward pass.
-    kept = len(plans) * (stop - offset) * len(entries) * n_pos * d_model * 4
+    work = torch.float64 if next(iter(model.parameters())).dtype == torch.float64 else None
+    width = 8 if work is not None else 4
+    kept = len(plans) * (stop - offset) * len(entries) * n_pos * d_model * width
     replay = pseudo_values and kept <= ACTIVATION_CACHE_BYTES
     if replay:
         for s_sums in sums:
-            s_sums.keep_units(stop - offset)
+            s_sums.keep_units(stop - offset, work or torch.float32)
     grad = _Gradient(len(entries), n_pos, d_model, edge_k, device)
     attention: list[list[torch.Tensor]] = [[] for _ in plans]
     losses: list[list[torch.Tensor]] = [[] for _ in plans]

@@ -189,12 +189,12 @@ def length_study(
     norm[0] = math.nan
     d_model = int(model.cfg.d_model)
     start, stop = shard_bounds(len(batch), world()[1])[world()[0]]
-    size = len(entries) * (stop - start) * n_pos * d_model * 4
+    f64_model = next(iter(model.parameters())).dtype == torch.float64
+    work = torch.float64 if f64_model else torch.float32
+    size = len(entries) * (stop - start) * n_pos * d_model * (8 if f64_model else 4)
     kept = None  # every window's unit vectors [layer window pos d] for the second pass
     if pseudo_values and size <= ACTIVATION_CACHE_BYTES:
-        kept = torch.empty(
-            len(entries), stop - start, n_pos, d_model, dtype=torch.float32, device=device
-        )
+        kept = torch.empty(len(entries), stop - start, n_pos, d_model, dtype=work, device=device)
     filled = [0] * len(entries)
 
     def resid(i: int) -> Any:
@@ -215,7 +215,7 @@ def length_study(
                 sums.n += x.shape[0]
             u, _ = sums.units_of(i, x[:, first:])
             if kept is not None:
-                kept[i, filled[i] : filled[i] + u.shape[0]] = u.to(kept.device, torch.float32)
+                kept[i, filled[i] : filled[i] + u.shape[0]] = u.to(kept.device, kept.dtype)
                 filled[i] += int(u.shape[0])
             gram = u @ u.transpose(1, 2)
             sums.within[i] += gram.sum(0, dtype=f64).to(sums.within.device)

@@ -158,7 +158,8 @@ def positional_similarity(
             is 2.5-5.5 x too wide on real text (SmolLM2 on Austen) and off either way on
             nulls; ``False`` halves the cost and leaves the SP readings without intervals.
         drop_dims: Zero, in every layer, the ``drop_dims`` dimensions with the largest mean
-            square over the counted tokens before the cosines (after any centring): the
+            square over the counted tokens (of the vectors as measured, before any centring)
+            before the cosines (after the centring): the
             massive-dimension removal of Sun et al. 2024 / Timkey & van Schijndel 2021, one more
             pass (the indices are in the result's ``dropped_dims``). 0: none.
         batch_size: Windows per forward pass.

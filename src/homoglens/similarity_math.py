@@ -199,8 +199,10 @@ def drop_dimensions(
     reduce: bool,
 ) -> None:
     """First pass of ``drop_dims``: each layer's mean square per dimension over the counted
-    tokens (all-reduced over ranks if ``reduce``); its ``drop_dims`` largest dimensions (the
-    massive / rogue ones) are zeroed in every later pass, after any centring."""
+    tokens (all-reduced over ranks if ``reduce``), of the vectors as measured (before any
+    centring: the dimensions that carry a large shared value or huge values at a few tokens);
+    its ``drop_dims`` largest dimensions (the massive / rogue ones) are zeroed in every later
+    pass, after the centring."""
     energy = torch.zeros(sums.n_layer, sums.d_model, dtype=torch.float64, device=device)
 
     def take(i: int, x: torch.Tensor, first: int) -> None:
@@ -217,8 +219,8 @@ def drop_dimensions(
 
 def check_drop_dims(drop_dims: Any, d_model: int) -> int:
     """``drop_dims`` as an int in ``0 .. d_model - 1`` (a typed error that names the range)."""
-    value = as_int("drop_dims", drop_dims, low=0)
-    if value >= d_model:
+    value = as_int("drop_dims", drop_dims)
+    if value < 0 or value >= d_model:
         raise InvalidInputError(
             f"drop_dims={value} would zero every dimension of d_model={d_model}; pass 0 .. "
             f"{d_model - 1} (a few: the massive or rogue dimensions, e.g. 1-3)"
@@ -295,12 +297,13 @@ class WindowSums:
         self.kept: torch.Tensor | None = None
         self._kept_rows = [0] * n_layer
 
-    def keep_units(self, n_windows: int) -> None:
-        """Keep the unit vectors of the next ``n_windows`` windows (float32, on the device of
-        the activations), so that :meth:`cross_from_kept` needs no second forward pass."""
+    def keep_units(self, n_windows: int, dtype: torch.dtype = torch.float32) -> None:
+        """Keep the unit vectors of the next ``n_windows`` windows (in ``dtype``, the work
+        dtype: float64 for a float64 model; on the device of the activations), so that
+        :meth:`cross_from_kept` needs no second forward pass."""
         self.kept = torch.empty(
             (self.n_layer, n_windows, self.n_pos, self.d_model),
-            dtype=torch.float32,
+            dtype=dtype,
             device=self.units.device,
         )
 
@@ -313,7 +316,7 @@ class WindowSums:
         u, _ = self.units_of(i, x)
         if self.kept is not None:
             start = self._kept_rows[i]
-            self.kept[i, start : start + u.shape[0]] = u.to(self.kept.device, torch.float32)
+            self.kept[i, start : start + u.shape[0]] = u.to(self.kept.device, self.kept.dtype)
             self._kept_rows[i] = start + int(u.shape[0])
         row[:, i] = window_statistics(u, self.edge_k)
         u64 = u.double()

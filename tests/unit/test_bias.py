@@ -386,3 +386,17 @@ def test_pseudo_values_kept_or_run_again_and_without_them(monkeypatch) -> None:
     assert sp_held["delta"].to_numpy() == pytest.approx(sp_kept["delta"].to_numpy(), abs=1e-7)
     assert math.isfinite(sp_kept.loc[1.0, "se"]) and math.isnan(sp_held.loc[1.0, "se"])
     assert hook_count(model) == 0
+
+
+def test_pseudo_values_of_a_float64_model_are_float64_exact() -> None:
+    """The unit vectors kept for the second pass are in the work dtype: in float64 the study's
+    pseudo-values are positional_similarity's to float64 rounding."""
+    model = _model(f64=True)
+    study = attention_bias_study(model, WINDOWS, kind="first", strengths=[0.0], **COMMON)
+    sim = positional_similarity(model, WINDOWS, centre=None, **COMMON)
+    assert study.window_sp is not None
+    for e, stat in enumerate(SIMILARITY_STATISTICS):
+        got, want = study.window_statistics[0, ..., e], sim.per_window(stat)
+        assert torch.allclose(got, want, rtol=0, atol=1e-12), stat
+    for j, stat in enumerate(("sp_first", "sp_last")):
+        assert torch.allclose(study.window_sp[0, ..., j], sim.per_window(stat), rtol=0, atol=1e-12)

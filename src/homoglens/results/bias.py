@@ -268,6 +268,11 @@ class AttentionBiasStudy(SavedResult):
         }
         if self.window_sp is not None:
             want["window_sp"] = (n_s, n, n_l, 2)
+        if (self.window_sp is not None) != bool(self.pseudo_values):
+            raise ValueError(
+                f"pseudo_values={self.pseudo_values} but window_sp is "
+                f"{'absent' if self.window_sp is None else 'present'}: they come together"
+            )
         for name, shape in want.items():
             got = tuple(getattr(self, name).shape)
             if got != shape:

@@ -175,14 +175,16 @@ class PositionalSimilarity(SavedResult):
         if self.unit_sum.ndim != 3 or tuple(self.unit_sum.shape[:2]) != (n_layer, n_pos):
             raise ValueError(f"unit_sum is {tuple(self.unit_sum.shape)}, not [{n_layer} {n_pos} d]")
         if self.dropped_dims is not None and (
-            self.dropped_dims.ndim != 2
+            self.dropped_dims.dtype != torch.int64
+            or self.dropped_dims.ndim != 2
             or int(self.dropped_dims.shape[0]) != n_layer
             or bool((self.dropped_dims < 0).any())
             or bool((self.dropped_dims >= self.unit_sum.shape[-1]).any())
+            or any(len(set(row)) != len(row) for row in self.dropped_dims.tolist())
         ):
             raise ValueError(
-                f"dropped_dims {tuple(self.dropped_dims.shape)} must be [{n_layer} k] indices "
-                f"of the {int(self.unit_sum.shape[-1])} dimensions"
+                f"dropped_dims {tuple(self.dropped_dims.shape)} must be [{n_layer} k] distinct "
+                f"int64 indices of the {int(self.unit_sum.shape[-1])} dimensions"
             )
         if (self.window_cross is None) != (self.window_same_position is None):
             raise ValueError("window_cross and window_same_position come together")
@@ -764,6 +766,7 @@ class PositionalSimilarity(SavedResult):
             window_cross=pick(self.window_cross, 1),
             window_same_position=pick(self.window_same_position, 1),
             dropped_dims=pick(self.dropped_dims, 0),
+            n_massive=tuple(self.n_massive[i] for i in idx.tolist()) if self.n_massive else (),
             provenance=replace(
                 self.provenance,
                 hook_points=tuple(hooks[i] for i in idx.tolist()) if hooks else (),
@@ -776,5 +779,11 @@ class PositionalSimilarity(SavedResult):
             f"PositionalSimilarity(model={p.model!r}, layers={len(self.layers)}, "
             f"pos={self.n_pos} (from {self.first_position}), n_sequences={self.n_sequences}, "
             f"space={self.space}, centre={self.centre}, edge_k={self.edge_k}, "
-            f"pseudo_values={self.has_pseudo_values})"
+            f"pseudo_values={self.has_pseudo_values}"
+            + (
+                ""
+                if self.dropped_dims is None
+                else f", drop_dims={int(self.dropped_dims.shape[1])}"
+            )
+            + ")"
         )
