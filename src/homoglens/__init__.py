@@ -32,6 +32,7 @@ from homoglens.errors import (
     NonFiniteActivationError,
     ResultsNotFoundError,
     SequenceTooLongError,
+    TrainingDivergedError,
     UnknownModelError,
     UnsupportedArchitectureError,
 )
@@ -129,6 +130,7 @@ __all__ = [
     "PositionalSimilarity",
     "MassiveActivations",
     "NonFiniteActivationError",
+    "TrainingDivergedError",
     "Provenance",
     "ResultsNotFoundError",
     "SequenceTooLongError",

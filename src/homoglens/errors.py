@@ -20,6 +20,7 @@ __all__ = [
     "MissingDependencyError",
     "IncompatibleResultsError",
     "NonFiniteActivationError",
+    "TrainingDivergedError",
     "ResultsNotFoundError",
 ]
 
@@ -69,6 +70,11 @@ class IncompatibleResultsError(HomoglensError, ValueError):
 
 class NonFiniteActivationError(HomoglensError, ArithmeticError):
     """The residual stream held NaN or inf at counted positions; nothing was averaged in."""
+
+
+class TrainingDivergedError(NonFiniteActivationError):
+    """Training stopped: a training loss, the weights or the held-out loss became NaN or inf
+    (the learning rate is too high, or the warm-up too short); nothing was saved."""
 
 
 class ResultsNotFoundError(HomoglensError, FileNotFoundError):

@@ -31,7 +31,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import re
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -43,8 +45,9 @@ import torch
 
 from homoglens.assets import staged_output
 from homoglens.data import HELD_OUT, TokenBatch, split_austen
-from homoglens.errors import InvalidInputError
-from homoglens.validate import as_bool, as_int
+from homoglens.distributed import is_main_process
+from homoglens.errors import InvalidInputError, TrainingDivergedError
+from homoglens.validate import as_bool, as_float, as_int
 
 __all__ = [
     "TrainingConfig",
@@ -62,27 +65,70 @@ PositionalVariant = Literal["learned", "rotary", "none"]
 POSITIONAL_VARIANTS: tuple[str, ...] = ("learned", "rotary", "none")
 
 
+_POSITIVE_FIELDS = (
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "vocab_size",
+    "steps",
+    "batch_size",
+    "threads",
+)
+_MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed takes
+
+
+def _config_int(name: str, value: Any, low: int, high: int | None) -> int:
+    """``value`` as a Python int in [low, high]; the error names the field and its range."""
+    try:
+        return as_int(name, value, low=low, high=high)
+    except InvalidInputError:
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidInputError(
+            f"TrainingConfig: {name}={value!r} must be an integer {allowed}"
+        ) from None
+
+
+def _config_real(name: str, value: Any, *, strict: bool) -> float:
+    """``value`` as a finite Python float, > 0 (``strict``) or >= 0; the error names the field,
+    its value and the allowed range."""
+    allowed = f"a finite number {'>' if strict else '>='} 0"
+    try:
+        number = as_float(name, value, low=-math.inf, high=math.inf)
+    except (InvalidInputError, TypeError, ValueError, RuntimeError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number) or number < 0 or (strict and number == 0):
+        raise InvalidInputError(f"TrainingConfig: {name}={value!r} must be {allowed}")
+    return number
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """Everything that defines one training run (saved as ``training.json`` beside the model).
 
     Attributes:
         variant: ``"learned"``, ``"rotary"`` or ``"none"``.
-        n_layers, d_model, n_heads: Model size (d_mlp = 4 d_model).
-        n_ctx: Context length and training window length (tokens).
-        vocab_size: BPE vocabulary size (trained on the training split).
-        steps: Optimiser steps.
-        batch_size: Windows per step.
-        lr: Peak learning rate (AdamW, linear warm-up then cosine decay to 10 %).
-        warmup: Warm-up steps.
-        weight_decay: AdamW weight decay (matrices only).
-        seed: Seed of initialisation and data order.
-        threads: torch threads (results depend slightly on it).
+        n_layers, d_model, n_heads: Model size (d_mlp = 4 d_model), integers >= 1; ``d_model``
+            a multiple of ``n_heads`` (an even multiple for ``rotary``).
+        n_ctx: Context length and training window length (tokens), >= 2.
+        vocab_size: BPE vocabulary size (trained on the training split), >= 260.
+        steps: Optimiser steps, >= 1.
+        batch_size: Windows per step, >= 1.
+        lr: Peak learning rate (AdamW, linear warm-up then cosine decay to 10 %), finite, > 0.
+        warmup: Warm-up steps, >= 0.
+        weight_decay: AdamW weight decay (matrices only), finite, >= 0.
+        seed: Seed of initialisation and data order, in [0, 2**64 - 1].
+        threads: torch threads (results depend slightly on it), >= 1.
         bos: Start every training window with the same special token (``<|endoftext|>``, the
             tokenizer's BOS), followed by ``n_ctx - 1`` text tokens; attention sinks form
             around a fixed first token (Gu et al. 2024, arXiv 2410.10781; Barbero et al. 2025,
             arXiv 2504.02732). The held-out loss is then measured on windows that start with
             it too.
+
+    Every field is checked at construction (and stored as a plain Python value).
+
+    Raises:
+        InvalidInputError: a field of the wrong type, NaN or inf, or outside its range; the
+            message names the field, its value and what is allowed.
     """
 
     variant: str = "learned"
@@ -101,31 +147,42 @@ class TrainingConfig:
     bos: bool = False
 
     def __post_init__(self) -> None:
-        if self.variant not in POSITIONAL_VARIANTS:
+        """Check every field (type, finite, range) and store it as a plain Python value.
+
+        Raises:
+            InvalidInputError: a field of the wrong type, non-finite or out of its range (the
+                message names the field, its value and what is allowed).
+        """
+        if not isinstance(self.variant, str) or self.variant not in POSITIONAL_VARIANTS:
             raise InvalidInputError(
-                f"variant={self.variant!r} must be one of {POSITIONAL_VARIANTS}"
+                f"TrainingConfig: variant={self.variant!r} must be one of {POSITIONAL_VARIANTS}"
             )
-        for name in (
-            "n_layers",
-            "d_model",
-            "n_heads",
-            "n_ctx",
-            "vocab_size",
-            "steps",
-            "batch_size",
-            "threads",
-        ):
-            as_int(name, getattr(self, name), low=1)
-        as_int("warmup", self.warmup, low=0)
-        as_int("seed", self.seed, low=0)
+        ints = {name: 1 for name in _POSITIVE_FIELDS} | {"n_ctx": 2, "warmup": 0, "seed": 0}
+        ints["vocab_size"] = 260  # 256 bytes + specials
+        for name, low in ints.items():
+            high = _MAX_SEED if name == "seed" else None
+            object.__setattr__(self, name, _config_int(name, getattr(self, name), low, high))
+        object.__setattr__(self, "lr", _config_real("lr", self.lr, strict=True))
+        object.__setattr__(
+            self, "weight_decay", _config_real("weight_decay", self.weight_decay, strict=False)
+        )
+        try:
+            object.__setattr__(self, "bos", as_bool("bos", self.bos))
+        except InvalidInputError:
+            raise InvalidInputError(
+                f"TrainingConfig: bos={self.bos!r} must be True or False"
+            ) from None
         if self.d_model % self.n_heads:
             raise InvalidInputError(
-                f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}"
+                f"TrainingConfig: d_model={self.d_model} must be a multiple of "
+                f"n_heads={self.n_heads}; change one of them"
             )
-        if self.vocab_size < 260:
-            raise InvalidInputError("vocab_size must be at least 260 (256 bytes + specials)")
-        if not isinstance(self.bos, bool):
-            raise InvalidInputError(f"bos={self.bos!r} must be True or False")
+        if self.variant == "rotary" and (self.d_model // self.n_heads) % 2:
+            raise InvalidInputError(
+                f"TrainingConfig: variant='rotary' rotates pairs of channels, so the head "
+                f"width d_model / n_heads = {self.d_model}/{self.n_heads} must be even; change "
+                "d_model or n_heads"
+            )
 
     @property
     def name(self) -> str:
@@ -388,17 +445,90 @@ def train_model(
         The ``training.json`` content.
 
     Raises:
-        InvalidInputError: ``save_every`` negative, or a step in ``save_steps`` outside
-            0..``config.steps``.
+        InvalidInputError: ``config`` not a :class:`TrainingConfig`, ``log_every`` < 1,
+            ``save_every`` negative, a step in ``save_steps`` outside 0..``config.steps``,
+            ``n_ctx`` longer than the training or held-out text; or ``out`` that the run could
+            not write (a file, a symbolic link, in a folder this process cannot write, a
+            non-empty folder that is no model folder, or an older run there with a folder it
+            cannot delete): checked before any training.
+        TrainingDivergedError: training diverged (a training loss, the weights or the
+            held-out loss became NaN or inf); the message names the step and the loss and
+            suggests a lower ``lr``. Nothing is saved: an existing ``out`` is left as it was.
 
     References:
         Yusupov et al. 2025, arXiv 2508.17126.
     """
+    if not isinstance(config, TrainingConfig):
+        raise InvalidInputError(
+            f"config={config!r} must be a TrainingConfig; build one with TrainingConfig(...)"
+        )
+    if not isinstance(out, (str, os.PathLike)):
+        raise InvalidInputError(f"out={out!r} must be a folder path (str or pathlib.Path)")
     progress = as_bool("progress", progress)
+    log_every = as_int("log_every", log_every, low=1)
     out = Path(out).expanduser()
     steps = checkpoint_steps(config.steps, save_every, save_steps)
+    if is_main_process():  # the one that writes (staged_output)
+        _check_output_folder(out)
     with _torch_globals(config.threads), staged_output(out) as tmp:
         return _train(config, tmp, log_every, progress, steps)
+
+
+_RUN_FILES = ("config.json", "training.json")  # what marks an older run (a model folder)
+
+
+def _check_output_folder(out: Path) -> None:
+    """Refuse, before any training, an ``out`` the finished run could not be moved into:
+    :func:`~homoglens.assets.staged_output` writes a sibling of ``out`` and then replaces
+    ``out`` (deleting an older run there), so the first existing folder above ``out`` must take
+    a new folder, a non-empty ``out`` must be a model folder (never a folder of other files),
+    and every folder of an older run must let its entries be deleted.
+
+    Raises:
+        InvalidInputError: names the folder in the way and the fix.
+    """
+    where = f"train_model cannot write the run into {str(out)!r}"
+    try:
+        if out.is_symlink() or (out.exists() and not out.is_dir()):
+            kind = "a symbolic link" if out.is_symlink() else "a file"
+            raise InvalidInputError(
+                f"{where}: it is {kind}, which the run would replace; give another folder "
+                "path (a new one, or the folder of an older run to replace)"
+            )
+        parent = out.parent
+        while not parent.exists():  # the missing folders are created on the way
+            parent = parent.parent
+        if not parent.is_dir():
+            raise InvalidInputError(
+                f"{where}: {str(parent)!r} is a file, not a folder; choose another out"
+            )
+        try:
+            probe = tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=parent)
+        except OSError as err:
+            raise InvalidInputError(
+                f"{where}: the folder {str(parent)!r} is not writable ({err.strerror}); choose "
+                f"an out folder you can write to, or make {str(parent)!r} writable "
+                "(chmod u+w)"
+            ) from None
+        os.rmdir(probe)
+        if out.is_dir() and not any((out / name).is_file() for name in _RUN_FILES):
+            if any(out.iterdir()):  # the run replaces out as a whole: never a user's folder
+                raise InvalidInputError(
+                    f"{where}: it holds files but no model ({' or '.join(_RUN_FILES)}), and "
+                    "the run replaces the folder as a whole; choose a new or empty folder, or "
+                    "the folder of an older run"
+                )
+        if out.is_dir():
+            inner = (p for p in out.rglob("*") if p.is_dir() and not p.is_symlink())
+            for folder in (out, *inner):
+                if not os.access(folder, os.W_OK | os.X_OK):
+                    raise InvalidInputError(
+                        f"{where}: it holds an older run whose folder {str(folder)!r} is not "
+                        f"writable, so it could not be replaced; make it writable (chmod -R "
+                        f"u+w {str(out)!r}) or choose another out"
+                    )
+    except OSError as err:  # e.g. a folder above out that cannot be listed
+        raise InvalidInputError(f"{where}: {err}; choose another out folder") from None
 
 
 def checkpoint_steps(total: int, save_every: int, save_steps: Sequence[int]) -> tuple[int, ...]:
@@ -439,6 +569,21 @@ def _torch_globals(threads: int) -> Iterator[None]:
         torch.set_rng_state(saved[3])
 
 
+def _finite_weights(model: Any) -> bool:
+    """Whether every parameter of ``model`` is finite (one read back to the host)."""
+    with torch.no_grad():
+        return bool(torch.stack([p.isfinite().all() for p in model.parameters()]).all())
+
+
+def _diverged(config: TrainingConfig, what: str) -> TrainingDivergedError:
+    """The error of a run whose loss or weights became NaN or inf."""
+    return TrainingDivergedError(
+        f"training {config.name} diverged: {what} (lr={config.lr:g}, warmup={config.warmup}, "
+        f"{config.steps} steps); nothing was saved and an existing output folder was left as "
+        f"it was. Lower the learning rate (e.g. lr={config.lr / 10:g}) or lengthen the warm-up"
+    )
+
+
 def _train(
     config: TrainingConfig,
     out: Path,
@@ -451,6 +596,12 @@ def _train(
     from tqdm.auto import tqdm
 
     tokenizer, train_ids, held_ids = _prepared_corpus(config.vocab_size)
+    held_width = config.n_ctx - 1 if config.bos else config.n_ctx
+    if len(train_ids) - config.n_ctx - 1 < 1 or (len(held_ids) - 1) // held_width < 1:
+        raise InvalidInputError(
+            f"n_ctx={config.n_ctx} leaves no window of the training text ({len(train_ids)} "
+            f"tokens) or of the held-out novel ({len(held_ids)} tokens); lower n_ctx"
+        )
     tokenizer.save_pretrained(str(out))
     special = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     model = build_model(config, len(tokenizer), special)
@@ -480,6 +631,8 @@ def _train(
     text_len = config.n_ctx - 1 if config.bos else config.n_ctx
 
     def keep(step: int) -> None:
+        if not _finite_weights(model):  # a checkpoint syncs anyway: check what it saves
+            raise _diverged(config, f"the weights after step {step} hold NaN or inf")
         folder = out / "checkpoints" / f"step{step}"
         model.save_pretrained(str(folder))
         tokenizer.save_pretrained(str(folder))
@@ -500,7 +653,10 @@ def _train(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
-        running += float(loss.detach())
+        value = float(loss.detach())  # the loop's one read of the loss (no extra sync)
+        if not math.isfinite(value):
+            raise _diverged(config, f"the training loss of step {step + 1} is {value}")
+        running += value
         if (step + 1) % log_every == 0 or step + 1 == config.steps:
             count = (step % log_every) + 1
             curve.append((step + 1, running / count))
@@ -509,12 +665,15 @@ def _train(
             keep(step + 1)
     wall = time.perf_counter() - start
     model.eval()
+    if not _finite_weights(model):
+        raise _diverged(config, f"the final weights (step {config.steps}) hold NaN or inf")
+    held = heldout_loss(model, held_ids, config.n_ctx, bos_id=special if config.bos else None)
+    if not math.isfinite(held):
+        raise _diverged(config, f"the held-out loss of the final weights is {held}")
     record = {
         "config": asdict(config),
         "loss_curve": curve,
-        "heldout_loss": heldout_loss(
-            model, held_ids, config.n_ctx, bos_id=special if config.bos else None
-        ),
+        "heldout_loss": held,
         "heldout_unigram_entropy": unigram_entropy(held_ids, len(tokenizer)),
         "heldout": HELD_OUT.title(),
         "train_tokens": len(train_ids),
