@@ -42,12 +42,141 @@ def apply_umask(root: Path) -> None:
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
 
 
+def _sync_tree(root: Path) -> None:
+    """Flush every file under ``root`` to disk (``fsync``), then every folder, so that a folder
+    moved into place after a crash or power loss holds whole files, not empty ones."""
+    folders = [root]
+    for path in root.rglob("*"):
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            folders.append(path)
+            continue
+        fd = os.open(path, os.O_RDWR if os.name == "nt" else os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for folder in folders:
+        _sync_folder(folder)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush a folder's entries (names created or renamed in it), where the platform allows."""
+    if os.name != "posix":
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot sync a folder; the files are synced already
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back for the block, and deliver it after the block ends normally;
+    a no-op outside the main thread, where Python cannot install signal handlers."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    except (ValueError, OSError):  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+
+def _swap_into_place(new: Path, folder: Path) -> None:
+    """Replace ``folder`` (if any) by ``new``: rename ``folder`` to a backup sibling, rename
+    ``new`` to ``folder``, then delete the backup. Ctrl-C is held back during the renames; if
+    anything fails between them, the backup is renamed back, so ``folder`` is never lost and
+    never half replaced.
+
+    Raises:
+        OSError: a rename failed (``folder`` is as it was), or the old ``folder`` could not be
+            renamed back: then the message names the backup that holds it whole, and
+            ``filename`` is the backup.
+    """
+    import errno
+    import secrets
+
+    backup = None
+    if os.path.lexists(folder):
+        backup = folder.with_name(f"{folder.name}.homoglens-backup-{secrets.token_hex(4)}")
+    try:
+        with _interrupts_held():
+            try:
+                if backup is not None:
+                    folder.rename(backup)
+                new.rename(folder)
+            except BaseException as err:
+                if backup is not None and os.path.lexists(backup) and not os.path.lexists(folder):
+                    try:
+                        backup.rename(folder)
+                    except BaseException as lost:
+                        raise OSError(
+                            getattr(lost, "errno", None) or errno.EIO,
+                            f"the new output could not be moved into place ({err!r}), nor the "
+                            f"previous output moved back ({lost!r}); the previous output is "
+                            f"kept whole in {str(backup)!r}: move it back with "
+                            f"mv {str(backup)!r} {str(folder)!r}",
+                            str(backup),
+                        ) from err
+                raise
+    finally:
+        # the new output is in place (also when an error came right after its rename): the
+        # backup is the replaced old output
+        if backup is not None and os.path.lexists(backup) and not os.path.lexists(new):
+            try:
+                shutil.rmtree(backup)
+            except OSError as err:
+                warnings.warn(
+                    f"the new output is in {str(folder)!r}, but its previous version, moved to "
+                    f"{str(backup)!r}, could not be deleted ({err}); delete it by hand",
+                    stacklevel=3,
+                )
+            except BaseException:  # interrupted: finish the deletion, then stop
+                shutil.rmtree(backup, ignore_errors=True)
+                raise
+        _sync_folder(folder.parent)
+
+
 @contextlib.contextmanager
 def staged_output(folder: Path) -> Iterator[Path]:
     """Yield a temporary sibling folder to write into; it replaces ``folder`` only when the
     block succeeds, so a failed or interrupted run leaves ``folder`` exactly as it was (or
     absent). Under ``torch.distributed`` only rank 0 writes: other ranks get a scratch folder
-    that is dropped."""
+    that is dropped.
+
+    On success the new files are flushed to disk (``fsync``), then an existing ``folder`` is
+    renamed to a backup sibling (``<name>.homoglens-backup-<hex>``), the new folder renamed to
+    ``folder`` and the backup deleted. Ctrl-C is held back during the two renames, and if
+    anything fails between them the backup is renamed back: the old output is never lost and
+    the new one never half in place.
+
+    Raises:
+        OSError: the output could not be written or moved into place (``folder`` is as it
+            was), or the old ``folder`` could not be moved back after a failed swap: then the
+            message names the backup sibling that holds it whole.
+    """
     from homoglens.distributed import is_main_process
 
     if not is_main_process():
@@ -59,11 +188,10 @@ def staged_output(folder: Path) -> Iterator[Path]:
     try:
         yield tmp
         apply_umask(tmp)
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
+        _sync_tree(tmp)
+        _swap_into_place(tmp, folder)
     finally:
-        if tmp.exists():
+        if os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -114,17 +242,21 @@ def cache_dir() -> Path:
 
 @contextlib.contextmanager
 def atomic_folder(target: Path) -> Iterator[Path]:
-    """Yield a temporary folder beside ``target``; move it into place only on success."""
+    """Yield a temporary folder beside ``target``; move it into place only on success, its
+    files flushed to disk first (``fsync``). A ``target`` that appeared meanwhile (another
+    process finished first) is kept and the new folder dropped."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         yield tmp
         apply_umask(tmp)
+        _sync_tree(tmp)  # a crash after the rename leaves whole files, not empty ones
         try:
             tmp.rename(target)
         except OSError:
             if not target.exists():  # lost a race only if someone else finished it
                 raise
+        _sync_folder(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -30,7 +30,6 @@ References:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -42,7 +41,7 @@ from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.interventions import ablated_positions
 from homoglens.models import load_model, model_info
-from homoglens.results import prepare_folder
+from homoglens.results.base import HASHES, read_json, save_folder, sha256_of, write_json
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity import positional_similarity
 from homoglens.stats import as_block, default_sesoi, estimate, holm, verdict
@@ -62,6 +61,8 @@ READINGS: tuple[tuple[str, str], ...] = (
     ("c, over depth", "sp_mean"),
 )
 """``(reading, statistic)`` of the three readings of "edge tokens homogenize"."""
+
+_FORMAT = "homoglens.CalibratedReadings/1"
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +86,26 @@ class CalibratedReadings:
     offset: int = 0
 
     def __post_init__(self) -> None:
+        if self.reference_kind not in ("offset", "model"):
+            raise InvalidInputError(
+                f"reference_kind={self.reference_kind!r} must be 'offset' or 'model'"
+            )
+        if not isinstance(self.reference_name, str):
+            raise InvalidInputError(f"reference_name={self.reference_name!r} must be a string")
+        offset = self.offset
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidInputError(f"offset={offset!r} must be an integer >= 0")
+        if self.reference_kind == "model" and offset != 0:
+            raise InvalidInputError(f"offset={offset} must be 0 for a model reference")
+        if self.reference_kind == "offset" and (
+            offset < 1
+            or self.reference.first_position - self.model.first_position not in (offset, offset + 1)
+        ):  # the same tokens offset positions later (one more when a BOS is kept at 0)
+            raise InvalidInputError(
+                f"an offset reference reads the same tokens {offset} positions later, but the "
+                f"model starts at position {self.model.first_position} and the reference at "
+                f"{self.reference.first_position}"
+            )
         a, b = self.model, self.reference
         if a.n_sequences != b.n_sequences or a.n_pos != b.n_pos or a.layers != b.layers:
             raise InvalidInputError(
@@ -193,36 +214,59 @@ class CalibratedReadings:
         )
 
     def save(self, path: str | Path) -> Path:
-        """Save as ``calibrated.json`` + the two similarities (``model/``, ``reference/``)."""
-        folder = prepare_folder(path)
-        self.model.save(folder / "model")
-        self.reference.save(folder / "reference")
-        meta = {"format": "homoglens.CalibratedReadings/1", "reference_kind": self.reference_kind,
-                "reference_name": self.reference_name, "offset": self.offset}  # fmt: skip
-        (folder / "calibrated.json").write_text(json.dumps(meta, indent=2))
-        return folder
+        """Save as the two similarities (``model/``, ``reference/``) + ``calibrated.json`` (last:
+        the sha256 of each similarity's JSON), atomically: a save that fails or is interrupted
+        leaves older readings in ``path`` loadable and unchanged, or refused on load, never a
+        mix of the two.
+
+        Raises:
+            InvalidInputError: ``path`` is a file or cannot be created.
+        """
+        return save_folder(path, self._write_into, own=("calibrated.json", "model", "reference"),
+                           manifest="calibrated.json")  # fmt: skip
+
+    def _write_into(self, folder: Path) -> None:
+        parts = []
+        for name in ("model", "reference"):
+            (folder / name).mkdir()
+            getattr(self, name)._write_into(folder / name)
+            parts.append(f"{name}/similarity.json")
+        meta = {"format": _FORMAT, "reference_kind": self.reference_kind,
+                "reference_name": self.reference_name, "offset": self.offset,
+                HASHES: {rel: sha256_of((folder / rel).read_bytes()) for rel in parts}}  # fmt: skip
+        write_json(folder / "calibrated.json", meta)
 
     @classmethod
     def load(cls, path: str | Path) -> CalibratedReadings:
-        """Load what :meth:`save` wrote.
+        """Load what :meth:`save` wrote (checked as :meth:`PositionalSimilarity.load` checks
+        each similarity).
 
         Raises:
-            ResultsNotFoundError: a file is missing. IncompatibleResultsError: another format.
+            ResultsNotFoundError: a file is missing.
+            IncompatibleResultsError: another format, keys or values of the wrong type, a model
+                and a reference that do not fit together, or a similarity that does not match
+                the sha256 recorded in ``calibrated.json`` (saved incompletely or edited).
         """
         folder = Path(path).expanduser()
+        meta = read_json(folder, "calibrated.json")
+        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+            raise IncompatibleResultsError(f"{folder} does not hold {_FORMAT}")
+        keys = {"format", "reference_kind", "reference_name", "offset"}
+        if set(meta) != keys:
+            raise IncompatibleResultsError(
+                f"{folder}/calibrated.json has keys {sorted(meta)}, expected {sorted(keys)}: "
+                "the file was edited, save the readings again"
+            )
+        model = PositionalSimilarity.load(folder / "model")
+        reference = PositionalSimilarity.load(folder / "reference")
         try:
-            meta = json.loads((folder / "calibrated.json").read_text())
-        except (OSError, ValueError) as err:
-            raise IncompatibleResultsError(f"{folder} holds no calibrated.json: {err}") from None
-        if meta.get("format") != "homoglens.CalibratedReadings/1":
-            raise IncompatibleResultsError(f"{folder} does not hold CalibratedReadings/1")
-        return cls(
-            model=PositionalSimilarity.load(folder / "model"),
-            reference=PositionalSimilarity.load(folder / "reference"),
-            reference_kind=str(meta["reference_kind"]),
-            reference_name=str(meta["reference_name"]),
-            offset=int(meta["offset"]),
-        )
+            return cls(model, reference, meta["reference_kind"], meta["reference_name"],
+                       meta["offset"])  # fmt: skip
+        except InvalidInputError as err:
+            raise IncompatibleResultsError(
+                f"{folder}/calibrated.json does not hold consistent readings: {err}; the files "
+                "were edited: save the readings again"
+            ) from None
 
     def __repr__(self) -> str:
         return (

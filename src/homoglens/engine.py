@@ -7,12 +7,17 @@ merge them), and the engine runs the batches: right-aligned padding, ``torch.inf
 the deepest hook point read, and the shard of the data and the all-reduce of the sums under
 ``torch.distributed``. Hooks are attached only here, through ``model.run_with_hooks`` (which
 removes them however the pass ends).
+
+Threads: every pass holds the model's lock (:func:`homoglens.models.model_lock`), so two
+threads measuring one model take turns, and the hooks a pass attaches act in the thread that
+runs it only: a user's own ``model(x)`` in another thread passes through them untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
@@ -32,8 +37,9 @@ from homoglens.distributed import (
     shard_bounds,
     world,
 )
-from homoglens.errors import ModelStateError
+from homoglens.errors import ModelStateError, NonFiniteActivationError
 from homoglens.fast_attention import fast_attention
+from homoglens.models import model_lock
 from homoglens.results import Provenance
 from homoglens.types import HookedModel, HookFn, HookSpec
 from homoglens.validate import as_bool, first_few
@@ -370,25 +376,59 @@ def run_through(
 
     enders = [(name, ender(name)) for name in sorted(names)]
     hooks = [*fwd_hooks, *enders]
-    try:
-        with fast_attention(model, hooks, jobs) as job_hooks:
-            hooks = [*fwd_hooks, *job_hooks, *enders]
-            model.run_with_hooks(inputs, return_type=return_type, fwd_hooks=hooks, **kwargs)
-    except _Through:
-        pass
-    _check_jobs(jobs)
+    with model_lock(model):
+        try:
+            with fast_attention(model, hooks, jobs) as job_hooks:
+                hooks = this_thread([*fwd_hooks, *job_hooks, *enders])
+                model.run_with_hooks(inputs, return_type=return_type, fwd_hooks=hooks, **kwargs)
+        except _Through:
+            pass
+    _check_jobs(jobs, model)
 
 
-def _check_jobs(jobs: Mapping[int, AttentionJob] | None) -> None:
+def this_thread(hooks: Sequence[HookSpec]) -> list[HookSpec]:
+    """``hooks`` that act only in the thread attaching them: in another thread's pass through
+    the same model (a user's ``model(x)`` while a measurement runs) each returns ``None``,
+    leaving the activation as it was, and reads nothing."""
+    owner = threading.get_ident()
+
+    def owned(fn: HookFn) -> HookFn:
+        def hook(activation: torch.Tensor, hook: Any) -> Any:
+            if threading.get_ident() != owner:
+                return None
+            return fn(activation, hook=hook)
+
+        return hook
+
+    return [(name, owned(fn)) for name, fn in hooks]
+
+
+def _check_jobs(jobs: Mapping[int, AttentionJob] | None, model: HookedModel) -> None:
     """Every attention job of a finished pass ran (else its block's attention was computed
-    where homoglens could not see it, and the measurement would be silently empty)."""
+    where homoglens could not see it, and the measurement would be silently empty).
+
+    Raises:
+        ModelStateError: names the blocks, the attention implementation the model's Hugging
+            Face config asks for, and the fix.
+    """
     missing = sorted(layer for layer, job in (jobs or {}).items() if job.calls == 0)
-    if missing:
-        raise RuntimeError(
-            f"homoglens: the attention of blocks {missing} ran without the measurement's "
-            "attention job (an attention implementation homoglens does not serve); set "
-            "HOMOGLENS_EAGER=1 to read the eager pattern instead, and please report it"
+    if not missing:
+        return
+    config = getattr(getattr(model, "original_model", None), "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in (None, "eager"):
+        fix = (
+            f"its Hugging Face config asks for {implementation!r} attention, which computes the "
+            "pattern where no hook sees it; set model.original_model.config."
+            "_attn_implementation = 'eager' (homoglens.load_model does), or unset "
+            "HOMOGLENS_EAGER so that homoglens serves the attention itself"
         )
+    else:
+        fix = "set HOMOGLENS_EAGER=1 to read the eager pattern instead, and please report it"
+    raise ModelStateError(
+        f"homoglens: the attention of blocks {missing} ran without the measurement's attention "
+        f"job, so nothing of it was read: {fix}"
+    )
 
 
 def run_logits(
@@ -404,10 +444,10 @@ def run_logits(
     A pass that hooks no attention internals runs SDPA attention on the bridge
     (:mod:`homoglens.fast_attention`); ``jobs`` as for :func:`run_through`."""
     hooks = list(fwd_hooks)
-    with fast_attention(model, hooks, jobs) as job_hooks:
-        hooks = [*hooks, *job_hooks]
+    with model_lock(model), fast_attention(model, hooks, jobs) as job_hooks:
+        hooks = this_thread([*hooks, *job_hooks])
         logits = model.run_with_hooks(inputs, return_type="logits", fwd_hooks=hooks, **kwargs)
-    _check_jobs(jobs)
+    _check_jobs(jobs, model)
     return logits
 
 
@@ -572,8 +612,10 @@ def stream(
     n_all = len(batch)
     rank, size = world()
     check_same_data(batch.tokens, batch.attention_mask, device)
+    warn_duplicates(batch)
     start, stop = shard_bounds(n_all, size)[rank]
-    reader_hooks = [spec for reducer in reducers for spec in reducer.hooks()]
+    guard = FiniteGuard()
+    reader_hooks = guard.wrap([spec for reducer in reducers for spec in reducer.hooks()])
     fwd_hooks = [*extra_hooks, *reader_hooks]
     jobs = merged_jobs([reducer.jobs() for reducer in reducers])
     needs_logits = any(reducer.needs_logits for reducer in reducers)
@@ -594,8 +636,9 @@ def stream(
     # Closed however the loop ends: a generator left suspended by an error would keep its
     # inference mode (or enabled grad) switched on for the caller until the garbage collector
     # found it, which a traceback held in a reference cycle can delay indefinitely.
-    with contextlib.closing(batches):
+    with model_lock(model), contextlib.closing(batches):
         for tokens, mask in batches:
+            guard.mask = mask
             for reducer in reducers:
                 reducer.begin(tokens, mask)
             if step is not None:
@@ -608,12 +651,93 @@ def stream(
                 del logits
             else:
                 run_through(model, tokens, read, fwd_hooks, jobs=jobs, attention_mask=mask)
+            guard.check()
             for reducer in reducers:
                 reducer.end()
     if size > 1:
         for reducer in reducers:
             reducer.all_reduce(n_all, device)
     return device
+
+
+class FiniteGuard:
+    """The one check of the activations every reducer reads: NaN or inf at a real token of a
+    ``[batch pos ...]`` activation is a :class:`~homoglens.errors.NonFiniteActivationError`
+    naming the hook point, never a vector silently counted as zero (a norm that is NaN is not
+    ``> 0``). The hooks only OR a flag on the device; :meth:`check` reads the flags back once
+    per batch, after its pass (nothing in a per-layer hook syncs with the host)."""
+
+    def __init__(self) -> None:
+        self.mask: torch.Tensor | None = None
+        self.flags: dict[str, torch.Tensor] = {}
+
+    def wrap(self, hooks: Sequence[HookSpec]) -> list[HookSpec]:
+        """``hooks``, each first marking a non-finite value at a real token of its input."""
+
+        def guarded(name: str, fn: HookFn) -> HookFn:
+            def hook(activation: torch.Tensor, hook: Any) -> Any:
+                mask = self.mask
+                if (
+                    mask is not None
+                    and activation.is_floating_point()
+                    and activation.ndim >= 3
+                    and tuple(activation.shape[:2]) == tuple(mask.shape)
+                ):
+                    bad = ~torch.isfinite(activation.detach()).flatten(2).all(-1)
+                    hit = (bad & mask.bool()).any()
+                    old = self.flags.get(name)
+                    self.flags[name] = hit if old is None else old | hit
+                return fn(activation, hook=hook)
+
+            return hook
+
+        return [(name, guarded(str(name), fn)) for name, fn in hooks]
+
+    def check(self) -> None:
+        """Raise if a hook saw NaN or inf at a real token in this batch; reset the flags.
+
+        Raises:
+            NonFiniteActivationError: names the hook points.
+        """
+        if not self.flags:
+            return
+        names = list(self.flags)
+        hits = torch.stack([flag.reshape(()) for flag in self.flags.values()]).cpu().tolist()
+        self.flags = {}
+        bad = [name for name, hit in zip(names, hits, strict=True) if hit]
+        if bad:
+            raise NonFiniteActivationError(
+                f"the residual stream (or the activation read) holds NaN or inf at real tokens "
+                f"at {first_few(bad, 4)}; nothing was averaged in. Check the model's weights and "
+                "dtype (float16 overflows; try float32 or bfloat16)"
+            )
+
+
+def warn_duplicates(batch: TokenBatch) -> int:
+    """Warn when some sequences of ``batch`` are exact copies of others (the same real tokens):
+    intervals over windows count each copy as an independent unit of replication, so they come
+    out too narrow (a text repeated 50 times shows no spread at all). Returns the number of
+    surplus copies."""
+    if len(batch) < 2:
+        return 0
+    mask = batch.attention_mask.detach().cpu().bool()
+    lengths = mask.sum(1)
+    # Rows compared by their real tokens, left-aligned (the padding side does not matter).
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
+    rows = torch.gather(batch.tokens.detach().cpu().long(), 1, order)
+    rows = rows.masked_fill(torch.arange(rows.shape[1]) >= lengths[:, None], -1)
+    copies = len(batch) - int(torch.unique(rows, dim=0).shape[0])
+    if copies:
+        import warnings
+
+        warnings.warn(
+            f"homoglens: {copies} of the {len(batch)} sequences are exact copies of others; "
+            "intervals over windows treat every copy as an independent window and come out "
+            "too narrow. Measure distinct windows (deduplicate the texts)",
+            UserWarning,
+            stacklevel=3,
+        )
+    return copies
 
 
 def merged_jobs(parts: Sequence[Mapping[int, AttentionJob]]) -> dict[int, AttentionJob]:
@@ -694,6 +818,7 @@ def provenance_of(
         transformers_version=package_version("transformers"),
         model_revision=info.revision,
         data_sha256=token_sha256(batch),
+        foreign_hooks=info.hooks,
     )
 
 

@@ -63,6 +63,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import threading
 import types
 import warnings
 import weakref
@@ -268,8 +269,11 @@ def _lean_norm_forward(self: Any, hidden_states: torch.Tensor, **kwargs: Any) ->
 
     The bridge's own forward first computes the statistics again, for ``hook_scale`` and
     ``hook_normalized``, and then either calls the same module or recomputes the norm in
-    Python: two to seven times the module's own time.
+    Python: two to seven times the module's own time. Another thread's pass (a user's
+    ``model(x)`` while a measurement runs) takes the bridge's own forward.
     """
+    if _OWNER.get(id(self)) != threading.get_ident():
+        return type(self).forward(self, hidden_states, **kwargs)
     x = self.hook_in(hidden_states)
     out = self.original_component(x)
     return self.hook_out(out if out.dtype == x.dtype else out.to(x.dtype))
@@ -312,13 +316,22 @@ def _fast_attention_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """An attention bridge's forward on the fast path: ``hook_in``, the Hugging Face module (its
     attention function: SDPA, or homoglens' for a pass with attention jobs), ``hook_out``; the
     rotary tables the module is handed go through the bridge's ``hook_cos`` / ``hook_sin``
-    first, as in the bridge's own forward."""
+    first, as in the bridge's own forward. Another thread's pass (a user's ``model(x)`` while
+    a measurement runs) takes the bridge's own forward."""
     from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    if _OWNER.get(id(self)) != threading.get_ident():
+        return type(self).forward(self, *args, **kwargs)
 
     tables = kwargs.get("position_embeddings")
     if tables is not None and hasattr(self, "_apply_position_embedding_hooks"):
         kwargs["position_embeddings"] = self._apply_position_embedding_hooks(tables)
     return AttentionBridge.forward(self, *args, **kwargs)
+
+
+_OWNER: dict[int, int] = {}
+"""``{id(module): thread}``: the thread whose pass a replaced forward serves (the model's lock,
+held by that pass, keeps it to one thread per model)."""
 
 
 def _job_hooks(jobs: Mapping[int, AttentionJob]) -> list[HookSpec]:
@@ -385,12 +398,15 @@ def fast_attention(
     if jobs:
         block_of = {layer: module for module, layer in found.modules.items()}
         by_module = {block_of[layer]: job for layer, job in jobs.items()} if sdpa else {}
+    owner = threading.get_ident()
     try:
         for config in configs:
             config._attn_implementation = implementation
         for attn in attns:  # an instance attribute, past the bridge's own __setattr__
+            _OWNER[id(attn)] = owner
             object.__setattr__(attn, "forward", types.MethodType(_fast_attention_forward, attn))
         for norm in norms:
+            _OWNER[id(norm)] = owner
             object.__setattr__(norm, "forward", types.MethodType(_lean_norm_forward, norm))
         with active_jobs(by_module):
             yield [] if sdpa else _job_hooks(jobs)
@@ -398,5 +414,6 @@ def fast_attention(
         for module in (*attns, *norms):
             if "forward" in module.__dict__:
                 object.__delattr__(module, "forward")
+            _OWNER.pop(id(module), None)
         for config, value in zip(configs, saved, strict=True):
             config._attn_implementation = value

@@ -17,6 +17,8 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
+import types
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -87,6 +89,10 @@ class ModelInfo:
         source: Extra provenance (for the embedded model: package, file and quantisation).
         revision: For a Hub name: the revision or training checkpoint asked for and the commit
             of the cached snapshot when known (``"main @ <sha>"``); ``""`` otherwise.
+        hooks: Modules that held hooks homoglens did not attach when the measurement began
+            (the user's ``model.hooks(...)`` or ``add_hook``, an intervention's ``with`` block,
+            a forgotten permanent hook, PyTorch's ``register_forward_hook``): they run in every
+            pass of the measurement.
     """
 
     name: str
@@ -96,6 +102,7 @@ class ModelInfo:
     dtype: str
     source: str = ""
     revision: str = ""
+    hooks: tuple[str, ...] = ()
 
 
 # Models loaded by load_model, with what is known about them; nothing is attached to the model.
@@ -122,11 +129,15 @@ def is_hooked_transformer(model: Any) -> bool:
 def _hooked_weights(model: Any) -> WeightsKind:
     """What a ``HookedTransformer`` homoglens did not load tells about its weights: folded
     LayerNorm leaves ``normalization_type`` ``"LNPre"``/``"RMSPre"``; centred writing weights
-    leave every embedding row with mean 0 over ``d_model``. Neither: raw. Read once per model
-    (``model_info`` runs in every measurement; the embedding of a large model is big)."""
+    leave every embedding row with mean 0 over ``d_model``. Neither: raw. Read once per state of
+    the model (``model_info`` runs in every measurement; the embedding of a large model is big):
+    the answer is kept with the embedding's storage and version counter, which
+    ``process_weights_()`` (or any in-place edit) moves on."""
+    embed = model.W_E
+    state = (embed.data_ptr(), embed._version, str(getattr(model.cfg, "normalization_type", "")))
     known = _WEIGHTS.get(model)
-    if known is not None:
-        return known
+    if known is not None and known[0] == state:
+        return known[1]
     if str(getattr(model.cfg, "normalization_type", "")).endswith("Pre"):
         kind: WeightsKind = "processed"
     else:
@@ -135,11 +146,94 @@ def _hooked_weights(model: Any) -> WeightsKind:
             row_means = embed.mean(-1, dtype=torch.float32).abs().max()
             scale = embed.norm(dtype=torch.float32) / embed.numel() ** 0.5  # RMS, no copy
             kind = "processed" if bool(row_means <= 1e-6 * scale.clamp_min(1e-30)) else "raw"
-    _WEIGHTS[model] = kind
+    _WEIGHTS[model] = (state, kind)
     return kind
 
 
-_WEIGHTS: weakref.WeakKeyDictionary[Any, WeightsKind] = weakref.WeakKeyDictionary()
+_WEIGHTS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int, str], WeightsKind]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class ModelLock:
+    """The lock of one model: a homoglens call holds it for each of its passes (re-entrant:
+    a measurement that calls another keeps it), so two threads measuring one model take turns
+    instead of reading each other's activations, and the state a pass switches (hooks, the
+    SDPA fast path) is restored before another pass sees the model. ``depth`` counts the
+    passes the holding thread has open."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.owner: int | None = None
+        self.depth = 0
+
+    def __enter__(self) -> ModelLock:
+        self._lock.acquire()
+        self.owner = threading.get_ident()
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.owner = None
+        self._lock.release()
+
+    def held_here(self) -> bool:
+        """Whether the current thread is inside a pass on the model."""
+        return self.depth > 0 and self.owner == threading.get_ident()
+
+
+_LOCKS: weakref.WeakKeyDictionary[Any, ModelLock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: HookedModel) -> ModelLock:
+    """The :class:`ModelLock` of ``model`` (made on first use, dropped with the model)."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = ModelLock()
+        return lock
+
+
+def attached_hooks(model: HookedModel) -> tuple[str, ...]:
+    """The hook points of ``model`` that hold forward, pre-forward or backward hooks now, by
+    their TransformerLens name, and ``"<global>"`` for PyTorch's global module hooks.
+
+    The backends' own wiring is left out: TransformerLens' permanent hooks that mirror a
+    sub-component's hook points (OPT's split MLP on the bridge), and the capture hooks the
+    bridge and transformers install on the Hugging Face modules at the first pass."""
+    from torch.nn.modules import module as torch_module
+
+    found: dict[int, str] = {}
+    for name, point in getattr(model, "hook_dict", {}).items():
+        hooks = (
+            *point._forward_hooks.values(),
+            *point._forward_pre_hooks.values(),
+            *point._backward_hooks.values(),
+        )
+        if any(not _backend_hook(fn) for fn in hooks):
+            found.setdefault(id(point), str(getattr(point, "name", None) or name))
+    names = list(found.values())
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        names.append("<global>")
+    return tuple(names)
+
+
+def _backend_hook(fn: Any) -> bool:
+    """Whether a hook (as registered, or the function TransformerLens' ``add_hook`` wraps)
+    was written by TransformerLens itself."""
+    inner = [
+        cell.cell_contents
+        for cell in getattr(fn, "__closure__", None) or ()
+        if isinstance(getattr(cell, "cell_contents", None), types.FunctionType)
+    ]
+    return any(
+        str(getattr(f, "__module__", "")).startswith("transformer_lens.")
+        and "add_hook" not in getattr(f, "__qualname__", "")
+        for f in (fn, *inner)
+    )
 
 
 _WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -231,10 +325,13 @@ def model_info(model: HookedModel) -> ModelInfo:
 
     The family is the architecture table's name (``"gpt2"``, ``"llama"``, ...) where the table
     has a row, and the Hugging Face architecture name (``"FalconForCausalLM"``) otherwise.
-    For a model homoglens did not load, the weights are read from the model: a bridge after
-    ``enable_compatibility_mode()``, or a ``HookedTransformer`` with folded LayerNorm or
-    centred writing weights (``from_pretrained``'s default), is ``"processed"``, and a
-    ``UserWarning`` says so once per model (cosines differ from the raw model's).
+    The weights are read from the model at call time, also for a model homoglens loaded: a
+    bridge after ``enable_compatibility_mode()`` / ``process_weights()``, or a
+    ``HookedTransformer`` with folded LayerNorm or centred writing weights
+    (``from_pretrained``'s default, ``process_weights_()``), is ``"processed"``, and a
+    ``UserWarning`` says so once per model (cosines differ from the raw model's). So are the
+    dtype and the hooks attached that homoglens did not attach (``hooks``; a ``UserWarning``
+    names them: they run in every pass of the measurement).
 
     Raises:
         InvalidInputError: ``model`` is not a TransformerLens model.
@@ -243,15 +340,23 @@ def model_info(model: HookedModel) -> ModelInfo:
 
     check_model(model)
     current = str(next(model.parameters()).dtype).removeprefix("torch.")
-    known = _LOADED.get(model)
-    if known is not None:  # the dtype now, not at load time (model.half() after loading)
-        return known if known.dtype == current else replace(known, dtype=current)
     hooked = is_hooked_transformer(model)
     weights: WeightsKind
     if hooked:
         weights = _hooked_weights(model)
     else:
         weights = "processed" if getattr(model, "_weights_processed", False) else "raw"
+    # Inside one of homoglens' own passes the hooks attached are its own.
+    hooks = () if model_lock(model).held_here() else attached_hooks(model)
+    if hooks:
+        _warn_hooks(hooks)
+    known = _LOADED.get(model)
+    if known is not None:  # the state now, not at load time (model.half(), process_weights_())
+        if known.weights == "processed":
+            weights = "processed"  # loaded processed: what the loader did, not a guess
+        elif weights == "processed":
+            _warn_processed(model)
+        return replace(known, dtype=current, weights=weights, hooks=hooks)
     if weights == "processed":
         _warn_processed(model)
     return ModelInfo(
@@ -260,6 +365,21 @@ def model_info(model: HookedModel) -> ModelInfo:
         backend="hooked" if hooked else "bridge",
         weights=weights,
         dtype=current,
+        hooks=hooks,
+    )
+
+
+def _warn_hooks(hooks: tuple[str, ...]) -> None:
+    import warnings
+
+    warnings.warn(
+        f"homoglens: {len(hooks)} hook(s) homoglens did not attach are on the model "
+        f"({first_few(list(hooks), 4)}); they run in every pass of this measurement (a study's "
+        "'none' row is then not the clean model). The result records them in "
+        "provenance.foreign_hooks; remove them with model.reset_hooks(including_permanent=True) "
+        "or measure outside the with-block if that was not intended",
+        UserWarning,
+        stacklevel=3,
     )
 
 

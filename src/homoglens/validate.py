@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import torch
 
-from homoglens.errors import InvalidInputError, NonFiniteActivationError
+from homoglens.errors import InvalidInputError, ModelStateError, NonFiniteActivationError
 
 __all__ = ["as_int", "as_bool", "as_float", "require_finite"]
 
@@ -84,9 +84,16 @@ def require_finite(values: Any, where: str, what: str = "activations") -> None:
         )
 
 
-def check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
+def check_layers(layers: Any, n_layers: int, *, blocks: bool = False) -> tuple[int, ...]:
+    """``layers`` as sorted distinct entries of the residual axis ``0..n_layers`` (``None``:
+    all), or with ``blocks=True`` as block indices ``0..n_layers - 1``.
+
+    Raises:
+        InvalidInputError: not ints, empty, repeated, or out of range (the message gives the
+            range and what its entries mean).
+    """
     if layers is None:
-        return tuple(range(n_layers + 1))
+        return tuple(range(n_layers if blocks else n_layers + 1))
     if type(layers).__module__ == "numpy" and getattr(layers, "ndim", 0) >= 1:
         layers = torch.as_tensor(layers)
     if isinstance(layers, torch.Tensor):
@@ -109,6 +116,13 @@ def check_layers(layers: Any, n_layers: int) -> tuple[int, ...]:
     if not_int:
         raise InvalidInputError(f"layers must hold ints, got {not_int[:5]}")
     chosen = [operator.index(layer) for layer in chosen]  # numpy and torch integers too
+    if blocks:
+        bad = [layer for layer in chosen if not 0 <= layer < n_layers]
+        if bad:
+            raise InvalidInputError(
+                f"layers {bad} are out of range: here layers are block indices, and this model "
+                f"has {n_layers} blocks, numbered 0..{n_layers - 1}"
+            )
     bad = [layer for layer in chosen if not 0 <= layer <= n_layers]
     if bad:
         raise InvalidInputError(
@@ -224,6 +238,7 @@ def check_model(model: Any) -> None:
 
     Raises:
         InvalidInputError: ``model`` has no ``cfg``/``hook_dict`` or cannot run hooks.
+        ModelStateError: weights on the ``meta`` device (they hold no values).
     """
     if isinstance(model, (str, bytes)) or not (
         hasattr(model, "cfg") and hasattr(model, "hook_dict") and hasattr(model, "run_with_hooks")
@@ -232,6 +247,16 @@ def check_model(model: Any) -> None:
             f"expected a HookedTransformer or TransformerBridge, got {type(model).__name__}"
             + (f" {model!r}" if isinstance(model, str) else "")
             + "; load one first with homoglens.load_model(name)"
+        )
+    parameters = getattr(model, "parameters", None)
+    found = parameters() if callable(parameters) else ()
+    meta = [p for p in cast(Any, found) if getattr(p, "is_meta", False)]
+    if meta:
+        raise ModelStateError(
+            f"{len(meta)} weight(s) of the model are on the 'meta' device, which holds shapes "
+            "but no values (a model built under init_empty_weights / device='meta', or moved "
+            "with .to('meta')): nothing can be measured. Load real weights, e.g. "
+            "homoglens.load_model(name, device='cpu')"
         )
 
 

@@ -447,3 +447,17 @@ def test_massive_ablation_bad_inputs(bad, match, backend, get_model) -> None:
         with pytest.raises(InvalidInputError, match=match):
             massive_activation_means(model, THREE_OPENINGS, **options, progress=False)
     assert hook_count(model) == 0
+
+
+def test_blocks_out_of_range_name_the_blocks_and_a_meta_model_is_refused() -> None:
+    """Issue 39: attention_received(layers=[2]) on a 2-block model said "1 blocks"; a model on
+    the meta device gave a raw "Tensor.item() cannot be called on meta tensors"."""
+    from homoglens import ModelStateError, attention_received, homogenization_profile, load_model
+    from homoglens.testing import tiny_model_folder
+
+    model = load_model(tiny_model_folder("gpt2"), backend="bridge")
+    with pytest.raises(InvalidInputError, match=r"this model has 2 blocks, numbered 0\.\.1"):
+        attention_received(model, TWO_OPENINGS, layers=[2], progress=False)
+    model.to("meta")
+    with pytest.raises(ModelStateError, match="'meta' device"):
+        homogenization_profile(model, TWO_OPENINGS, progress=False)

@@ -16,6 +16,7 @@ from homoglens import (
     sink_attribution,
     sink_scores,
 )
+from homoglens.models import attached_hooks
 from homoglens.testing import tiny_model_folder
 
 
@@ -85,3 +86,29 @@ def test_nan_in_the_model_is_an_error_in_sink_scores(backend) -> None:
     with pytest.raises(NonFiniteActivationError, match="hook_pattern"):
         sink_scores(model, tokens, progress=False)
     assert hook_count(model) == 0
+
+
+def test_nan_in_a_block_is_an_error_in_attention_received(backend) -> None:
+    """Issue 39, finding 2: NaN vectors were counted as zero vectors (a NaN norm is not > 0)
+    and attention_received returned finite slopes."""
+    from homoglens import attention_received
+
+    model = _nan_model(backend, "mlp")
+    with pytest.raises(NonFiniteActivationError, match="NaN or inf"):
+        attention_received(model, THREE_OPENINGS, progress=False)
+    assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("arch", ["opt", "gptj"])
+def test_a_pattern_that_never_fires_is_a_typed_error_not_nan(arch, monkeypatch) -> None:
+    """Issue 39, finding 8: with the eager pattern asked for (HOMOGLENS_EAGER=1) and the
+    Hugging Face config on "sdpa", these bridges never fire hook_pattern: an error naming the
+    config and the fix, not all-NaN scores (or a bare RuntimeError)."""
+    from homoglens import ModelStateError
+
+    monkeypatch.setattr("homoglens.fast_attention.ENABLED", False)
+    model = load_model(tiny_model_folder(arch), backend="bridge")
+    model.original_model.config._attn_implementation = "sdpa"
+    with pytest.raises(ModelStateError, match="_attn_implementation = 'eager'"):
+        sink_scores(model, TWO_OPENINGS, progress=False)
+    assert attached_hooks(model) == ()  # OPT's bridge keeps its own permanent mirror hooks

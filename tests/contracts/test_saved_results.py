@@ -35,11 +35,19 @@ def _edit_json(folder: Path, stem: str, **changes) -> None:
     path.write_text(json.dumps(meta))
 
 
-def _edit_tensor(folder: Path, stem: str, name: str, value: torch.Tensor) -> None:
+def _edit_tensor(
+    folder: Path, stem: str, name: str, value: torch.Tensor, *, keep_hash: bool = False
+) -> None:
+    """Edit one tensor; the sha256 the JSON records is dropped (as in a result saved before
+    it was recorded), so that the check of the values themselves is what refuses the edit."""
     path = folder / f"{stem}.safetensors"
     tensors = load_file(str(path))
     tensors[name] = value
     save_file(tensors, str(path))
+    if not keep_hash:
+        meta = json.loads((folder / f"{stem}.json").read_text())
+        meta.pop("sha256", None)
+        (folder / f"{stem}.json").write_text(json.dumps(meta))
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +131,7 @@ def test_result_helpers_raise_typed_errors(get_model):
             call()
     assert prof.sel(1).layers == (1,)
     with pytest.raises(IncompatibleResultsError, match="HomogenizationProfile"):
-        HomogenizationProfile.merge(prof, "x")
+        HomogenizationProfile.merge(prof, "x")  # pyright: ignore[reportArgumentType]
 
 
 def test_results_folders_with_missing_or_extra_keys(tmp_path: Path, get_model) -> None:
@@ -215,6 +223,14 @@ def test_edited_results_are_refused(saved, tmp_path, name, stem, change, message
     _edit_json(folder, stem, **change)
     with pytest.raises(IncompatibleResultsError, match=message):
         cls[name].load(folder)
+
+
+def test_an_edited_tensor_file_breaks_the_recorded_hash(saved, tmp_path) -> None:
+    folder = _copy(saved, "profile", tmp_path)
+    count = load_file(str(folder / "profile.safetensors"))["count"]
+    _edit_tensor(folder, "profile", "count", count * 2, keep_hash=True)
+    with pytest.raises(IncompatibleResultsError, match="saved incompletely or edited; save it"):
+        HomogenizationProfile.load(folder)
 
 
 def test_a_unit_sum_of_the_wrong_width_is_refused(saved, tmp_path) -> None:

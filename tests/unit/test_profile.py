@@ -3,6 +3,7 @@ padding, merging, layer selection, hook hygiene, result objects."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -270,6 +271,11 @@ def test_load_rejects_tampered_folder(tmp_path, get_model) -> None:
     tensors.pop("count")
     tensors["surprise"] = torch.zeros(1)
     save_file(tensors, str(folder / "profile.safetensors"))
+    with pytest.raises(IncompatibleResultsError, match="saved incompletely or edited"):
+        HomogenizationProfile.load(folder)
+    meta = json.loads((folder / "profile.json").read_text())
+    meta.pop("sha256", None)  # as saved before the hash was recorded: the fields are checked
+    (folder / "profile.json").write_text(json.dumps(meta))
     with pytest.raises(IncompatibleResultsError, match="missing: \\['count'\\]"):
         HomogenizationProfile.load(folder)
 

@@ -109,9 +109,10 @@ def test_paired_bootstrap_gives_no_interval_from_one_sequence() -> None:
     assert mean.tolist() == pytest.approx([0.3, 0.5])
     assert low.isnan().all() and high.isnan().all()
     nan = float("nan")
-    mean, low, high = paired_bootstrap(torch.tensor([[0.1, nan], [0.2, 0.4], [0.4, nan]]))
+    rows = [[0.1, nan], [0.2, 0.4], [0.4, nan], [0.3, nan], [0.25, nan]]
+    mean, low, high = paired_bootstrap(torch.tensor(rows))
     assert mean[1].item() == pytest.approx(0.4) and low[1].isnan() and high[1].isnan()
-    assert low[0] < high[0]
+    assert low[0] < high[0]  # five sequences: an interval; fewer than 4 (issue 39): NaN
 
 
 def test_paired_bootstrap_covers_known_mean() -> None:
@@ -121,9 +122,9 @@ def test_paired_bootstrap_covers_known_mean() -> None:
     assert torch.allclose(mean, values.double().mean(0))
     assert (low < mean).all() and (mean < high).all()
     assert ((high - low) < 0.4).all()  # ~ 2 * 1.96 / sqrt(400) = 0.196
-    const = torch.ones(5, 3)
+    const = torch.ones(5, 3)  # identical sequences show no spread: no interval (issue 39)
     m, lo, hi = paired_bootstrap(const, n_boot=50)
-    assert torch.equal(lo, hi) and torch.equal(m, lo)
+    assert lo.isnan().all() and hi.isnan().all() and (m == 1).all()
 
 
 def test_save_load(study_and_batch, tmp_path) -> None:

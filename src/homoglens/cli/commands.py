@@ -22,7 +22,11 @@ import click
 from homoglens.cli.jobs import (
     bias_job,
     check_interactive,
+    check_output,
     cli_errors,
+    data_inputs,
+    given,
+    model_inputs,
     patching_job,
     report_job,
     run_profile,
@@ -208,11 +212,13 @@ def bias(
         "layers": _ints("--layers", layers), "heads": _ints("--heads", heads),
         "value_zero_first": value_zero_first, "gradient_windows": gradient_windows,
     }  # fmt: skip
+    opts["gradient_windows"] = gradient_windows
     report_job(
         opts,
         "homoglens-bias",
         lambda model, windows: bias_job(model, windows, opts, **options),
         write_bias_report,
+        checks=("edge_k", "gradient_windows"),
     )
 
 
@@ -233,6 +239,12 @@ def length(lengths: str, lags: str, **opts: Any) -> None:
     from homoglens.report import write_length_report
 
     chosen = _ints("--lengths", lengths) or []
+    if given("seq_len") and opts["seq_len"] != max(chosen):
+        raise click.BadParameter(
+            f"--seq-len {opts['seq_len']} differs from the longest of --lengths ({max(chosen)}): "
+            "the windows are cut at the longest length; leave --seq-len out, or add it to "
+            "--lengths"
+        )
     opts["seq_len"] = max(chosen)
     report_job(
         opts,
@@ -258,6 +270,7 @@ def sinks(**opts: Any) -> None:
         "homoglens-sinks",
         lambda model, windows: sinks_job(model, windows, opts, required=True),
         write_sinks_report,
+        checks=("edge_k", "sink_n_seq"),
     )
 
 
@@ -303,6 +316,11 @@ def patch(
             model, windows, opts, how=how, component=component, metrics=names, direction=direction
         ),
         write_patching_report,
+        checks=(
+            "patch_n_seq",
+            "patch_bins",
+            *(("edge_k",) if {"first_excess", "last_excess"} & set(names) else ()),
+        ),
     )
 
 
@@ -512,8 +530,10 @@ def compare(
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     if not names or not chosen:
         raise click.BadParameter("--models and --modes must name at least one entry each")
-    with cli_errors():
+    with cli_errors(out):
         folder = check_output_dir(out, overwrite=overwrite)
+        inputs = [found for name in names for found in model_inputs(name, "--models")]
+        check_output(folder, [*inputs, *data_inputs({"corpus": corpus})])
         check_interactive(interactive)
         start = time.perf_counter()
         result = compare_models(
@@ -596,8 +616,13 @@ def sweep(
     items = [c.strip() for c in checkpoints.split(",") if c.strip()]
     if not names or not items:
         raise click.BadParameter("--measure and --checkpoints must name at least one entry each")
-    with cli_errors():
+    with cli_errors(out):
         folder = check_output_dir(out, overwrite=overwrite)
+        sources = (
+            [("--hub-model", hub_model)] if hub_model else [("--checkpoints", i) for i in items]
+        )
+        inputs = [found for option, name in sources for found in model_inputs(name, option)]
+        check_output(folder, [*inputs, *data_inputs(opts)])
         start = time.perf_counter()
         plan: Any
         if hub_model is not None:

@@ -11,7 +11,15 @@ import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import Provenance, SavedResult
+from homoglens.results.base import (
+    COSINE,
+    FINITE_OR_NAN,
+    NON_NEGATIVE,
+    Bounds,
+    FieldError,
+    Provenance,
+    SavedResult,
+)
 from homoglens.similarity_math import SIMILARITY_STATISTICS, edge_groups
 from homoglens.stats import as_block, default_sesoi, estimate, verdict
 from homoglens.types import ATTENTION_BIAS_KINDS, Verdict
@@ -209,6 +217,26 @@ class AttentionBiasStudy(SavedResult):
     _stem: ClassVar[str] = "attention_bias"
     _layer_axis: ClassVar[bool] = True
     _ranges: ClassVar[dict[str, tuple[float, float]]] = {"ci": (0.0, 1.0)}
+    _choices: ClassVar[dict[str, tuple[str, ...]]] = {"kind": ATTENTION_BIAS_KINDS}
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        "first_k": Bounds(1.0),
+        "window": Bounds(1.0),
+        "blocks": NON_NEGATIVE,
+        "heads": NON_NEGATIVE,
+        "layers": NON_NEGATIVE,
+        "edge_k": Bounds(1.0),
+        "n_sequences": Bounds(1.0),
+        "gradient_windows": NON_NEGATIVE,
+        # edge statistics: differences of means of cosines
+        "statistics": Bounds(-2.0, 2.0, tol=1e-4),
+        "sp": COSINE,
+        "to_first": COSINE,
+        "window_attention": FINITE_OR_NAN,  # mass is NaN for "temperature" (checked below)
+        "window_loss": NON_NEGATIVE,
+        "gradient_statistics": FINITE_OR_NAN,  # NaN without gradient windows
+        "gradient_sp": FINITE_OR_NAN,
+        "window_gradient_attention": FINITE_OR_NAN,  # mass is NaN for "temperature"
+    }
 
     kind: str
     strengths: tuple[float, ...]
@@ -283,6 +311,44 @@ class AttentionBiasStudy(SavedResult):
                 f"first_position={self.first_position} out of range"
             )
         edge_groups(n_pos, int(self.edge_k))
+
+    def _check_values(self) -> None:
+        """Run on load: the manipulation checks are in range (the mass on the biased keys a
+        share in [0, 1], or minus a mean distance for ``"alibi"``, NaN for ``"temperature"``
+        only; entropy and KL >= 0, KL 0 at the unbiased strength); the derivatives at zero are
+        NaN exactly when no window was differentiated."""
+        mass = self.window_attention[..., ATTENTION_CHECKS.index("mass")]
+        rest = self.window_attention[..., 1:]
+        if self.kind == "temperature":
+            if not bool(torch.isnan(mass).all()):
+                raise FieldError("window_attention", "the mass must be NaN for 'temperature'")
+        elif bool(torch.isnan(mass).any()):
+            raise FieldError("window_attention", f"the mass is NaN for kind={self.kind!r}")
+        elif self.kind == "alibi" and bool((mass > 1e-9).any()):
+            raise FieldError("window_attention", "the alibi mass (minus a distance) is > 0")
+        elif self.kind != "alibi" and bool(((mass < -1e-9) | (mass > 1 + 1e-6)).any()):
+            raise FieldError(
+                "window_attention",
+                f"the mass on the biased keys reaches {float(mass.abs().max()):.6g}, outside "
+                "[0, 1]",
+            )
+        if bool(torch.isnan(rest).any()) or bool((rest < -1e-6).any()):
+            raise FieldError("window_attention", "entropy and KL must be finite and >= 0 (nats)")
+        kl = rest[self._index(self.baseline), ..., 1]
+        if bool((kl.abs() > 1e-6).any()):
+            raise FieldError(
+                "window_attention", f"KL is {float(kl.abs().max()):.3g} at the unbiased strength"
+            )
+        for name in ("gradient_statistics", "gradient_sp"):
+            nan = torch.isnan(getattr(self, name))
+            if bool(nan.any()) if self.gradient_windows else not bool(nan.all()):
+                raise FieldError(
+                    name,
+                    f"{name} must be NaN exactly when no window was differentiated "
+                    f"(gradient_windows={self.gradient_windows})",
+                )
+        if self.kind != "temperature" and bool(torch.isnan(self.window_gradient_attention).any()):
+            raise FieldError("window_gradient_attention", "NaN in the derivatives of the checks")
 
     # ------------------------------------------------------------------ basics
     @property

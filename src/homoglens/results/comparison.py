@@ -4,19 +4,32 @@ intact and position-ablated, with the bootstrap contrasts and the claims table.
 
 from __future__ import annotations
 
-import json
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
 
 from homoglens.claims import claims_table
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import PositionAblationStudy, prepare_folder, read_saved
+from homoglens.results.base import (
+    COSINE,
+    FINITE_OR_NAN,
+    NON_NEGATIVE,
+    UNIT_OR_NAN,
+    Bounds,
+    FieldError,
+    check_bounds,
+    checked_result,
+    save_folder,
+    write_pair,
+)
 from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
 from homoglens.results.sinks import SinkScores
 from homoglens.stats import as_block, estimate
+from homoglens.types import POSITION_ABLATIONS
 from homoglens.validate import as_float
 
 if TYPE_CHECKING:
@@ -85,6 +98,15 @@ class ModelComparison:
         Yusupov et al. 2025, arXiv 2508.17126 (claims C1-C3).
     """
 
+    _ranges: ClassVar[dict[str, tuple[float, float]]] = {"ci": (0.0, 1.0), "eps": (0.0, 1.0)}
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        "layers": NON_NEGATIVE,
+        "edge_k": Bounds(1.0),
+        "n_boot": Bounds(1.0),
+        "sesoi": NON_NEGATIVE,
+        "loss_sesoi": NON_NEGATIVE,
+    }
+
     labels: tuple[str, ...]
     statistics: dict[str, dict[str, dict[str, torch.Tensor]]]
     layers: tuple[int, ...]
@@ -141,6 +163,47 @@ class ModelComparison:
                 f"ci={self.ci!r} must lie in (0, 1), n_boot={self.n_boot!r} and "
                 f"edge_k={self.edge_k!r} be >= 1"
             )
+
+    def _check_values(self) -> None:
+        """Run on load: modes and statistics by their known names, each statistic in its
+        range (:data:`STATISTIC_BOUNDS`: NaN only where a statistic can be undefined), the
+        computed labels among the labels, the variants strings, ``block`` an integer >= 1 or
+        ``"auto"``, and the statistics of each computed model those of its own study (the same
+        per-window loss and mean pairwise cosine, mode by mode)."""
+        if not set(self.computed) <= set(self.labels):
+            raise FieldError("computed", f"computed={list(self.computed)} are not all labels")
+        if not all(isinstance(v, str) for v in self.variants.values()):
+            raise FieldError("variants", f"variants={self.variants!r} must map labels to strings")
+        try:
+            as_block(self.block)
+        except (ValueError, TypeError) as err:
+            raise FieldError("block", f"block={self.block!r}: {err}") from None
+        for label, modes in self.statistics.items():
+            for mode, stats in modes.items():
+                if mode not in POSITION_ABLATIONS:
+                    raise FieldError("statistics", f"{label} has an unknown mode {mode!r}")
+                for stat, values in stats.items():
+                    if stat not in STATISTICS:
+                        raise FieldError("statistics", f"{label} has an unknown statistic {stat!r}")
+                    where = f"statistics[{label!r}][{mode!r}][{stat!r}]"
+                    bounds = STATISTIC_BOUNDS.get(stat, FINITE_OR_NAN)
+                    check_bounds(self, where, bounds, values)
+        for label in self.computed:
+            study = self.studies[label]
+            for m, mode in enumerate(study.modes):
+                stats = self.statistics[label].get(mode, {})
+                for stat, mine in (
+                    ("loss", study.loss[m]),
+                    ("mean_pairwise", study.mean_pairwise[m]),
+                ):
+                    if stat in stats and not torch.allclose(
+                        stats[stat].double(), mine.double(), rtol=0, atol=1e-6
+                    ):
+                        raise FieldError(
+                            "statistics",
+                            f"{label}/{mode}/{stat} differs from the {stat} of the model's own "
+                            "study: the statistics and the saved study do not belong together",
+                        )
 
     @property
     def n_sequences(self) -> int:
@@ -424,13 +487,13 @@ class ModelComparison:
     def export_statistics(self, label: str, path: str | Path) -> Path:
         """Write one model's per-window statistics (every mode) as ``{name}.safetensors`` +
         ``{name}.json`` into ``path``, the format :func:`compare_models` reads for shipped
-        replicates (the training record and the comparison settings go into the JSON).
+        replicates (the training record and the comparison settings go into the JSON, with the
+        sha256 of the safetensors). Each file is written atomically, the JSON last (an older
+        JSON is removed first, so a failed write never leaves it beside new tensors).
 
         Returns:
             The JSON file's path.
         """
-        from safetensors.torch import save_file
-
         self._check_label(label)
         folder = prepare_folder(path)
         stem = label.split("/")[-1]
@@ -439,7 +502,6 @@ class ModelComparison:
             for mode, stats in self.statistics[label].items()
             for stat, values in stats.items()
         }
-        save_file(tensors, str(folder / f"{stem}.safetensors"))
         meta = {
             "format": "homoglens.ReplicateStatistics/1",
             "label": label,
@@ -456,27 +518,44 @@ class ModelComparison:
             "window_index": self.settings.get("window_index"),
         }
         out = folder / f"{stem}.json"
-        out.write_text(json.dumps(meta, indent=2))
+        with contextlib.suppress(FileNotFoundError):  # never old JSON beside new tensors
+            out.unlink()
+        write_pair(folder, stem, tensors, meta)
         return out
 
     def save(self, path: str | Path) -> Path:
-        """Save as ``comparison.json`` + ``comparison.safetensors`` (every per-window
-        statistic) + a study, a similarity and a sink-score folder per computed model."""
-        from safetensors.torch import save_file
+        """Save as ``comparison.safetensors`` (every per-window statistic) + a study, a
+        similarity and a sink-score folder per computed model (``model_<i>/``) +
+        ``comparison.json`` (last: the sha256 of the safetensors and of each part's JSON),
+        atomically: a save that fails or is interrupted leaves an older comparison in ``path``
+        loadable and unchanged, or refused on load, never a mix.
 
-        folder = prepare_folder(path)
+        Raises:
+            InvalidInputError: ``path`` is a file or cannot be created.
+        """
+        return save_folder(path, self._write_into,
+                           own=("comparison.json", "comparison.safetensors", "model_[0-9]*"),
+                           manifest="comparison.json")  # fmt: skip
+
+    def _write_into(self, folder: Path) -> None:
+        parts = []
         for i, label in enumerate(self.labels):
             if label in self.computed:
-                self.studies[label].save(folder / f"model_{i}" / "study")
-                self.similarity[label].save(folder / f"model_{i}" / "similarity")
-                self.sinks[label].save(folder / f"model_{i}" / "sinks")
+                for name, part in (
+                    ("study", self.studies[label]),
+                    ("similarity", self.similarity[label]),
+                    ("sinks", self.sinks[label]),
+                ):
+                    (folder / f"model_{i}" / name).mkdir(parents=True)
+                    part._write_into(folder / f"model_{i}" / name)
+                    stem = "study" if name == "study" else part._stem  # type: ignore[union-attr]
+                    parts.append(f"model_{i}/{name}/{stem}.json")
         tensors = {
             f"{i}/{mode}/{stat}": values.contiguous()
             for i, label in enumerate(self.labels)
             for mode, stats in self.statistics[label].items()
             for stat, values in stats.items()
         }
-        save_file(tensors, str(folder / "comparison.safetensors"))
         meta = {
             "format": "homoglens.ModelComparison/2",
             "labels": list(self.labels),
@@ -489,16 +568,18 @@ class ModelComparison:
             **{k: getattr(self, k) for k in COMPARISON_SCALARS},
             "settings": self.settings,
         }
-        (folder / "comparison.json").write_text(json.dumps(meta, indent=2))
-        return folder
+        write_pair(folder, "comparison", tensors, meta, parts)
 
     @classmethod
     def load(cls, path: str | Path) -> ModelComparison:
-        """Load what :meth:`save` wrote.
+        """Load what :meth:`save` wrote, with its values checked.
 
         Raises:
             ResultsNotFoundError: a file is missing.
-            IncompatibleResultsError: wrong format or inconsistent content.
+            IncompatibleResultsError: wrong format, inconsistent content, values out of range
+                or of the wrong type, statistics that do not fit the saved studies, or a file
+                that does not match the sha256 recorded in ``comparison.json`` (saved
+                incompletely or edited).
         """
         folder = Path(path).expanduser()
         meta, tensors = read_saved(folder, "comparison")
@@ -510,35 +591,47 @@ class ModelComparison:
             raise IncompatibleResultsError(
                 f"{folder}/comparison.json has keys {sorted(meta)}, expected {sorted(keys)}"
             )
-        try:
-            labels = tuple(meta["labels"])
-            statistics: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
-            for key, values in tensors.items():
-                i, mode, stat = key.split("/")
-                statistics.setdefault(labels[int(i)], {}).setdefault(mode, {})[stat] = values
-            computed = tuple(meta["computed"])
-            where = {label: folder / f"model_{labels.index(label)}" for label in computed}
-            return cls(
-                labels=labels,
-                statistics=statistics,
-                layers=tuple(meta["layers"]),
-                variants=meta["variants"],
-                computed=computed,
-                studies={k: PositionAblationStudy.load(v / "study") for k, v in where.items()},
-                similarity={
-                    k: PositionalSimilarity.load(v / "similarity") for k, v in where.items()
-                },
-                sinks={k: SinkScores.load(v / "sinks") for k, v in where.items()},
-                heldout=meta["heldout"],
-                no_positions=meta["no_positions"],
-                group_by=meta["group_by"],
-                settings=meta["settings"],
-                **{k: meta[k] for k in COMPARISON_SCALARS},
-            )
-        except (KeyError, ValueError, TypeError, IndexError) as err:
+        labels, computed = meta["labels"], meta["computed"]
+        if (
+            not isinstance(labels, list)
+            or not all(isinstance(v, str) for v in labels)
+            or not isinstance(computed, list)
+            or not all(isinstance(v, str) and v in labels for v in computed)
+        ):
             raise IncompatibleResultsError(
-                f"{folder} does not hold a consistent comparison: {err!r}"
-            ) from None
+                f"{folder}/comparison.json has labels={labels!r}, computed={computed!r}: "
+                "expected strings, the computed ones among the labels; save it again"
+            )
+        statistics: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+        for key, values in tensors.items():
+            i, mode, stat = (key.split("/") + ["", "", ""])[:3]
+            if not i.isdigit() or int(i) >= len(labels) or key.count("/") != 2:
+                raise IncompatibleResultsError(
+                    f"{folder}/comparison.safetensors has a tensor {key!r}, not "
+                    "'<label index>/<mode>/<statistic>'; save the comparison again"
+                )
+            statistics.setdefault(labels[int(i)], {}).setdefault(mode, {})[stat] = values
+        where = {label: folder / f"model_{labels.index(label)}" for label in computed}
+        kwargs = {
+            "labels": tuple(labels),
+            "statistics": statistics,
+            "layers": meta["layers"],
+            "variants": meta["variants"],
+            "computed": tuple(computed),
+            "studies": {k: PositionAblationStudy.load(v / "study") for k, v in where.items()},
+            "similarity": {
+                k: PositionalSimilarity.load(v / "similarity") for k, v in where.items()
+            },
+            "sinks": {k: SinkScores.load(v / "sinks") for k, v in where.items()},
+            "heldout": meta["heldout"],
+            "no_positions": meta["no_positions"],
+            "group_by": meta["group_by"],
+            "settings": meta["settings"],
+            **{k: meta[k] for k in COMPARISON_SCALARS},
+        }
+        if isinstance(kwargs["layers"], list):
+            kwargs["layers"] = tuple(kwargs["layers"])
+        return checked_result(cls, folder, kwargs, stem="comparison")
 
     def __repr__(self) -> str:
         return (
@@ -546,6 +639,17 @@ class ModelComparison:
             f"n_sequences={self.n_sequences}, group_by={self.group_by!r}, "
             f"no_positions={self.no_positions!r}, edge_k={self.edge_k})"
         )
+
+
+STATISTIC_BOUNDS: dict[str, Bounds] = {
+    "loss": NON_NEGATIVE,
+    "mean_pairwise": COSINE,
+    "sink_rate": Bounds(0.0, 100.0, tol=1e-6),
+    "sink_importance_top": UNIT_OR_NAN,
+}
+"""Values a saved per-window statistic of :class:`ModelComparison` may hold (nats, cosine,
+percent, importance); every other statistic is finite or NaN (``icl`` under 16 tokens, the
+cross-input readings on centred vectors, jackknife pseudo-values are not bounded)."""
 
 
 COMPARISON_SCALARS = ("edge_k", "eps", "n_boot", "ci", "seed", "block", "sesoi", "loss_sesoi")

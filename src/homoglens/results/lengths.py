@@ -10,7 +10,16 @@ import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import Provenance, SavedResult
+from homoglens.results.base import (
+    COSINE_OR_NAN,
+    NON_NEGATIVE,
+    UNIT,
+    UNIT_OR_NAN,
+    Bounds,
+    FieldError,
+    Provenance,
+    SavedResult,
+)
 from homoglens.similarity_math import SIMILARITY_STATISTICS
 from homoglens.stats import estimate
 
@@ -65,6 +74,19 @@ class LengthStudy(SavedResult):
 
     _stem: ClassVar[str] = "lengths"
     _layer_axis: ClassVar[bool] = True
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        "lengths": Bounds(2.0),
+        "lags": Bounds(1.0),
+        "layers": NON_NEGATIVE,
+        "n_blocks": Bounds(1.0),
+        "edge_k": Bounds(1.0),
+        "lag_similarity": COSINE_OR_NAN,  # NaN where p - lag is not counted
+        "to_first": COSINE_OR_NAN,  # NaN before the first counted position
+        "sp": COSINE_OR_NAN,
+        "attention_entropy": UNIT_OR_NAN,  # NaN at p = 0 (one key)
+        "first_key_mass": UNIT,
+        "statistics": Bounds(-2.0, 2.0, tol=1e-4),  # differences of means of cosines
+    }
 
     lengths: tuple[int, ...]
     lags: tuple[int, ...]
@@ -103,6 +125,29 @@ class LengthStudy(SavedResult):
                 raise ValueError(f"{name} has shape {got}, expected {shape}")
         if self.n_sequences < 2 or self.first_position not in (0, 1):
             raise ValueError(f"n_sequences={self.n_sequences} < 2 or bad first_position")
+
+    def _check_values(self) -> None:
+        """Run on load: NaN only where documented: ``to_first`` and ``sp`` before the first
+        counted position, ``attention_entropy`` at p = 0, ``lag_similarity`` where p - lag is
+        not counted; a lag of at most the longest length."""
+        first = self.first_position
+        for name in ("to_first", "sp"):
+            nan = torch.isnan(getattr(self, name))
+            if bool(nan[:, first:].any()) or not bool(nan[:, :first].all()):
+                raise FieldError(
+                    name, f"{name} must be NaN before position {first} and finite from it on"
+                )
+        nan = torch.isnan(self.attention_entropy)
+        if not bool(nan[:, 0].all()) or bool(nan[:, 1:].any()):
+            raise FieldError("attention_entropy", "attention_entropy is NaN at p = 0 only")
+        for d, lag in enumerate(self.lags):
+            nan = torch.isnan(self.lag_similarity[:, d])
+            if bool(nan[:, first + lag :].any()):
+                raise FieldError(
+                    "lag_similarity", f"lag_similarity at lag {lag} is NaN where it is counted"
+                )
+        if max(self.lags) >= max(self.lengths):
+            raise FieldError("lags", f"lags={list(self.lags)} reach the longest length")
 
     def _li(self, layer: int) -> int:
         if isinstance(layer, bool) or not isinstance(layer, int):

@@ -13,6 +13,7 @@ from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
 from homoglens.results import Provenance, SavedResult
+from homoglens.results.base import NON_NEGATIVE, Bounds, FieldError
 from homoglens.types import PATCH_COMPONENTS, POSITION_ABLATIONS
 
 if TYPE_CHECKING:
@@ -21,6 +22,15 @@ if TYPE_CHECKING:
     from plotly.graph_objects import Figure as PlotlyFigure
 
     from homoglens.types import PlotBackend
+
+
+def rounding_tolerance(dtype: str) -> float:
+    """Relative difference below which two metrics of a model in ``dtype`` (a name such as
+    ``"bfloat16"``; ``""`` or unknown: float32) are the same up to rounding: max(1e-6,
+    2 * machine epsilon)."""
+    kind = getattr(torch, dtype, None) if dtype else None
+    eps = torch.finfo(kind).eps if isinstance(kind, torch.dtype) and kind.is_floating_point else 0.0
+    return max(1e-6, 2.0 * eps)
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +66,14 @@ class PositionalPatchingResult(SavedResult):
         "direction": ("restore", "break"),
         "cell_axis": ("pos", "head_index"),
     }
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        "metric_layer": NON_NEGATIVE,
+        "layers": NON_NEGATIVE,
+        "cells": NON_NEGATIVE,
+        "n_sequences": Bounds(1.0),
+        "forward_equivalents": NON_NEGATIVE,
+        # patched / normal / ablated: finite (every metric returns a finite scalar)
+    }
 
     component: str
     how: str
@@ -78,6 +96,27 @@ class PositionalPatchingResult(SavedResult):
         if tuple(self.patched.shape) != shape:
             raise ValueError(f"patched has shape {tuple(self.patched.shape)}, expected {shape}")
 
+    def _check_values(self) -> None:
+        """Run on load: cells are ``(start, stop)`` with start < stop (one head each on the
+        head axis); the built-in metrics in their ranges (loss >= 0 nats, the mean pairwise
+        cosine in [-1, 1], edge excesses in [-2, 2])."""
+        for start, stop in self.cells:
+            if not start < stop or (self.cell_axis == "head_index" and stop != start + 1):
+                raise FieldError("cells", f"cell {(start, stop)} is not a (start, stop) bin")
+        ranges = {"loss": (0.0, math.inf), "mean_pairwise": (-1.0, 1.0)}
+        for m, name in enumerate(self.metrics):
+            low, high = ranges.get(
+                name, (-2.0, 2.0) if name.endswith("_excess") else (-math.inf, math.inf)
+            )
+            for field_name in ("patched", "normal", "ablated"):
+                values = getattr(self, field_name)[m].double()
+                if bool(((values < low - 1e-4) | (values > high + 1e-4)).any()):
+                    raise FieldError(
+                        field_name,
+                        f"{field_name} of metric {name!r} reaches "
+                        f"{float(values.abs().max()):.6g}, outside [{low:g}, {high:g}]",
+                    )
+
     @property
     def receiving(self) -> Float[torch.Tensor, " metric"]:
         """Metric of the run that receives the patches (ablated for restore)."""
@@ -91,12 +130,19 @@ class PositionalPatchingResult(SavedResult):
     @property
     def effect(self) -> Float[torch.Tensor, "metric layer cell"]:
         """(patched - receiving) / (source - receiving): 0 = no change, 1 = the source run's
-        value; NaN where source and receiving agree to 1e-6 relative (float32 forward passes
-        carry ~1e-7 relative noise, which a smaller gap would turn into arbitrary effects)."""
+        value; NaN where source and receiving agree within the rounding of the model's dtype:
+        ``|gap| <= tol * max(|source|, |receiving|, 1)`` with ``tol`` = max(1e-6, 2 * eps of
+        ``provenance.dtype``) (float32: 1e-6, ~8 eps; bfloat16: 0.0156; float16: 0.00195).
+        A smaller gap is rounding noise (bfloat16 passes of a rotary model under a global shift,
+        which changes nothing, differ by ~1e-4), and dividing by it turns noise into arbitrary
+        effects."""
         gap = (self.source - self.receiving)[:, None, None]
         scale = torch.maximum(self.source.abs(), self.receiving.abs())[:, None, None]
         out = (self.patched - self.receiving[:, None, None]) / gap
-        return torch.where(gap.abs() > 1e-6 * scale + 1e-12, out, torch.full_like(out, math.nan))
+        tol = rounding_tolerance(self.provenance.dtype)
+        return torch.where(
+            gap.abs() > tol * scale.clamp_min(1.0), out, torch.full_like(out, math.nan)
+        )
 
     def _metric(self, metric: str | None) -> int:
         if metric is None:

@@ -4,7 +4,6 @@ value derived from them.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
@@ -22,11 +21,16 @@ from homoglens.homogenization import (
     positions_from_mask,
 )
 from homoglens.results.base import (
+    COSINE_OR_NAN,
+    Bounds,
+    FieldError,
     Provenance,
+    check_mergeable,
     checked_result,
     merge_parts,
-    prepare_folder,
     read_saved,
+    save_folder,
+    write_pair,
 )
 from homoglens.results.cache import cached_residuals
 
@@ -80,6 +84,23 @@ class HomogenizationProfile:
     """
 
     _layer_axis: ClassVar[bool] = True
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        # sums over the sequences counted at each position (or in the profile) of values whose
+        # range is known: bounded by their counts (0 where nothing is counted)
+        "to_others_sum": Bounds(-1.0, 1.0, scale="count", tol=1e-6),
+        "to_prefix_sum": Bounds(-1.0, 1.0, scale="prefix_count", tol=1e-6),
+        "to_mean_sum": Bounds(-1.0, 1.0, scale="count", tol=1e-6),
+        "norm_sum": Bounds(0.0),
+        "mean_pairwise_sum": Bounds(-1.0, 1.0, scale="n_sequences", tol=1e-6),
+        "relative_residual_sum": Bounds(0.0, 1.0, scale="n_sequences", tol=1e-6),
+        "unit_sum_sq": Bounds(0.0, 1.0, scale="n_tokens_sq", tol=1e-6),
+        "effective_rank_sum": Bounds(1.0, math.inf, scale="n_sequences", tol=1e-6),
+        "unit_effective_rank_sum": Bounds(1.0, math.inf, scale="n_sequences", tol=1e-6),
+        "unit_effective_rank_no_first_sum": Bounds(1.0, math.inf, scale="n_sequences", tol=1e-6),
+        "matrix_entropy_sum": Bounds(0.0, math.inf, tol=1e-9),
+        "matrix_entropy_no_first_sum": Bounds(0.0, math.inf, tol=1e-9),
+        "baseline": COSINE_OR_NAN,  # NaN for one sequence (checked below)
+    }
 
     layers: tuple[int, ...]
     to_others_sum: Float[torch.Tensor, "layer pos"]
@@ -137,6 +158,72 @@ class HomogenizationProfile:
                 f"n_sequences={self.n_sequences} and n_tokens={self.n_tokens}: a profile holds at "
                 "least one sequence of at least 2 counted tokens"
             )
+
+    def _check_values(self) -> None:
+        """The counts of a saved profile fit together (run by
+        :func:`~homoglens.results.validate_result` on load): ``count[p]`` is the number of
+        sequences with a counted token at position p, so from the first counted position on
+        it starts at ``n_sequences`` and never rises, sums to ``n_tokens``, and fixes
+        ``n_tokens_sq`` (the sum of T^2); ``prefix_count`` is ``count`` but at the first
+        counted position (0); nothing is summed where nothing is counted; the baseline is a
+        cosine (NaN only for one sequence) and the rank metrics lie in their ranges."""
+        count = self.count.long()
+        counted = torch.nonzero(count > 0).flatten()
+        if len(counted) == 0:
+            raise FieldError("count", "count is 0 at every position: nothing was counted")
+        first = int(counted[0])
+        run = count[first:]
+        if int(run[0]) != self.n_sequences or bool((run[1:] > run[:-1]).any()):
+            raise FieldError(
+                "count",
+                f"count={count.tolist()} must start at n_sequences={self.n_sequences} at the "
+                "first counted position and never rise after it",
+            )
+        if int(count.sum()) != self.n_tokens:
+            raise FieldError(
+                "n_tokens", f"n_tokens={self.n_tokens} but count sums to {int(count.sum())}"
+            )
+        odd = torch.arange(1, 2 * len(run), 2, device="cpu")
+        if int((run * odd).sum()) != self.n_tokens_sq:
+            raise FieldError(
+                "n_tokens_sq",
+                f"n_tokens_sq={self.n_tokens_sq} but the counts give a sum of T^2 of "
+                f"{int((run * odd).sum())}",
+            )
+        want = count.clone()
+        want[first] = 0
+        if not torch.equal(self.prefix_count.long(), want):
+            raise FieldError(
+                "prefix_count",
+                f"prefix_count={self.prefix_count.tolist()} must equal count but 0 at the first "
+                f"counted position ({want.tolist()})",
+            )
+        if bool((self.norm_sum[:, count == 0] != 0).any()):
+            raise FieldError("norm_sum", "norm_sum is not 0 at a position where nothing is counted")
+        g2 = float((self.unit_sum.double() ** 2).sum(-1).max())
+        if g2 > float(self.n_tokens) ** 2 * (1 + 1e-5):
+            raise FieldError(
+                "unit_sum",
+                f"unit_sum has a squared norm of {g2:.6g}, more than n_tokens^2 = "
+                f"{self.n_tokens**2} (a sum of {self.n_tokens} unit vectors)",
+            )
+        if self.n_sequences > 1 and bool(torch.isnan(self.baseline).any()):
+            raise FieldError("baseline", "the baseline is NaN with more than one sequence")
+        top = float(min(self.d_model, max(self.n_tokens - 1, 1)))
+        for name, high in (
+            ("effective_rank", float(self.d_model)),
+            ("unit_effective_rank", float(self.d_model)),
+            ("unit_effective_rank_no_first", float(self.d_model)),
+            ("matrix_entropy", math.log(self.d_model)),
+            ("matrix_entropy_no_first", math.log(self.d_model)),
+        ):
+            values = getattr(self, name)
+            if values is not None and bool((values > high * (1 + 1e-9) + 1e-9).any()):
+                raise FieldError(
+                    f"{name}_sum",
+                    f"{name} reaches {float(values.max()):.6g}, above its maximum {high:.6g} "
+                    f"(d_model={self.d_model}, {top:g} tokens at most)",
+                )
 
     @classmethod
     def from_cache(
@@ -337,8 +424,12 @@ class HomogenizationProfile:
             The merged profile; its position axis is the longest of the inputs.
 
         Raises:
-            IncompatibleResultsError: no profiles, or they differ in layers, width, model,
-                backend, weights or ``exclude_first``.
+            IncompatibleResultsError: no profiles; they differ in layers, width, or a
+                provenance field that must agree (model, family, backend, weights, dtype,
+                model_revision, hook_points, exclude_first: the merged profile would carry the
+                first one's label); their data overlap (the same ``provenance.data_sha256``, or
+                the same profile given twice), which would count sequences twice and pair
+                tokens with their own copies in the baseline.
         """
         first = merge_parts(profiles, HomogenizationProfile)
         for other in profiles[1:]:
@@ -348,12 +439,7 @@ class HomogenizationProfile:
                         f"cannot merge profiles with different {attr}: "
                         f"{getattr(first, attr)} vs {getattr(other, attr)}"
                     )
-            for attr in ("model", "backend", "weights", "exclude_first", "hook_points"):
-                a, b = getattr(first.provenance, attr), getattr(other.provenance, attr)
-                if a != b:
-                    raise IncompatibleResultsError(
-                        f"cannot merge profiles with different provenance.{attr}: {a!r} vs {b!r}"
-                    )
+        check_mergeable(profiles, "HomogenizationProfile")
         n_pos = max(p.n_pos for p in profiles)
 
         def padded(t: torch.Tensor) -> torch.Tensor:
@@ -392,11 +478,11 @@ class HomogenizationProfile:
             ),
         )
 
-    def sel(self, layers: list[int] | tuple[int, ...]) -> HomogenizationProfile:
+    def sel(self, layers: list[int] | tuple[int, ...] | int) -> HomogenizationProfile:
         """Return a new profile with only the given entries of the layer axis.
 
         Args:
-            layers: Values from ``self.layers`` (not indices into it).
+            layers: Values from ``self.layers`` (not indices into it), or one value.
 
         Raises:
             IncompatibleResultsError: a requested layer is not in this profile.
@@ -552,23 +638,32 @@ class HomogenizationProfile:
 
     # ----------------------------------------------------------------- I/O
     def save(self, path: str | Path) -> Path:
-        """Save as ``profile.safetensors`` (tensors) + ``profile.json`` (everything else).
+        """Save as ``profile.safetensors`` (tensors) + ``profile.json`` (everything else, and
+        the sha256 of the safetensors), atomically: a save that fails or is interrupted leaves
+        an older profile in ``path`` loadable and unchanged, or refused on load, never a mix.
 
         Args:
-            path: A folder; created if missing. Existing profile files in it are replaced.
+            path: A folder; created if missing. An existing profile in it is replaced (other
+                files in it are left alone).
 
         Returns:
             The folder.
-        """
-        from safetensors.torch import save_file
 
-        folder = prepare_folder(path)
+        Raises:
+            InvalidInputError: ``path`` is a file or cannot be created.
+        """
+        return save_folder(
+            path, self._write_into, own=("profile.json", "profile.safetensors"),
+            manifest="profile.json",
+        )  # fmt: skip
+
+    def _write_into(self, folder: Path) -> None:
+        """Write ``profile.safetensors`` + ``profile.json`` into ``folder``."""
         tensors = {
             f.name: getattr(self, f.name).contiguous()
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        save_file(tensors, str(folder / "profile.safetensors"))
         meta = {
             "format": _FORMAT,
             "layers": list(self.layers),
@@ -578,8 +673,7 @@ class HomogenizationProfile:
             "has_effective_rank": self.effective_rank_sum is not None,
             "provenance": asdict(self.provenance),
         }
-        (folder / "profile.json").write_text(json.dumps(meta, indent=2))
-        return folder
+        write_pair(folder, "profile", tensors, meta)
 
     @classmethod
     def load(cls, path: str | Path) -> HomogenizationProfile:
@@ -588,7 +682,9 @@ class HomogenizationProfile:
         Raises:
             ResultsNotFoundError: the folder lacks ``profile.safetensors`` or ``profile.json``.
             IncompatibleResultsError: unknown format, unreadable files, missing/extra keys or
-                tensors, or shapes that do not fit together.
+                tensors, shapes that do not fit together, values out of their range or counts
+                that do not fit together (:meth:`_check_values`), or a safetensors file that
+                does not match the sha256 recorded in the JSON (saved incompletely or edited).
         """
         folder = Path(path).expanduser()
         meta, tensors = read_saved(folder, "profile")
@@ -609,6 +705,11 @@ class HomogenizationProfile:
                 f"{sorted(keys)} (missing: {sorted(keys - set(meta))}, extra: "
                 f"{sorted(set(meta) - keys - {'format'})})"
             )
+        if not isinstance(meta["has_effective_rank"], bool):
+            raise IncompatibleResultsError(
+                f"{folder}/profile.json has has_effective_rank={meta['has_effective_rank']!r}, "
+                "not true or false; the file was edited: save the profile again"
+            )
         expected = set(_TENSOR_FIELDS) | (
             {"effective_rank_sum"} if meta["has_effective_rank"] else set()
         )
@@ -628,7 +729,9 @@ class HomogenizationProfile:
         kwargs = {k: meta[k] for k in ("layers", "n_sequences", "n_tokens", "n_tokens_sq")}
         if isinstance(kwargs["layers"], list):
             kwargs["layers"] = tuple(kwargs["layers"])
-        return checked_result(cls, folder, {**kwargs, "provenance": prov, **tensors})
+        return checked_result(
+            cls, folder, {**kwargs, "provenance": prov, **tensors}, stem="profile"
+        )
 
     def __repr__(self) -> str:
         p = self.provenance

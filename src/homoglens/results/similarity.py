@@ -21,7 +21,13 @@ from jaxtyping import Float, Int
 from homoglens.assets import package_version
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import Provenance, SavedResult
-from homoglens.results.base import merge_parts
+from homoglens.results.base import (
+    NON_NEGATIVE,
+    Bounds,
+    FieldError,
+    check_mergeable,
+    merge_parts,
+)
 from homoglens.results.cache import cached_residuals
 from homoglens.similarity_math import (
     SIMILARITY_STATISTICS,
@@ -137,6 +143,18 @@ class PositionalSimilarity(SavedResult):
         "space": ("resid", "ln_input", "final_norm"),
         "centre": (None, "global", "position"),
     }
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        # sums over windows of cosines (and of per-window statistics: differences of means of
+        # cosines), bounded by the number of windows
+        "within_sum": Bounds(-1.0, 1.0, scale="n_sequences", tol=1e-6),
+        "window_within": Bounds(-2.0, 2.0, tol=1e-6),
+        "window_cross": Bounds(-4.0, 4.0, scale="n_sequences", tol=1e-6),
+        "window_same_position": Bounds(-1.0, 1.0, scale="n_sequences", tol=1e-6),
+        "first_position": NON_NEGATIVE,
+        "edge_k": Bounds(1.0),
+        "massive_threshold": Bounds(1.0),
+        "n_massive": NON_NEGATIVE,
+    }
 
     layers: tuple[int, ...]
     within_sum: Float[torch.Tensor, "layer pos pos"]
@@ -193,6 +211,50 @@ class PositionalSimilarity(SavedResult):
         if self.space not in SPACES or self.centre not in CENTRES:
             raise ValueError(f"unknown space {self.space!r} or centre {self.centre!r}")
         edge_groups(n_pos, int(self.edge_k))  # edge_k fits the windows
+
+    def _check_values(self) -> None:
+        """The sums of a saved result fit together (run by
+        :func:`~homoglens.results.validate_result` on load): ``within_sum`` is a sum of Gram
+        matrices of unit (or zero) vectors, so it is symmetric with a diagonal in [0, n]; each
+        ``unit_sum[l, i]`` is a sum of n unit vectors (norm <= n); ``SP`` (``C[i, i]``) is a
+        cosine; ``n_massive`` holds one count per layer entry, only for ``centre="global"``."""
+        n = self.n_sequences
+        within = self.within_sum.double()
+        if not torch.allclose(within, within.transpose(1, 2), rtol=0, atol=1e-6 * max(n, 1)):
+            raise FieldError("within_sum", "within_sum is not symmetric (a sum of U U^T is)")
+        diag = torch.diagonal(within, dim1=1, dim2=2)
+        slack = 1e-5 * max(n, 1)  # unit vectors of float32 models: |u . u - 1| ~ 1e-7
+        if bool(((diag < -slack) | (diag > n + slack)).any()):
+            raise FieldError(
+                "within_sum",
+                f"the diagonal of within_sum (u . u summed over windows) must lie in [0, {n}], "
+                f"got {float(diag.min()):.6g} .. {float(diag.max()):.6g}",
+            )
+        sq = (self.unit_sum.double() ** 2).sum(-1)  # [layer pos]
+        if bool((sq > n * n * (1 + 1e-5) + 1e-6).any()):
+            raise FieldError(
+                "unit_sum",
+                f"unit_sum has a norm of {float(sq.max().sqrt()):.6g}, more than the "
+                f"{n} windows' unit vectors can sum to",
+            )
+        if n > 1:
+            sp = (sq - diag) / (n * (n - 1))
+            if bool((sp.abs() > 1 + 1e-4).any()):
+                raise FieldError(
+                    "unit_sum",
+                    "SP (the same-position cosine across windows) reaches "
+                    f"{float(sp.abs().max()):.6g}: unit_sum and within_sum do not fit together",
+                )
+        if self.n_massive and (
+            self.centre != "global" or len(self.n_massive) != len(self.layers)
+            or max(self.n_massive) > n * (self.n_pos + self.first_position)
+        ):  # fmt: skip
+            raise FieldError(
+                "n_massive",
+                f"n_massive={list(self.n_massive)} must hold one count per layer entry, each "
+                f"at most {n * (self.n_pos + self.first_position)}, and only for "
+                "centre='global'",
+            )
 
     @classmethod
     def from_activations(
@@ -678,7 +740,10 @@ class PositionalSimilarity(SavedResult):
 
         Raises:
             IncompatibleResultsError: no parts, or they differ in layers, positions, width,
-                edge_k, space, centring, model, backend or weights; centred parts.
+                edge_k, space, centring, or a provenance field that must agree (model, family,
+                backend, weights, dtype, model_revision, hook_points, exclude_first); centred
+                parts; parts of overlapping data (the same ``provenance.data_sha256``, or the
+                same result given twice).
         """
         first = merge_parts(parts, PositionalSimilarity)
         if len(parts) > 1 and any(p.dropped_dims is not None for p in parts):
@@ -702,12 +767,7 @@ class PositionalSimilarity(SavedResult):
                     )
             if other.standardize != first.standardize:
                 raise IncompatibleResultsError("cannot merge results with different standardize")
-            for attr in ("model", "backend", "weights", "hook_points"):
-                a, b = getattr(first.provenance, attr), getattr(other.provenance, attr)
-                if a != b:
-                    raise IncompatibleResultsError(
-                        f"cannot merge results with different provenance.{attr}: {a!r} vs {b!r}"
-                    )
+        check_mergeable(parts, "PositionalSimilarity")
         if len(parts) > 1 and any(p.has_pseudo_values for p in parts):
             warnings.warn(
                 "merge() drops the second-pass (pseudo-value) columns: they depend on the "

@@ -13,9 +13,23 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.errors import InvalidInputError
+from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.homogenization import massive_sums, nan_div
-from homoglens.results import Provenance, SavedResult, prepare_folder
+from homoglens.results import Provenance, SavedResult
+from homoglens.results.base import (
+    COSINE_OR_NAN,
+    FINITE_OR_NAN,
+    HASHES,
+    NON_NEGATIVE,
+    UNIT,
+    UNIT_OR_NAN,
+    Bounds,
+    FieldError,
+    read_json,
+    save_folder,
+    sha256_of,
+    write_json,
+)
 from homoglens.results.cache import cached_residuals
 from homoglens.types import ATTRIBUTION_METRICS, MASSIVE_MEDIANS, MassiveMedian
 
@@ -50,6 +64,14 @@ class SinkScores(SavedResult):
 
     _stem: ClassVar[str] = "sink_scores"
     _ranges: ClassVar[dict[str, tuple[float, float]]] = {"eps": (0.0, 1.0)}
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        "key": NON_NEGATIVE,
+        "n_sequences": Bounds(1.0),
+        "mass": UNIT_OR_NAN,  # NaN: no query comes after key
+        "mass_by_query": UNIT_OR_NAN,  # NaN for q <= key
+        "importance": UNIT_OR_NAN,  # NaN: no sequence long enough
+        "sink_rate_by_head": UNIT,
+    }
 
     key: int
     eps: float
@@ -71,6 +93,27 @@ class SinkScores(SavedResult):
             raise ValueError(
                 f"mass_by_query has shape {tuple(self.mass_by_query.shape)}, "
                 f"expected {shape} + (query_pos,)"
+            )
+
+    def _check_values(self) -> None:
+        """Run on load: ``key`` is a position of ``mass_by_query`` (NaN up to it, as no query
+        there comes after it), and ``sink_rate_by_head`` is a share of the ``n_sequences``
+        sequences (a whole number of them)."""
+        n_query = int(self.mass_by_query.shape[-1])
+        if self.key >= max(n_query, 1):
+            raise FieldError("key", f"key={self.key} is not a position of the {n_query} queries")
+        if not bool(torch.isnan(self.mass_by_query[..., : self.key + 1]).all()):
+            raise FieldError(
+                "mass_by_query",
+                f"mass_by_query must be NaN at queries q <= key={self.key} (no attention to a "
+                "later key): key and mass_by_query do not fit together",
+            )
+        share = self.sink_rate_by_head.double() * self.n_sequences
+        if bool(((share - share.round()).abs() > 1e-6 * max(self.n_sequences, 1)).any()):
+            raise FieldError(
+                "sink_rate_by_head",
+                f"sink_rate_by_head must be a share of the {self.n_sequences} sequences (a whole "
+                "number of them per head)",
             )
 
     @property
@@ -202,6 +245,14 @@ class MassiveActivations(SavedResult):
         "min_magnitude": (-1e-300, math.inf),
     }
     _choices: ClassVar[dict[str, tuple[str, ...]]] = {"median": MASSIVE_MEDIANS}
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        "n_sequences": Bounds(1.0),
+        "ratio_mean": Bounds(0.0, nan=True),  # NaN: no real token at the position
+        "ratio_max": Bounds(0.0, nan=True),
+        "top_value": Bounds(0.0, nan=True),
+        "layer_top": NON_NEGATIVE,
+        "layer_median": NON_NEGATIVE,
+    }
 
     layers: tuple[int, ...]
     ratio_mean: Float[torch.Tensor, "layer pos"]
@@ -215,6 +266,36 @@ class MassiveActivations(SavedResult):
     provenance: Provenance = field(default_factory=Provenance)
     layer_top: Float[torch.Tensor, "layer k"] | None = None
     layer_median: Float[torch.Tensor, " layer"] | None = None
+
+    def _check_values(self) -> None:
+        """Run on load: the positions without a real token are NaN in every per-position
+        field; a maximum over sequences is at least their mean; ``median="token"`` ratios are at
+        least 1 (a token's largest |x| is at least its median); ``dim_counts`` counts at most
+        every token once; ``layer_top`` is in decreasing order."""
+        empty = torch.isnan(self.ratio_mean)
+        for name in ("ratio_max", "top_value"):
+            if not torch.equal(torch.isnan(getattr(self, name)), empty):
+                raise FieldError(name, f"{name} and ratio_mean are NaN at different positions")
+        mean, top = self.ratio_mean[~empty].double(), self.ratio_max[~empty].double()
+        if bool((top < mean * (1 - 1e-9) - 1e-9).any()):
+            raise FieldError("ratio_max", "ratio_max (over sequences) is below ratio_mean")
+        if self.median == "token" and bool((mean < 1 - 1e-6).any()):
+            raise FieldError(
+                "ratio_mean",
+                f"ratio_mean reaches {float(mean.min()):.6g}; a token's max |x| over its median "
+                "|x| is at least 1",
+            )
+        tokens = self.n_sequences * int(self.ratio_mean.shape[-1])
+        if bool((self.dim_counts.sum(-1) > tokens).any()):
+            raise FieldError(
+                "dim_counts",
+                f"dim_counts counts {int(self.dim_counts.sum(-1).max())} tokens in a layer, "
+                f"more than the {tokens} there are",
+            )
+        if self.layer_top is not None and bool(
+            (self.layer_top[:, 1:] > self.layer_top[:, :-1] * (1 + 1e-9) + 1e-12).any()
+        ):
+            raise FieldError("layer_top", "layer_top must be in decreasing order (top 1, 2, 3)")
 
     @classmethod
     def from_sums(
@@ -461,6 +542,19 @@ class SinkAttribution(SavedResult):
         "method": ("exact", "fast"),
         "ablation": ("sink", "mean"),
     }
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        "heads": NON_NEGATIVE,
+        "layer": NON_NEGATIVE,
+        "key": NON_NEGATIVE,
+        "edge_k": Bounds(1.0),
+        "n_sequences": Bounds(1.0),
+        "base": Bounds(-2.0, 2.0, tol=1e-4),  # a cosine, or an edge excess of cosines
+        "delta": Bounds(-4.0, 4.0, nan=True, tol=1e-4),  # NaN: a metric not attributed
+        "joint_delta": Bounds(-4.0, 4.0, nan=True, tol=1e-4),
+        "base_to_others": COSINE_OR_NAN,  # NaN: no sequence reaches the position
+        "delta_to_others": Bounds(-2.0, 2.0, nan=True, tol=1e-4),
+        "joint_delta_to_others": Bounds(-2.0, 2.0, nan=True, tol=1e-4),
+    }
 
     heads: tuple[tuple[int, int], ...]
     layer: int
@@ -487,6 +581,26 @@ class SinkAttribution(SavedResult):
             )
         if self.delta_to_others is not None and self.delta_to_others.shape[0] != n:
             raise ValueError(f"delta_to_others needs one row per head ({n})")
+
+    def _check_values(self) -> None:
+        """Run on load: the fast method has no per-position or joint values; a joint change
+        comes with its per-position curve; a metric not attributed is NaN for every head."""
+        if self.method == "fast" and (
+            self.delta_to_others is not None or self.joint_delta is not None
+        ):
+            raise FieldError(
+                "method", "method='fast' has no delta_to_others nor joint_delta (exact only)"
+            )
+        if (self.joint_delta is None) != (self.joint_delta_to_others is None):
+            raise FieldError("joint_delta", "joint_delta and joint_delta_to_others come together")
+        if not bool(torch.isfinite(self.base[0])) or abs(float(self.base[0])) > 1 + 1e-4:
+            raise FieldError("base", f"base mean_pairwise={float(self.base[0])!r} must be a cosine")
+        nan = torch.isnan(self.delta)
+        if not torch.equal(nan.all(0), nan.any(0)):
+            raise FieldError(
+                "delta", "delta is NaN for some heads only: a metric is attributed to every head "
+                "or to none"
+            )  # fmt: skip
 
     def _metric(self, metric: str) -> int:
         if metric not in ATTRIBUTION_METRICS:
@@ -605,6 +719,10 @@ class SinkAttribution(SavedResult):
         )
 
 
+_PARTS = ("scores", "massive", "fast", "exact")
+_ANALYSIS = "homoglens.SinkAnalysis/1"
+
+
 @dataclass(frozen=True, eq=False)
 class SinkAnalysis:
     """Everything homoglens measures about attention sinks on one corpus, for reports.
@@ -622,25 +740,67 @@ class SinkAnalysis:
     exact: SinkAttribution
 
     def save(self, path: str | Path) -> Path:
-        """Save each part in a subfolder (``scores``, ``massive``, ``fast``, ``exact``)."""
-        folder = prepare_folder(path)
-        for name in ("scores", "massive", "fast", "exact"):
-            getattr(self, name).save(folder / name)
-        return folder
+        """Save each part in a subfolder (``scores``, ``massive``, ``fast``, ``exact``) and,
+        last, ``analysis.json`` (the sha256 of each part's JSON), atomically: a save that fails
+        or is interrupted leaves an older analysis in ``path`` loadable and unchanged, or
+        refused on load, never a mix of the two.
+
+        Raises:
+            InvalidInputError: ``path`` is a file or cannot be created."""
+        return save_folder(path, self._write_into, own=(*_PARTS, "analysis.json"),
+                           manifest="analysis.json")  # fmt: skip
+
+    def _write_into(self, folder: Path) -> None:
+        parts = []
+        for name in _PARTS:
+            part = getattr(self, name)
+            (folder / name).mkdir()
+            part._write_into(folder / name)
+            parts.append(f"{name}/{part._stem}.json")
+        hashes = {rel: sha256_of((folder / rel).read_bytes()) for rel in parts}
+        write_json(folder / "analysis.json", {"format": _ANALYSIS, HASHES: hashes})
 
     @classmethod
     def load(cls, path: str | Path) -> SinkAnalysis:
-        """Load what :meth:`save` wrote.
+        """Load what :meth:`save` wrote (an analysis saved before ``analysis.json`` existed
+        loads from its four parts).
 
         Raises:
-            ResultsNotFoundError: a part is missing. IncompatibleResultsError: a bad file."""
+            ResultsNotFoundError: a part is missing. IncompatibleResultsError: a bad file, a
+                part that does not match the sha256 recorded in ``analysis.json`` (saved
+                incompletely or edited), or parts that do not belong together."""
         folder = Path(path).expanduser()
-        return cls(
+        if (folder / "analysis.json").is_file():
+            meta = read_json(folder, "analysis.json")
+            if not isinstance(meta, dict) or meta.get("format") != _ANALYSIS:
+                raise IncompatibleResultsError(f"{folder} does not hold a {_ANALYSIS} result")
+        result = cls(
             scores=SinkScores.load(folder / "scores"),
             massive=MassiveActivations.load(folder / "massive"),
             fast=SinkAttribution.load(folder / "fast"),
             exact=SinkAttribution.load(folder / "exact"),
         )
+        problem = result._mismatch()
+        if problem:
+            raise IncompatibleResultsError(
+                f"{folder} holds parts that do not belong together: {problem}; save the "
+                "analysis again"
+            )
+        return result
+
+    def _mismatch(self) -> str:
+        """Why the four parts are not one analysis ("" when they are)."""
+        if (self.fast.method, self.exact.method) != ("fast", "exact"):
+            return f"fast/ holds method={self.fast.method!r}, exact/ {self.exact.method!r}"
+        if self.scores.n_sequences != self.massive.n_sequences:
+            return (f"scores/ read {self.scores.n_sequences} sequences, massive/ "
+                    f"{self.massive.n_sequences}")  # fmt: skip
+        if self.fast.n_sequences != self.exact.n_sequences:
+            return f"fast/ read {self.fast.n_sequences} sequences, exact/ {self.exact.n_sequences}"
+        models = {p.provenance.model for p in (self.scores, self.massive, self.fast, self.exact)}
+        if len(models) > 1:
+            return f"the parts come from different models {sorted(models)}"
+        return ""
 
     def __repr__(self) -> str:
         return f"SinkAnalysis({self.scores!r}, exact top heads={list(self.exact.heads)})"
@@ -677,6 +837,15 @@ class AttentionReceived(SavedResult):
     """
 
     _stem: ClassVar[str] = "received"
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        "blocks": NON_NEGATIVE,
+        "n_sequences": Bounds(1.0),
+        "received": UNIT_OR_NAN,  # NaN: no later query (the last position)
+        "shift": Bounds(-2.0, 2.0, nan=True, tol=1e-4),  # a difference of two cosines
+        "weighted_shift": Bounds(-2.0, 2.0, nan=True, tol=1e-4),
+        "slope": FINITE_OR_NAN,  # NaN: the attention does not vary
+        "correlation": COSINE_OR_NAN,
+    }
 
     blocks: tuple[int, ...]
     received: Float[torch.Tensor, "block pos"]
@@ -697,6 +866,21 @@ class AttentionReceived(SavedResult):
         for name in ("slope", "correlation", "n_pairs"):
             if tuple(getattr(self, name).shape) != (n_b,):
                 raise ValueError(f"{name} must be [{n_b}]")
+
+    def _check_values(self) -> None:
+        """Run on load: every block counts the same pairs q > k of real tokens, at most
+        ``n_sequences * T (T - 1) / 2``; ``received`` and ``shift`` are NaN at the same key
+        positions (those no later query reaches)."""
+        n_pos = int(self.received.shape[-1])
+        most = self.n_sequences * n_pos * (n_pos - 1) / 2
+        if bool((self.n_pairs != self.n_pairs[0]).any()) or float(self.n_pairs.max()) > most:
+            raise FieldError(
+                "n_pairs",
+                f"n_pairs={self.n_pairs.tolist()} must be the same in every block and at most "
+                f"{most:g} ({self.n_sequences} windows of {n_pos} positions)",
+            )
+        if not torch.equal(torch.isnan(self.received), torch.isnan(self.shift)):
+            raise FieldError("received", "received and shift are NaN at different positions")
 
     def to_pandas(self) -> pd.DataFrame:
         """Tidy: one row per (block, key position) with ``received, shift, weighted_shift``,

@@ -10,7 +10,14 @@ import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import Provenance, SavedResult
+from homoglens.results.base import (
+    FINITE_OR_NAN,
+    NON_NEGATIVE,
+    Bounds,
+    FieldError,
+    Provenance,
+    SavedResult,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,6 +53,12 @@ class CheckpointSweep(SavedResult):
     """
 
     _stem: ClassVar[str] = "checkpoint_sweep"
+    _bounds: ClassVar[dict[str, Bounds]] = {
+        "steps": Bounds(0.0, nan=True),  # NaN where unknown
+        "values": FINITE_OR_NAN,  # NaN: a measurement undefined at a checkpoint
+        "layer_values": FINITE_OR_NAN,
+        "layers": NON_NEGATIVE,
+    }
 
     checkpoints: tuple[str, ...]
     steps: Float[torch.Tensor, " checkpoint"]
@@ -69,6 +82,14 @@ class CheckpointSweep(SavedResult):
                 raise ValueError(f"{name} has shape {got}, expected {shape}")
         if len(set(self.checkpoints)) != n:
             raise ValueError(f"checkpoints={list(self.checkpoints)} repeats a label")
+
+    def _check_values(self) -> None:
+        """Run on load: the known steps are whole numbers in training order."""
+        known = self.steps[~torch.isnan(self.steps)].double()
+        if not bool((known == known.round()).all()) or bool((known[1:] < known[:-1]).any()):
+            raise FieldError(
+                "steps", f"steps={self.steps.tolist()} must be whole numbers in training order"
+            )
 
     def to_pandas(self) -> pd.DataFrame:
         """Tidy rows: ``checkpoint, step, metric, layer, value`` (``layer`` is missing, <NA>,

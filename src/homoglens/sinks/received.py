@@ -80,7 +80,7 @@ def attention_received(
     """
     info = model_info(model)
     n_layers = int(model.cfg.n_layers)
-    blocks = check_layers(layers, n_layers - 1) if layers is not None else tuple(range(n_layers))
+    blocks = check_layers(layers, n_layers, blocks=True)
     batch_size = positive_int("batch_size", batch_size)
     progress = as_bool("progress", progress)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
