@@ -58,10 +58,10 @@ def _sync_tree(root: Path) -> None:
         finally:
             os.close(fd)
     for folder in folders:
-        _sync_folder(folder)
+        sync_folder(folder)
 
 
-def _sync_folder(folder: Path) -> None:
+def sync_folder(folder: Path) -> None:
     """Flush a folder's entries (names created or renamed in it), where the platform allows."""
     if os.name != "posix":
         return
@@ -156,7 +156,7 @@ def _swap_into_place(new: Path, folder: Path) -> None:
             except BaseException:  # interrupted: finish the deletion, then stop
                 shutil.rmtree(backup, ignore_errors=True)
                 raise
-        _sync_folder(folder.parent)
+        sync_folder(folder.parent)
 
 
 @contextlib.contextmanager
@@ -256,7 +256,7 @@ def atomic_folder(target: Path) -> Iterator[Path]:
         except OSError:
             if not target.exists():  # lost a race only if someone else finished it
                 raise
-        _sync_folder(target.parent)
+        sync_folder(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

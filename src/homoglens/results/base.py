@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from homoglens.architectures import resid_hook_name
+from homoglens.assets import sync_folder
 from homoglens.errors import IncompatibleResultsError, InvalidInputError, ResultsNotFoundError
 
 if TYPE_CHECKING:  # plotting stays a lazy import
@@ -90,22 +91,6 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _sync_folder(folder: Path) -> None:
-    """Flush a folder's entries (names created or renamed in it), where the platform allows."""
-    if os.name != "posix":
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems cannot sync a folder; the files are synced already
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_file(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: into a sibling temporary file, flushed to disk
     (``fsync``), then renamed over ``path`` (``os.replace``). ``path`` holds its old content or
@@ -121,7 +106,7 @@ def write_file(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    _sync_folder(path.parent)
+    sync_folder(path.parent)
 
 
 def write_pair(
@@ -207,14 +192,14 @@ def save_folder(
     try:
         write(tmp)
         _apply_umask(tmp)
-        _sync_folder(tmp)
+        sync_folder(tmp)
         if not target.exists():
             os.rename(tmp, target)
         elif all(_is_own(target, name, own) for name in os.listdir(target)):
             _swap_folder(tmp, target)
         else:
             _swap_entries(tmp, target, manifest)
-        _sync_folder(target.parent)
+        sync_folder(target.parent)
     finally:
         if os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
