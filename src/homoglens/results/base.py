@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from homoglens.architectures import resid_hook_name
-from homoglens.assets import sync_folder
+from homoglens.assets import apply_umask, sync_folder
 from homoglens.errors import IncompatibleResultsError, InvalidInputError, ResultsNotFoundError
 
 if TYPE_CHECKING:  # plotting stays a lazy import
@@ -191,7 +191,7 @@ def save_folder(
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
     try:
         write(tmp)
-        _apply_umask(tmp)
+        apply_umask(tmp)
         sync_folder(tmp)
         if not target.exists():
             os.rename(tmp, target)
@@ -204,15 +204,6 @@ def save_folder(
         if os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _apply_umask(root: Path) -> None:
-    """Give a folder made by ``tempfile`` (mode 0700) and its entries the usual permissions."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(root, 0o777 & ~umask)
-    for entry in root.rglob("*"):
-        os.chmod(entry, (0o777 if entry.is_dir() else 0o666) & ~umask)
 
 
 def _backup_of(target: Path) -> Path:
