@@ -43,7 +43,7 @@ from homoglens.similarity_math import (
 )
 from homoglens.stats import as_block
 from homoglens.types import AttentionBiasKind, BosPolicy, HookedModel, HookSpec
-from homoglens.validate import as_bool, as_float, as_int
+from homoglens.validate import as_bool, as_float, as_int, at_most
 
 __all__ = ["DEFAULT_STRENGTHS", "attention_bias_study"]
 
@@ -418,7 +418,7 @@ def attention_bias_study(
         check_writable(model, "attn.hook_pattern", "an attention bias")
     device = model_device(model)
     n_all = len(batch)
-    gradient_windows = min(gradient_windows, n_all)
+    gradient_windows = at_most("gradient_windows", gradient_windows, n_all, "windows given")
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
     entries = tuple(range(n_layers + 1))
     sums = [WindowSums(len(entries), n_pos, d_model, edge_k, device) for _ in plans]

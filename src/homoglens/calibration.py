@@ -40,7 +40,7 @@ from homoglens.assets import atomic_folder, cache_dir
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.interventions import ablated_positions
-from homoglens.models import load_model, model_info
+from homoglens.models import load_model, model_info, model_lock
 from homoglens.results.base import HASHES, read_json, save_folder, sha256_of, write_json
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity import positional_similarity
@@ -360,7 +360,7 @@ def calibrated_readings(
     if reference_positions is None:
         theirs = positional_similarity(reference, ref_batch, **options)
     else:
-        with ablated_positions(reference, reference_positions):
+        with model_lock(reference), ablated_positions(reference, reference_positions):
             theirs = positional_similarity(reference, ref_batch, **options)
     name = "another model" + ("" if reference_positions is None else
                               f", positions {reference_positions}")  # fmt: skip

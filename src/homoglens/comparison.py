@@ -54,8 +54,9 @@ from homoglens.assets import SHIPPED_MODELS, shipped_model_folder
 from homoglens.data import TokenBatch, corpus_windows, to_token_batch
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import ablated_positions
-from homoglens.models import load_model, model_info
+from homoglens.models import load_model, model_info, model_lock
 from homoglens.results import PositionAblationStudy
+from homoglens.results.base import read_saved
 from homoglens.results.comparison import LAYER_STATISTICS, STATISTICS, ModelComparison
 from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
 from homoglens.similarity import positional_similarity
@@ -153,16 +154,13 @@ def _shipped_statistics(
         InvalidInputError: the comparison's settings differ from the ones the statistics were
             computed with (then train the model and pass its folder).
     """
-    from safetensors.torch import load_file
-
     stem = name.split("/")[-1]
-    meta = json.loads((_REPLICATES / f"{stem}.json").read_text())
+    meta, tensors = read_saved(_REPLICATES, stem)  # checks the sha256 the JSON records
     variant, s = stem.removeprefix("tiny-").rsplit("-s", 1)
     fix = (
         f"`homoglens train --variant {variant} --seed {s} --out models` reproduces its weights "
         f"bit for bit; then pass models/{stem}"
     )
-    tensors = load_file(str(_REPLICATES / f"{stem}.safetensors"))
     have = {key.split("/")[0] for key in tensors}
     problems = []
     if bos:
@@ -373,7 +371,9 @@ def compare_models(
         per_mode = {}
         for mode in study.modes:
             options: dict[str, Any] = {"seed": seed} if mode == "permute" else {}
-            with ablated_positions(m, cast(PositionAblation, mode), **options):
+            # Held: the ablation's hooks are this call's own, not a user's (no foreign-hook
+            # warning, none recorded; the mode labels the result).
+            with model_lock(m), ablated_positions(m, cast(PositionAblation, mode), **options):
                 per_mode[mode] = positional_similarity(
                     m, batch_m, edge_k=edge_k, centre=centre, pseudo_values=True,
                     batch_size=batch_size, progress=progress,

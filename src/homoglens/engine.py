@@ -725,7 +725,7 @@ def warn_duplicates(batch: TokenBatch) -> int:
     # Rows compared by their real tokens, left-aligned (the padding side does not matter).
     order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
     rows = torch.gather(batch.tokens.detach().cpu().long(), 1, order)
-    rows = rows.masked_fill(torch.arange(rows.shape[1]) >= lengths[:, None], -1)
+    rows = rows.masked_fill(torch.arange(rows.shape[1], device=rows.device) >= lengths[:, None], -1)
     copies = len(batch) - int(torch.unique(rows, dim=0).shape[0])
     if copies:
         import warnings
@@ -823,9 +823,11 @@ def provenance_of(
 
 
 def token_sha256(batch: TokenBatch) -> str:
-    """The content hash of a batch's tokens: sha256 of the row lengths, then of the real token
-    ids row by row (pads left out, so the padding side and pad ids do not matter), both as
-    little-endian int64.
+    """The content hash of a batch's tokens: sha256 over the rows in order, each row its
+    length and then its real token ids (pads left out, so the padding side and pad ids do not
+    matter), as little-endian int64. The same tokens streamed from a dataset hash the same
+    (``DatasetStream.sha256``), so merges see overlapping data
+    whichever way it was given.
 
     Examples:
         >>> import torch
@@ -837,8 +839,12 @@ def token_sha256(batch: TokenBatch) -> str:
     """
     import hashlib
 
+    import numpy as np
+
     mask = batch.attention_mask.detach().cpu().bool()
-    tokens = batch.tokens.detach().cpu()
-    digest = hashlib.sha256(mask.sum(1).numpy().astype("<i8").tobytes())
-    digest.update(tokens[mask].numpy().astype("<i8").tobytes())
+    tokens = batch.tokens.detach().cpu().long()
+    digest = hashlib.sha256()
+    for row, keep in zip(tokens, mask, strict=True):
+        real = row[keep].numpy().astype("<i8")
+        digest.update(np.asarray([len(real)], dtype="<i8").tobytes() + real.tobytes())
     return digest.hexdigest()

@@ -143,8 +143,9 @@ def _hooked_weights(model: Any) -> WeightsKind:
     else:
         with torch.no_grad():
             embed = model.W_E.detach()
-            row_means = embed.mean(-1, dtype=torch.float32).abs().max()
-            scale = embed.norm(dtype=torch.float32) / embed.numel() ** 0.5  # RMS, no copy
+            wide = torch.promote_types(embed.dtype, torch.float32)  # float64 stays float64
+            row_means = embed.mean(-1, dtype=wide).abs().max()
+            scale = embed.norm(dtype=wide) / embed.numel() ** 0.5  # RMS, no copy
             kind = "processed" if bool(row_means <= 1e-6 * scale.clamp_min(1e-30)) else "raw"
     _WEIGHTS[model] = (state, kind)
     return kind

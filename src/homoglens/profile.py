@@ -130,8 +130,9 @@ def homogenization_profile(
 
     Returns:
         A :class:`HomogenizationProfile` with provenance (model, backend, raw or processed
-        weights, BOS, data, counts, versions). For a dataset, ``provenance.data_sha256`` is
-        the streamed hash ``"rows:<sha256>"`` (each row's length, then its token ids).
+        weights, BOS, data, counts, versions). ``provenance.data_sha256`` hashes each row's
+        length, then its token ids, row by row: the same tokens give the same hash whether
+        they came as texts, token ids or a dataset.
 
     Raises:
         InvalidInputError: empty input, empty strings, float tokens, a mask of the wrong shape,

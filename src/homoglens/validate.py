@@ -134,6 +134,21 @@ def check_layers(layers: Any, n_layers: int, *, blocks: bool = False) -> tuple[i
     return tuple(sorted(chosen))
 
 
+def at_most(name: str, value: int, most: int, what: str) -> int:
+    """``value`` if it is at most ``most``, else ``most`` with a warning that says so (a value
+    larger than what there is to take is cut, never silently). ``what`` names ``most``."""
+    if value <= most:
+        return value
+    import warnings
+
+    warnings.warn(
+        f"homoglens: {name}={value} is more than the {most} {what}; using {most}",
+        UserWarning,
+        stacklevel=3,
+    )
+    return most
+
+
 def positive_int(name: str, value: Any) -> int:
     return as_int(name, value, low=1)
 

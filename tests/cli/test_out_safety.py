@@ -221,3 +221,29 @@ def test_an_interrupted_or_failed_overwrite_keeps_the_previous_report(tmp_path, 
     assert result.exit_code == 1 and "could not replace the output" in result.output
     assert str(backup) in result.output and "mv" in result.output
     assert (backup / "report.html").read_text() == "previous report"  # whole, and named
+
+
+def test_train_refuses_to_replace_an_older_run_without_overwrite(tmp_path, monkeypatch) -> None:
+    """`homoglens train --out runs` writes runs/tiny-<variant>; an older run of that name is
+    replaced only with --overwrite (it used to vanish without a word)."""
+    import homoglens.training as training
+
+    older = tmp_path / "runs" / "tiny-learned"
+    older.mkdir(parents=True)
+    (older / "config.json").write_text("{}")
+    (older / "training.json").write_text('{"mine": true}')
+    calls: list[Path] = []
+
+    def fake_train(config, out, **_):
+        calls.append(Path(out))
+        return {"heldout_loss": 1.0, "heldout_unigram_entropy": 2.0, "wall_seconds": 0.0}
+
+    monkeypatch.setattr(training, "train_model", fake_train)
+    args = ["train", "--variant", "learned", "--steps", "1", "--out", str(tmp_path / "runs")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "--overwrite" in result.output, result.output
+    assert "tiny-learned" in result.output and not calls
+    assert (older / "training.json").read_text() == '{"mine": true}'
+    result = CliRunner().invoke(main, [*args, "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert calls == [older]

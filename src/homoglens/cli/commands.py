@@ -396,6 +396,11 @@ def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **op
     metavar="N,N,...",
     help="Also keep checkpoints after exactly these steps (e.g. log-spaced: 0,30,100,300,1000).",
 )
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an older run of the same name in --out (refused without it).",
+)
 @switch("--progress/--no-progress", "Show progress bars on stderr.")
 def train(
     variant: str,
@@ -403,6 +408,7 @@ def train(
     progress: bool,
     save_every: int,
     save_steps: str | None,
+    overwrite: bool,
     **sizes: Any,
 ) -> None:
     """Train small causal LMs on Austen (Sense and Sensibility held out) that differ only in
@@ -428,6 +434,12 @@ def train(
                     f"--save-steps must be comma-separated step numbers ({err})"
                 ) from err
             checkpoint_steps(configs[0].steps, save_every, steps)  # bad steps, before training
+            older = [c.name for c in configs if (out / c.name).exists()]
+            if older and not overwrite:  # a run folder is replaced whole: never without a word
+                raise click.UsageError(
+                    f"{out} already holds {', '.join(older)}; pass --overwrite to replace "
+                    "(the older run is kept until the new one is saved), or choose another --out"
+                )
             existed = out.exists()
             prepare_folder(out)  # a file in the way is an error before any training
             for config in configs:

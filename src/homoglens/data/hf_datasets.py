@@ -296,11 +296,10 @@ class DatasetStream:
 
     @property
     def sha256(self) -> str:
-        """The content hash of the texts' tokens read so far, ``"rows:<hex>"``: sha256 of each
-        row's length then its token ids, row by row, as little-endian int64 (computed as the
-        rows pass; a streamed hash, so it differs from the hash of the same tokens held as one
-        batch, which puts all lengths first)."""
-        return "rows:" + self._digest.hexdigest()
+        """The content hash of the texts' tokens read so far: sha256 of each row's length then
+        its token ids, row by row, as little-endian int64 (computed as the rows pass; the same
+        hash as :func:`homoglens.engine.token_sha256` of the same rows held as one batch)."""
+        return self._digest.hexdigest()
 
 
 def dataset_windows(

@@ -36,6 +36,7 @@ from homoglens.report.summary import (
     summary_rows,
     with_contents,
 )
+from homoglens.validate import at_most
 
 if TYPE_CHECKING:
     from homoglens.calibration import CalibratedReadings
@@ -277,7 +278,12 @@ def _profile_page(
     )  # fmt: skip
 
     counted = int((profile.count > 0).sum())
-    k = min(edge_k, (counted - 1) // 2)
+    most = (counted - 1) // 2
+    k = (
+        at_most("edge_k", edge_k, most, "positions per edge the counted ones allow")
+        if most >= 1
+        else 0
+    )
     if k >= 1:
         edge = edge_intervals(profile.edge_summary(k), profile, study, k)
         edge.to_csv(out / "edge_summary.csv", index=False)

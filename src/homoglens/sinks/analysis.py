@@ -19,7 +19,7 @@ from homoglens.sinks.attribution import sink_attribution
 from homoglens.sinks.massive import massive_reducer
 from homoglens.sinks.scores import check_edge, check_key_in, sink_reducer
 from homoglens.types import BosPolicy, HookedModel
-from homoglens.validate import as_bool, check_heads, check_key_eps, positive_int
+from homoglens.validate import as_bool, as_int, at_most, check_heads, check_key_eps, positive_int
 
 if TYPE_CHECKING:
     pass
@@ -114,8 +114,6 @@ def sink_analysis(
         Barbero et al. 2025, arXiv 2504.02732; Syed, Rager, Conmy 2023, arXiv 2310.10348.
     """
     progress = as_bool("progress", progress)
-    from homoglens.validate import as_int
-
     key, eps = check_key_eps(key, eps, int(model.cfg.n_ctx))
     top_k = as_int("top_k", top_k, low=1)
     edge_k = as_int("edge_k", edge_k, low=1)
@@ -132,9 +130,9 @@ def sink_analysis(
     massive_red, finish_massive = massive_reducer(model, batch, 100.0)
     stream(model, batch, [score_red, massive_red], desc="sinks", **common)
     scores, massive = finish_scores()[0], finish_massive()
-    subset = batch[: min(n_attr, len(batch))]
+    subset = batch[: at_most("attribution_n_seq", n_attr, len(batch), "sequences given")]
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    top = scores.top_heads(min(top_k, n_layers * n_heads))
+    top = scores.top_heads(at_most("top_k", top_k, n_layers * n_heads, "heads of the model"))
     heads = [(int(r.layer), int(r.head)) for r in cast(Iterable[Any], top.itertuples())]
     attr = {"key": key, "edge_k": edge_k, **common}
     fast = sink_attribution(model, subset, method="fast", **attr)
