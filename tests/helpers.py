@@ -4,6 +4,7 @@ conftest.py): the backends under test, and the two checks every hook-attaching t
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from typing import Any
 
@@ -120,6 +121,82 @@ def hf_written_logits(arch: str, tokens: torch.Tensor, layer: int, positions, di
     finally:
         if handle is not None:
             handle.remove()
+
+
+HF_PARTS = {
+    "gpt2": ("transformer.h", "attn", "c_proj"),
+    "neox": ("gpt_neox.layers", "attention", "dense"),
+    "llama": ("model.layers", "self_attn", "o_proj"),
+}
+"""Where the Hugging Face model of each tiny architecture keeps its decoder blocks, their
+attention module, and its output projection (whose input is the heads' outputs ``z``
+concatenated head by head, ``[batch pos n_heads * d_head]``)."""
+
+
+@functools.cache
+def hf_model(arch: str, dtype: torch.dtype = torch.float32) -> Any:
+    """The plain Hugging Face model of a tiny architecture (eager attention), loaded once:
+    never change it (copy it first)."""
+    return AutoModelForCausalLM.from_pretrained(
+        str(tiny_model_folder(arch)), attn_implementation="eager", dtype=dtype
+    ).eval()
+
+
+def hf_module(hf: Any, arch: str, layer: int, part: str) -> torch.nn.Module:
+    """Decoder block ``layer`` (0-indexed) of ``hf`` (``part="block"``), its attention module
+    (``"attn"``) or the attention's output projection (``"out_proj"``)."""
+    blocks, attn, proj = HF_PARTS[arch]
+    block = functools.reduce(getattr, blocks.split("."), hf)[layer]
+    if part == "block":
+        return block
+    return getattr(block, attn) if part == "attn" else getattr(getattr(block, attn), proj)
+
+
+def hf_run(hf: Any, tokens: torch.Tensor, edits=(), **kwargs) -> Any:
+    """``hf(tokens, **kwargs)`` without gradients, with plain torch module hooks (no homoglens or
+    TransformerLens code): ``edits`` are ``(module, "input" | "output", fn)``; ``fn`` maps the
+    module's first input (the hidden states) or its first output to the tensor the pass uses
+    instead (it may record it and return it unchanged)."""
+    handles = []
+    for module, where, fn in edits:
+        if where == "input":
+
+            def pre(mod, args, kw, fn=fn):
+                if args:
+                    return (fn(args[0]), *args[1:]), kw
+                return args, {**kw, "hidden_states": fn(kw["hidden_states"])}
+
+            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        else:
+
+            def post(mod, args, output, fn=fn):
+                if isinstance(output, tuple):
+                    return (fn(output[0]), *output[1:])
+                return fn(output)
+
+            handles.append(module.register_forward_hook(post))
+    try:
+        with torch.no_grad():
+            return hf(tokens, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def hf_resid_and_logits(
+    hf: Any, arch: str, tokens: torch.Tensor, layer: int, edits=(), **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output of Hugging Face block ``layer - 1``, i.e. residual entry ``layer``; logits) of
+    :func:`hf_run`."""
+    seen = {}
+
+    def keep(x: torch.Tensor) -> torch.Tensor:
+        seen["resid"] = x.clone()
+        return x
+
+    block = hf_module(hf, arch, layer - 1, "block")
+    out = hf_run(hf, tokens, [*edits, (block, "output", keep)], **kwargs)
+    return seen["resid"], out.logits
 
 
 def run_ablated(model, how=None, **kwargs) -> torch.Tensor:
@@ -321,3 +398,25 @@ def factories_on_meta():
 
     with MetaFactories():
         yield
+
+
+def reseal(folder: Any) -> None:
+    """Record again the sha256 of a saved result's files after a test edited them, as a save
+    would have (deepest JSON first, so a composite's JSON records its parts' new JSON): the
+    value checks of ``load`` must refuse an edit on their own, hashes or no hashes."""
+    import json
+    from pathlib import Path
+
+    from homoglens.results.base import HASHES, sha256_of, write_json
+
+    paths = sorted(Path(folder).rglob("*.json"), key=lambda p: -len(p.parts))
+    for path in paths:
+        meta = json.loads(path.read_text())
+        if not isinstance(meta, dict) or not isinstance(meta.get(HASHES), dict):
+            continue
+        hashes = {
+            name: sha256_of((path.parent / name).read_bytes())
+            for name in meta[HASHES]
+            if name != path.name and (path.parent / name).is_file()
+        }
+        write_json(path, {**meta, HASHES: hashes})

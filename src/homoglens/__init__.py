@@ -7,6 +7,7 @@ The public face: everything a researcher needs is importable from here.
 
 from importlib import metadata as _metadata
 
+from homoglens import interrupt  # first: Ctrl-C during the imports below says "Aborted!"
 from homoglens.architectures import (
     ARCHITECTURES,
     ArchitectureSpec,
@@ -88,6 +89,8 @@ from homoglens.types import (
     AttentionBiasKind,
     PositionAblation,
 )
+
+interrupt.uninstall()  # the imports are done: the previous sys.excepthook is back
 
 try:  # the one version source is pyproject.toml; an installed package carries it
     __version__: str = _metadata.version("homoglens")

@@ -63,6 +63,8 @@ READINGS: tuple[tuple[str, str], ...] = (
 """``(reading, statistic)`` of the three readings of "edge tokens homogenize"."""
 
 _FORMAT = "homoglens.CalibratedReadings/1"
+_PARTS = ("model/similarity.json", "reference/similarity.json")
+"""The similarity JSONs that ``calibrated.json`` records (and the loader reads)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,7 +250,7 @@ class CalibratedReadings:
                 the sha256 recorded in ``calibrated.json`` (saved incompletely or edited).
         """
         folder = Path(path).expanduser()
-        meta = read_json(folder, "calibrated.json")
+        meta = read_json(folder, "calibrated.json", parts=_PARTS)
         if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
             raise IncompatibleResultsError(f"{folder} does not hold {_FORMAT}")
         keys = {"format", "reference_kind", "reference_name", "offset"}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ from homoglens.errors import ModelStateError, NonFiniteActivationError
 from homoglens.fast_attention import fast_attention
 from homoglens.models import model_lock
 from homoglens.results import Provenance
+from homoglens.results.base import ROW_DIGITS
 from homoglens.types import HookedModel, HookFn, HookSpec
 from homoglens.validate import as_bool, first_few
 
@@ -818,6 +819,7 @@ def provenance_of(
         transformers_version=package_version("transformers"),
         model_revision=info.revision,
         data_sha256=token_sha256(batch),
+        data_rows=token_rows(batch),
         foreign_hooks=info.hooks,
     )
 
@@ -839,12 +841,32 @@ def token_sha256(batch: TokenBatch) -> str:
     """
     import hashlib
 
+    digest = hashlib.sha256()
+    for row in row_bytes(batch):
+        digest.update(row)
+    return digest.hexdigest()
+
+
+def row_bytes(batch: TokenBatch) -> Iterator[bytes]:
+    """Each sequence of ``batch`` as the bytes its hashes read: its length, then its real
+    token ids (pads left out), as little-endian int64."""
     import numpy as np
 
     mask = batch.attention_mask.detach().cpu().bool()
     tokens = batch.tokens.detach().cpu().long()
-    digest = hashlib.sha256()
     for row, keep in zip(tokens, mask, strict=True):
         real = row[keep].numpy().astype("<i8")
-        digest.update(np.asarray([len(real)], dtype="<i8").tobytes() + real.tobytes())
-    return digest.hexdigest()
+        yield np.asarray([len(real)], dtype="<i8").tobytes() + real.tobytes()
+
+
+def row_fingerprint(row: bytes) -> str:
+    """The fingerprint of one sequence in ``Provenance.data_rows``: the first 8 bytes of the
+    sha256 of its :func:`row_bytes`, as 16 hex digits."""
+    import hashlib
+
+    return hashlib.sha256(row).hexdigest()[:ROW_DIGITS]
+
+
+def token_rows(batch: TokenBatch) -> str:
+    """``Provenance.data_rows`` of ``batch``: the fingerprint of each sequence, in order."""
+    return "".join(row_fingerprint(row) for row in row_bytes(batch))

@@ -52,7 +52,7 @@ from homoglens.hooks import (
     rotary_table_hook,
     set_massive_hook,
 )
-from homoglens.models import check_writable, is_hooked_transformer
+from homoglens.models import check_writable, is_hooked_transformer, model_lock
 from homoglens.types import (
     ATTENTION_BIAS_KINDS,
     MASSIVE_ABLATIONS,
@@ -359,7 +359,9 @@ def ablated_positions(
 
     The hooks of :func:`position_ablation_hooks` are attached with ``model.hooks()``
     (level-scoped: hooks you attached before stay) and removed on exit, also when the body
-    raises.
+    raises. While the block runs, homoglens measurements of the model in other threads wait
+    for it to end (they never read through these hooks); one in this thread, inside the block,
+    records the hooks in ``provenance.foreign_hooks`` with a warning.
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
@@ -388,7 +390,9 @@ def ablated_positions(
         (1, 5, 50257)
     """
     fwd_hooks = position_ablation_hooks(model, how, **options)
-    with model.hooks(fwd_hooks=fwd_hooks):
+    # Held: another thread's measurement waits for the block to end instead of reading
+    # through these hooks.
+    with model_lock(model).hold(), model.hooks(fwd_hooks=fwd_hooks):
         yield model
 
 
@@ -592,7 +596,9 @@ def biased_attention(
         (1, 3, 50257)
     """
     fwd_hooks = attention_bias_hooks(model, kind, strength, **options)
-    with model.hooks(fwd_hooks=fwd_hooks):
+    # Held: another thread's measurement waits for the block to end instead of reading
+    # through these hooks.
+    with model_lock(model).hold(), model.hooks(fwd_hooks=fwd_hooks):
         yield model
 
 
@@ -732,5 +738,7 @@ def ablated_massive_activations(
         (1, 3, 50257)
     """
     fwd_hooks = massive_activation_hooks(model, how, **options)
-    with model.hooks(fwd_hooks=fwd_hooks):
+    # Held: another thread's measurement waits for the block to end instead of reading
+    # through these hooks.
+    with model_lock(model).hold(), model.hooks(fwd_hooks=fwd_hooks):
         yield model

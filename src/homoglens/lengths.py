@@ -173,7 +173,7 @@ def length_study(
             f"pass windows of >= {long} tokens (corpus_windows(model, seq_len={long}))"
         )
     if int(lens[0]) > long:  # keep the first `long` tokens of each window
-        batch = to_token_batch(model, batch.tokens[:, :long], bos=bos)
+        batch = to_token_batch(model, batch.tokens[:, :long])
     device = model_device(model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     entries = tuple(range(n_layers + 1))

@@ -180,6 +180,14 @@ class ModelLock:
             self.owner = None
         self._lock.release()
 
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[ModelLock]:
+        """Hold the lock without entering a pass: an intervention's ``with`` block (its hooks
+        attached) keeps measurements of other threads out until it ends, while a measurement
+        of this thread inside the block still sees the hooks as not its own."""
+        with self._lock:
+            yield self
+
     def held_here(self) -> bool:
         """Whether the current thread is inside a pass on the model."""
         return self.depth > 0 and self.owner == threading.get_ident()
@@ -347,8 +355,11 @@ def model_info(model: HookedModel) -> ModelInfo:
         weights = _hooked_weights(model)
     else:
         weights = "processed" if getattr(model, "_weights_processed", False) else "raw"
-    # Inside one of homoglens' own passes the hooks attached are its own.
-    hooks = () if model_lock(model).held_here() else attached_hooks(model)
+    # Inside one of homoglens' own passes the hooks attached are its own. Read under the lock:
+    # another thread's intervention block is either over or not begun.
+    lock = model_lock(model)
+    with lock.hold():
+        hooks = () if lock.held_here() else attached_hooks(model)
     if hooks:
         _warn_hooks(hooks)
     known = _LOADED.get(model)

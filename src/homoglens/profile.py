@@ -254,6 +254,7 @@ def _streamed_profile(
         bos=stream.bos,
         data=stream.description,
         data_sha256=stream.sha256,
+        data_rows=stream.row_fingerprints,
     )
     return total.profile(chosen, provenance)
 

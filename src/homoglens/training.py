@@ -52,6 +52,8 @@ from homoglens.validate import as_bool, as_float, as_int
 __all__ = [
     "TrainingConfig",
     "POSITIONAL_VARIANTS",
+    "MAX_N_CTX",
+    "MAX_VOCAB_SIZE",
     "split_austen",
     "train_tokenizer",
     "build_model",
@@ -75,6 +77,15 @@ _POSITIVE_FIELDS = (
     "threads",
 )
 _MAX_SEED = 2**64 - 1  # the largest seed torch.manual_seed takes
+MAX_VOCAB_SIZE = 65_536
+"""The largest ``TrainingConfig.vocab_size``: the byte-level BPE trainer allocates for the size
+asked up front (10**9 aborts the process), while the Austen training split yields only about
+27,000 distinct tokens (every pre-token merged whole), so a larger value trains the same
+tokenizer."""
+MAX_N_CTX = 4096
+"""The largest ``TrainingConfig.n_ctx``: these are tiny controlled models trained on CPU, and
+attention costs grow with n_ctx squared (a 100,000-token window runs for minutes per step)."""
+_MAX_INTS = {"seed": _MAX_SEED, "vocab_size": MAX_VOCAB_SIZE, "n_ctx": MAX_N_CTX}
 
 
 def _config_int(name: str, value: Any, low: int, high: int | None) -> int:
@@ -84,8 +95,17 @@ def _config_int(name: str, value: Any, low: int, high: int | None) -> int:
     except InvalidInputError:
         allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise InvalidInputError(
-            f"TrainingConfig: {name}={value!r} must be an integer {allowed}"
+            f"TrainingConfig: {name}={value!r} must be an integer {allowed}{_WHY.get(name, '')}"
         ) from None
+
+
+_WHY = {
+    "vocab_size": (
+        ": the Austen training split yields about 27,000 distinct tokens, and the tokenizer "
+        "trainer allocates memory for the size asked"
+    ),
+    "n_ctx": (": these are tiny models trained on CPU, and attention grows with n_ctx squared"),
+}
 
 
 def _config_real(name: str, value: Any, *, strict: bool) -> float:
@@ -109,8 +129,11 @@ class TrainingConfig:
         variant: ``"learned"``, ``"rotary"`` or ``"none"``.
         n_layers, d_model, n_heads: Model size (d_mlp = 4 d_model), integers >= 1; ``d_model``
             a multiple of ``n_heads`` (an even multiple for ``rotary``).
-        n_ctx: Context length and training window length (tokens), >= 2.
-        vocab_size: BPE vocabulary size (trained on the training split), >= 260.
+        n_ctx: Context length and training window length (tokens), in [2, 4096]
+            (``MAX_N_CTX``: tiny models trained on CPU; attention grows with n_ctx squared).
+        vocab_size: BPE vocabulary size (trained on the training split), in [260, 65536]
+            (``MAX_VOCAB_SIZE``; the Austen training split yields about 27,000 distinct
+            tokens, so a larger value trains the same tokenizer).
         steps: Optimiser steps, >= 1.
         batch_size: Windows per step, >= 1.
         lr: Peak learning rate (AdamW, linear warm-up then cosine decay to 10 %), finite, > 0.
@@ -160,7 +183,7 @@ class TrainingConfig:
         ints = {name: 1 for name in _POSITIVE_FIELDS} | {"n_ctx": 2, "warmup": 0, "seed": 0}
         ints["vocab_size"] = 260  # 256 bytes + specials
         for name, low in ints.items():
-            high = _MAX_SEED if name == "seed" else None
+            high = _MAX_INTS.get(name)
             object.__setattr__(self, name, _config_int(name, getattr(self, name), low, high))
         object.__setattr__(self, "lr", _config_real("lr", self.lr, strict=True))
         object.__setattr__(
@@ -411,6 +434,7 @@ def train_model(
     config: TrainingConfig,
     out: str | Path,
     *,
+    overwrite: bool = False,
     log_every: int = 50,
     save_every: int = 0,
     save_steps: Sequence[int] = (),
@@ -429,11 +453,17 @@ def train_model(
 
     Args:
         config: The run.
-        out: Folder to write. The run writes into a staged sibling that replaces ``out`` only
+        out: Folder to write: a new or empty folder, or (with ``overwrite=True``) the folder
+            of an older run. The run writes into a staged sibling that replaces ``out`` only
             when training and saving have finished: an error or an interrupt leaves an
             existing ``out`` as it was (never old weights beside a new tokenizer) and creates
             nothing otherwise. Torch's thread count, deterministic-algorithms flag and global
             RNG state are restored on exit, normally or not.
+        overwrite: Replace an older run in ``out`` (a folder holding ``config.json`` or
+            ``training.json``) as a whole, checkpoints and any other file in it included; the
+            older run is kept until the new one is saved. Without it such an ``out`` is
+            refused before any training (as ``homoglens train`` refuses it without
+            ``--overwrite``).
         log_every: Steps between logged training losses.
         save_every: Also keep a checkpoint every this many steps, and one of the
             initialisation (0: none); the last step's is the run folder itself.
@@ -449,8 +479,9 @@ def train_model(
             ``save_every`` negative, a step in ``save_steps`` outside 0..``config.steps``,
             ``n_ctx`` longer than the training or held-out text; or ``out`` that the run could
             not write (a file, a symbolic link, in a folder this process cannot write, a
-            non-empty folder that is no model folder, or an older run there with a folder it
-            cannot delete): checked before any training.
+            non-empty folder that is no model folder, an older run there without
+            ``overwrite=True``, or one with a folder it cannot delete): checked before any
+            training.
         TrainingDivergedError: training diverged (a training loss, the weights or the
             held-out loss became NaN or inf); the message names the step and the loss and
             suggests a lower ``lr``. Nothing is saved: an existing ``out`` is left as it was.
@@ -465,11 +496,12 @@ def train_model(
     if not isinstance(out, (str, os.PathLike)):
         raise InvalidInputError(f"out={out!r} must be a folder path (str or pathlib.Path)")
     progress = as_bool("progress", progress)
+    overwrite = as_bool("overwrite", overwrite)
     log_every = as_int("log_every", log_every, low=1)
     out = Path(out).expanduser()
     steps = checkpoint_steps(config.steps, save_every, save_steps)
     if is_main_process():  # the one that writes (staged_output)
-        _check_output_folder(out)
+        _check_output_folder(out, overwrite=overwrite)
     with _torch_globals(config.threads), staged_output(out) as tmp:
         return _train(config, tmp, log_every, progress, steps)
 
@@ -477,12 +509,13 @@ def train_model(
 _RUN_FILES = ("config.json", "training.json")  # what marks an older run (a model folder)
 
 
-def _check_output_folder(out: Path) -> None:
+def _check_output_folder(out: Path, *, overwrite: bool) -> None:
     """Refuse, before any training, an ``out`` the finished run could not be moved into:
     :func:`~homoglens.assets.staged_output` writes a sibling of ``out`` and then replaces
     ``out`` (deleting an older run there), so the first existing folder above ``out`` must take
-    a new folder, a non-empty ``out`` must be a model folder (never a folder of other files),
-    and every folder of an older run must let its entries be deleted.
+    a new folder, a non-empty ``out`` must be a model folder (never a folder of other files)
+    replaced only with ``overwrite``, and every folder of an older run must let its entries be
+    deleted.
 
     Raises:
         InvalidInputError: names the folder in the way and the fix.
@@ -493,7 +526,14 @@ def _check_output_folder(out: Path) -> None:
             kind = "a symbolic link" if out.is_symlink() else "a file"
             raise InvalidInputError(
                 f"{where}: it is {kind}, which the run would replace; give another folder "
-                "path (a new one, or the folder of an older run to replace)"
+                "path (a new or empty folder)"
+            )
+        older = [name for name in _RUN_FILES if (out / name).is_file()]
+        if older and not overwrite:  # a run folder is replaced whole: never without a word
+            raise InvalidInputError(
+                f"{where}: it holds an older run ({', '.join(older)}), which the run would "
+                "replace as a whole; pass overwrite=True to replace it (the older run is kept "
+                "until the new one is saved), or choose another folder"
             )
         parent = out.parent
         while not parent.exists():  # the missing folders are created on the way
@@ -515,8 +555,7 @@ def _check_output_folder(out: Path) -> None:
             if any(out.iterdir()):  # the run replaces out as a whole: never a user's folder
                 raise InvalidInputError(
                     f"{where}: it holds files but no model ({' or '.join(_RUN_FILES)}), and "
-                    "the run replaces the folder as a whole; choose a new or empty folder, or "
-                    "the folder of an older run"
+                    "the run replaces the folder as a whole; choose a new or empty folder"
                 )
         if out.is_dir():
             inner = (p for p in out.rglob("*") if p.is_dir() and not p.is_symlink())

@@ -66,6 +66,57 @@ def test_out_on_the_model_folder_is_refused_and_deletes_nothing(my_model, comman
     assert _files(my_model) == before  # the weights are still there, untouched
 
 
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_out_on_the_model_folder_says_so_first_without_overwrite(my_model, command) -> None:
+    """The input check comes before the non-empty check: the first answer is the real one
+    (it used to suggest --overwrite, which was then refused as the model folder)."""
+    before = _files(my_model)
+    result = _cli(*COMMANDS[command](str(my_model)), "--out", str(my_model))
+    assert result.exit_code == 1, result.output
+    assert "is the model folder" in result.output and "outside every input" in result.output
+    assert "not empty" not in result.output and "pass --overwrite" not in result.output
+    assert _files(my_model) == before
+
+
+def test_sweep_names_a_bogus_measure_before_the_windows(tmp_path) -> None:
+    """An unknown --measure is said first, not a --seq-len problem found on loading."""
+    model = str(tiny_model_folder("gpt2"))
+    out = tmp_path / "r"
+    args = ["sweep", "--checkpoints", model, "--measure", "loss,bogus", "--seq-len", "100000"]
+    result = _cli(*args, "--out", str(out))
+    assert result.exit_code == 2, result.output
+    assert "--measure bogus unknown" in result.output, result.output
+    assert "homogenization,sinks,loss" in result.output and "seq" not in result.output
+    assert not out.exists()
+
+
+def test_train_bounds_its_sizes_and_passes_overwrite_through(tmp_path, monkeypatch) -> None:
+    """--n-ctx and --vocab-size stop at TrainingConfig's bounds (100000 ran for minutes, 10**9
+    aborted the process); --overwrite reaches train_model, which refuses an older run without
+    it on its own."""
+    import homoglens.training as training
+
+    calls: list[bool] = []
+
+    def fake_train(config, out, *, overwrite=False, **_):  # never a real run, whatever is let in
+        calls.append(overwrite)
+        return {"heldout_loss": 1.0, "heldout_unigram_entropy": 2.0, "wall_seconds": 0.0}
+
+    monkeypatch.setattr(training, "train_model", fake_train)
+    base = ["train", "--variant", "learned", "--steps", "1", "--out", str(tmp_path / "runs")]
+    cases = [("--n-ctx", "100000", "4096"), ("--vocab-size", "1000000000", "65536")]
+    for option, value, bound in cases:
+        result = _cli(*base, option, value)
+        assert result.exit_code == 2 and bound in result.output, result.output
+        assert option in result.output and "Traceback" not in result.output
+    assert not calls
+    assert (training.MAX_N_CTX, training.MAX_VOCAB_SIZE) == (4096, 65536)  # the CLI's bounds
+    assert _cli(*base).exit_code == 0
+    (tmp_path / "runs" / "tiny-learned").mkdir(parents=True)  # an older run (the CLI asks)
+    assert _cli(*base, "--overwrite").exit_code == 0
+    assert calls == [False, True]
+
+
 def test_out_that_holds_or_is_inside_an_input_is_refused(my_model, tmp_path, monkeypatch) -> None:
     model = str(my_model)
     work = my_model.parent

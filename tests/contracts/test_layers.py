@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "homoglens"
 # figure primitives shares the matplotlib side's colour ranges (plotting < plotting_plotly), and
 # the ablation study and patching reuse the profile's reducer (profile < studies, patching).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "types"),
+    ("errors", "types", "interrupt"),
     ("validate",),
     ("stats", "distributed", "blocked_attention"),
     (

@@ -1,7 +1,8 @@
 """Nothing silent, nothing lost (issue 39): merges refuse overlapping data and mismatched
 provenance; saves are atomic (a save that fails or is interrupted at any step over an older
 result leaves it loadable and unchanged, or refused, never a mix); loads check the values of
-every result class, with or without the sha256 that the JSON records."""
+every result class, whether or not the sha256 that the JSON records match (a JSON without them
+is refused)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import BACKENDS
+from helpers import BACKENDS, reseal
 from homoglens import (
     AttentionBiasStudy,
     CalibratedReadings,
@@ -48,8 +49,8 @@ from homoglens import (
     sink_scores,
 )
 from homoglens.results.base import HASHES
-from homoglens.results.sinks import AttentionReceived, SinkAnalysis
-from homoglens.sinks import attention_received
+from homoglens.results.sinks import AttentionReceived, SinkAnalysis, SinkAttribution
+from homoglens.sinks import attention_received, sink_attribution
 
 TEXTS = [f"Sentence number {i} is here, and it goes on for a little while." for i in range(4)]
 OTHER_TEXTS = ["A short one, then more words.", "Another text that is not the same at all."]
@@ -69,6 +70,7 @@ CLASSES: dict[str, Any] = {
     "calibrated": CalibratedReadings,
     "sweep": CheckpointSweep,
     "comparison": ModelComparison,
+    "attribution": SinkAttribution,
 }
 
 
@@ -122,6 +124,9 @@ def _results(gpt2: Any, llama: Any, texts: list[str], seed: int) -> dict[str, An
             edge_k=4,
             n_boot=10,
             progress=False,
+        ),
+        "attribution": sink_attribution(  # exact, two heads: every optional field filled
+            gpt2, texts, heads=[(0, 1), (1, 2)], edge_k=2, progress=False
         ),
     }
 
@@ -212,7 +217,8 @@ def test_duplicated_data_is_what_moves_adjusted(models, profiles) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # duplicated windows: warned about, measured all the same
         twice = homogenization_profile(models[0], TEXTS[:2] * 2, progress=False)
-    loose = dataclasses.replace(a, provenance=dataclasses.replace(a.provenance, data_sha256=""))
+    unrecorded = dataclasses.replace(a.provenance, data_sha256="", data_rows="")
+    loose = dataclasses.replace(a, provenance=unrecorded)
     other = dataclasses.replace(loose)  # not recorded: allowed (another object)
     merged = HomogenizationProfile.merge(loose, other)
     assert torch.allclose(merged.adjusted, twice.adjusted, atol=1e-6, rtol=0)
@@ -336,15 +342,14 @@ def test_new_tensors_beside_an_older_json_are_refused(saved, newer, tmp_path) ->
     shutil.copy(new / "profile.safetensors", old / "profile.safetensors")
     with pytest.raises(IncompatibleResultsError, match="saved incompletely or edited; save it"):
         HomogenizationProfile.load(old)
-    # a result saved before the hashes were recorded still loads
+    # a JSON without its sha256 (there is no older format) is refused too
     meta = json.loads((saved / "profile" / "profile.json").read_text())
     del meta[HASHES]
-    legacy = tmp_path / "legacy"
-    shutil.copytree(saved / "profile", legacy)
-    (legacy / "profile.json").write_text(json.dumps(meta))
-    assert _digest(HomogenizationProfile.load(legacy)) == _digest(
-        HomogenizationProfile.load(saved / "profile")
-    )
+    unhashed = tmp_path / "unhashed"
+    shutil.copytree(saved / "profile", unhashed)
+    (unhashed / "profile.json").write_text(json.dumps(meta))
+    with pytest.raises(IncompatibleResultsError, match="saved incompletely or edited; save it"):
+        HomogenizationProfile.load(unhashed)
 
 
 def test_saving_over_a_folder_with_other_files_keeps_them(saved, newer, tmp_path) -> None:
@@ -550,6 +555,12 @@ TAMPERS: list[tuple[str, str, str, str, Callable[[Path, str], None]]] = [
         ("metrics repeated", J(layer_metrics=["h", "h"])),
         ("fractional step", T("steps", _at((0,), 0.5))),
     ]),
+    *_cases("attribution", "attribution", "", [
+        ("delta 5", T("delta", _at((0, 0), 5.0))),
+        ("inf base", T("base", _at((0,), INF))),
+        ("method relabelled", J(method="other")),
+        ("edge_k 0", J(edge_k=0)),
+    ]),
     *_cases("comparison", "comparison", "", [
         ("negative loss", T("0/none/loss", _at((0,), -1.0))),
         ("sink rate 150 %", T("0/none/sink_rate", _at((0,), 150.0))),
@@ -562,15 +573,7 @@ TAMPERS: list[tuple[str, str, str, str, Callable[[Path, str], None]]] = [
 ]  # fmt: skip
 
 
-def _drop_hashes(folder: Path) -> None:
-    for path in folder.rglob("*.json"):
-        meta = _json(path)
-        if isinstance(meta, dict) and HASHES in meta:
-            del meta[HASHES]
-            path.write_text(json.dumps(meta))
-
-
-@pytest.mark.parametrize("hashes", ["hash-kept", "hash-removed"])
+@pytest.mark.parametrize("hashes", ["hash-kept", "hash-resealed"])
 @pytest.mark.parametrize(
     ("name", "part", "stem", "what", "tamper"),
     [pytest.param(*case, id=f"{case[0]}-{case[3]}") for case in TAMPERS],
@@ -579,10 +582,9 @@ def test_a_tampered_value_is_refused(saved, tmp_path, name, part, stem, what, ta
     folder = tmp_path / name
     shutil.copytree(saved / name, folder)
     CLASSES[name].load(folder)  # the untouched result loads
-    if hashes == "hash-removed":  # value validation must hold on its own
-        _drop_hashes(folder)
-        CLASSES[name].load(folder)
     tamper(folder / part if part else folder, stem)
+    if hashes == "hash-resealed":  # value validation must hold on its own
+        reseal(folder)
     with pytest.raises(IncompatibleResultsError) as err:
         CLASSES[name].load(folder)
     message = str(err.value)
@@ -591,7 +593,7 @@ def test_a_tampered_value_is_refused(saved, tmp_path, name, part, stem, what, ta
 
 def test_the_tamper_table_covers_every_result_class() -> None:
     assert {case[0] for case in TAMPERS} == set(CLASSES)
-    assert len(TAMPERS) >= 68
+    assert len(TAMPERS) >= 72
 
 
 def test_legitimate_nan_still_loads(saved, tmp_path) -> None:
@@ -617,3 +619,88 @@ def test_a_folder_of_the_users_named_like_a_part_is_kept(saved, newer, tmp_path)
     newer["comparison"].save(folder)
     assert (folder / "model_7" / "weights.bin").read_bytes() == b"mine"
     assert _digest(ModelComparison.load(folder)) == _digest(newer["comparison"])
+
+
+# ------------------------------------------------------------------ round trips
+
+
+def _differences(a: Any, b: Any, path: str = "result") -> list[str]:
+    """Where ``b`` differs from ``a``: tensors by dtype, shape and value (NaN equal to NaN, bit
+    for bit otherwise), dataclasses field by field, dicts key by key, sequences item by item
+    (tuples stay tuples), anything else by type and ``==`` (a ``str`` subclass as ``str``:
+    ``torch.__version__`` is a ``TorchVersion`` in memory, plain text once saved)."""
+    if isinstance(a, str) and isinstance(b, str):
+        return [] if str(a) == str(b) else [f"{path}: {a!r} != {b!r}"]
+    if type(a) is not type(b):
+        return [f"{path}: {type(a).__name__} != {type(b).__name__}"]
+    if isinstance(a, torch.Tensor):
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return [f"{path}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"]
+        same = torch.equal(a, b) or bool(
+            ((a == b) | (torch.isnan(a) & torch.isnan(b))).all() if a.is_floating_point() else False
+        )
+        return [] if same else [f"{path}: values differ"]
+    if dataclasses.is_dataclass(a):
+        found = []
+        for f in dataclasses.fields(a):
+            found += _differences(getattr(a, f.name), getattr(b, f.name), f"{path}.{f.name}")
+        return found
+    if isinstance(a, dict):  # keys in any order (a comparison's statistics load sorted)
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(a, key=str)} != {sorted(b, key=str)}"]
+        return [d for k in a for d in _differences(a[k], b[k], f"{path}[{k!r}]")]
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: length {len(a)} != {len(b)}"]
+        pairs = enumerate(zip(a, b, strict=True))
+        return [d for i, (x, y) in pairs for d in _differences(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and a != a and b != b:  # NaN
+        return []
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+@pytest.mark.parametrize("name", list(CLASSES))
+def test_a_saved_result_loads_equal_in_every_field(newer, tmp_path, name: str) -> None:
+    result = newer[name]
+    assert isinstance(result, CLASSES[name])
+    loaded = CLASSES[name].load(result.save(tmp_path / name))
+    assert _differences(result, loaded) == []
+
+
+def test_the_round_trip_comparison_sees_a_difference() -> None:
+    nan = torch.tensor([1.0, NAN])
+    assert _differences(nan, nan.clone()) == []
+    assert _differences(nan, torch.tensor([2.0, NAN])) == ["result: values differ"]
+    assert _differences(nan, nan.double()) and _differences(nan, nan[:1])
+    assert _differences((1, 2), [1, 2]) and _differences({"a": 1}, {"b": 1})
+    sweep = CheckpointSweep(
+        checkpoints=("a",),
+        steps=torch.tensor([NAN], dtype=torch.float64),
+        metrics=("h",),
+        values=torch.zeros(1, 1, dtype=torch.float64),
+        layer_metrics=(),
+        layers=(),
+        layer_values=torch.zeros(1, 0, 0, dtype=torch.float64),
+    )
+    other = dataclasses.replace(sweep, checkpoints=("b",))
+    assert _differences(sweep, other) == ["result.checkpoints[0]: 'a' != 'b'"]
+
+
+def test_every_result_class_is_in_the_table() -> None:
+    """Every class with save and load that homoglens exports, and every SavedResult subclass,
+    has a round trip and tampers above."""
+    import inspect
+
+    import homoglens
+    from homoglens.results.base import SavedResult
+
+    def subclasses(cls: type) -> set[type]:
+        return {c for s in cls.__subclasses__() for c in (s, *subclasses(s))}
+
+    exported = {
+        obj
+        for obj in vars(homoglens).values()
+        if inspect.isclass(obj) and hasattr(obj, "save") and hasattr(obj, "load")
+    }
+    missing = (exported | subclasses(SavedResult)) - set(CLASSES.values())
+    assert not missing, sorted(c.__name__ for c in missing)

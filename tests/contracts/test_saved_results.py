@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import BACKENDS, MIXED_LENGTHS, THREE_OPENINGS, TWO_OPENINGS
+from helpers import BACKENDS, MIXED_LENGTHS, THREE_OPENINGS, TWO_OPENINGS, reseal
 from homoglens import (
     HomogenizationProfile,
     IncompatibleResultsError,
@@ -29,25 +29,26 @@ from homoglens.testing import tiny_model_folder
 
 
 def _edit_json(folder: Path, stem: str, **changes) -> None:
+    """Edit the JSON and record its sha256 again (:func:`helpers.reseal`), so that the check of
+    the values themselves is what refuses the edit."""
     path = folder / f"{stem}.json"
     meta = json.loads(path.read_text())
     meta.update(changes)
     path.write_text(json.dumps(meta))
+    reseal(folder)
 
 
 def _edit_tensor(
     folder: Path, stem: str, name: str, value: torch.Tensor, *, keep_hash: bool = False
 ) -> None:
-    """Edit one tensor; the sha256 the JSON records is dropped (as in a result saved before
-    it was recorded), so that the check of the values themselves is what refuses the edit."""
+    """Edit one tensor; the sha256 the JSON records is recorded again (:func:`helpers.reseal`),
+    so that the check of the values themselves is what refuses the edit."""
     path = folder / f"{stem}.safetensors"
     tensors = load_file(str(path))
     tensors[name] = value
     save_file(tensors, str(path))
     if not keep_hash:
-        meta = json.loads((folder / f"{stem}.json").read_text())
-        meta.pop("sha256", None)
-        (folder / f"{stem}.json").write_text(json.dumps(meta))
+        reseal(folder)
 
 
 @pytest.fixture(scope="module")

@@ -131,3 +131,29 @@ def test_hooks_homoglens_did_not_attach_are_named_and_recorded(backend: str) -> 
         model.reset_hooks(including_permanent=True)
     again = _profile(model)
     assert again.provenance.foreign_hooks == ()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_intervention_block_in_another_thread_never_reaches_a_measurement(backend) -> None:
+    """Thread A loops over `with ablated_positions(...)` blocks (a measurement inside each);
+    thread B's plain profiles used to read through A's hooks (off by 0.024, sometimes with
+    no foreign hook recorded): the block holds the model, B waits for it to end."""
+    model = _fresh("gpt2", backend)
+    clean = _profile(model)
+    stop = threading.Event()
+
+    def ablate() -> None:
+        while not stop.is_set():
+            with ablated_positions(model, "zero"):
+                _profile(model)
+
+    other = threading.Thread(target=ablate)
+    other.start()
+    try:
+        runs = [_profile(model) for _ in range(4)]
+    finally:
+        stop.set()
+        other.join()
+    for got in runs:
+        _same(got, clean)
+        assert got.provenance.foreign_hooks == ()

@@ -109,9 +109,46 @@ def test_bias_on_each_backend(arch: str, backend: str) -> None:
     with torch.no_grad(), biased_attention(model, kind="first", strength=2.0):
         got = model(SHORT)
     assert torch.allclose(got, _hf_with_mask(arch, 2.0 * phi), atol=1e-5)
-    with torch.no_grad(), biased_attention(model, kind="temperature", strength=1.0):
-        assert torch.equal(model(SHORT), model(SHORT))
+    with torch.no_grad():
+        plain = _hf(arch)(SHORT).logits
+        unhooked = model(SHORT)
+        with biased_attention(model, kind="temperature", strength=1.0):
+            one = model(SHORT)
+        with biased_attention(model, kind="temperature", strength=0.5):
+            half = model(SHORT)
+    # temperature 1 is the unhooked model: TransformerLens' and Hugging Face's logits
+    assert torch.allclose(one, unhooked, atol=1e-6, rtol=0)
+    assert torch.allclose(one, plain, atol=1e-5, rtol=0)
+    # beta = 0.5: softmax(0.5 * scores), i.e. Hugging Face with its queries halved
+    want = _hf_scaled_queries(arch, 0.5)
+    assert (want - plain).abs().max() > 1e-4  # the temperature matters
+    assert torch.allclose(half, want, atol=1e-5, rtol=0), (half - want).abs().max()
     assert hook_count(model) == 0
+
+
+def _hf_scaled_queries(arch: str, beta: float) -> torch.Tensor:
+    """Logits of a copy of the Hugging Face model whose query projections (weights and bias)
+    are multiplied by ``beta`` in every block: its attention scores are beta times the
+    original ones (rotary position embeddings are linear in the query), so its attention is
+    softmax(beta * scores), what the "temperature" bias of strength beta computes."""
+    import copy
+
+    hf = copy.deepcopy(_hf(arch))
+    with torch.no_grad():
+        if arch == "gpt2":  # c_attn: Conv1D [d_model, 3 d_model], the queries first
+            for block in hf.transformer.h:
+                d = block.attn.c_attn.weight.shape[0]
+                block.attn.c_attn.weight[:, :d] *= beta
+                block.attn.c_attn.bias[:d] *= beta
+        elif arch == "neox":  # query_key_value: per head [q, k, v], each d_head rows
+            for block in hf.gpt_neox.layers:
+                qkv, n_heads = block.attention.query_key_value, hf.config.num_attention_heads
+                qkv.weight.view(n_heads, 3, -1, qkv.weight.shape[1])[:, 0] *= beta
+                qkv.bias.view(n_heads, 3, -1)[:, 0] *= beta
+        else:  # llama: q_proj
+            for block in hf.model.layers:
+                block.self_attn.q_proj.weight *= beta
+        return hf(SHORT).logits
 
 
 def test_mass_rises_with_b_and_kl_grows_from_zero() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -255,3 +257,37 @@ def test_a_lone_surrogate_is_a_typed_error(get_model) -> None:
 
     with pytest.raises(InvalidInputError, match="surrogate"):
         homogenization_profile(get_model("gpt2", "bridge"), ["fine", "bad \udc80"], progress=False)
+
+
+def test_a_special_token_spelled_inside_a_text_is_said(get_model) -> None:
+    """A literal "<|endoftext|>" inside a text is parsed as the token (as model.to_tokens
+    does): an attention sink mid-sequence, which used to happen without a word."""
+    from homoglens import to_token_batch
+
+    model = get_model("gpt2", BACKENDS[-1])
+    with pytest.warns(UserWarning, match="spell a special token"):
+        batch = to_token_batch(model, ["Hello world", "foo <|endoftext|> bar"], bos="never")
+    assert 50256 in batch.tokens[1].tolist()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a leading one is the BOS: nothing to say
+        to_token_batch(model, "<|endoftext|>Hello world", bos="always")
+
+
+def test_a_bos_policy_with_token_ids_is_said_to_do_nothing(get_model) -> None:
+    from homoglens import to_token_batch
+
+    model = get_model("gpt2", BACKENDS[-1])
+    ids = torch.tensor([[1, 2, 3, 4], [4, 5, 6, 7]])
+    with pytest.warns(UserWarning, match="no effect on token ids"):
+        batch = to_token_batch(model, ids, bos="always")
+    assert torch.equal(batch.tokens, ids)
+
+
+def test_a_folder_given_as_a_text_file_is_said_to_be_a_folder(get_model, tmp_path) -> None:
+    from pathlib import Path
+
+    from homoglens import InvalidInputError, to_token_batch
+
+    model = get_model("gpt2", BACKENDS[-1])
+    with pytest.raises(InvalidInputError, match="is a folder"):
+        to_token_batch(model, Path(tmp_path))

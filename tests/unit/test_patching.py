@@ -1,20 +1,32 @@
-"""Activation patching between the normal and the position-ablated run, against hand-written
-hook patches and hand-computed metrics."""
+"""Activation patching between the normal and the position-ablated run, against the plain
+Hugging Face model of the same weights (patched with torch module hooks) and hand-computed
+metrics."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
 
-from helpers import BACKENDS, TWO_OPENINGS, hook_count
+from helpers import (
+    BACKENDS,
+    TWO_OPENINGS,
+    hf_model,
+    hf_module,
+    hf_resid_and_logits,
+    hook_count,
+)
 from homoglens import (
     InvalidInputError,
     PositionalPatchingResult,
     corpus_windows,
+    load_model,
     position_ablation_hooks,
     positional_patching,
     to_token_batch,
 )
+from homoglens.testing import tiny_model_folder
 
 
 def _hand_mean_pairwise(resid: torch.Tensor) -> float:
@@ -38,21 +50,26 @@ def _hand_run(model, tokens, hooks, measured: int) -> tuple[float, float]:
     return _hand_mean_pairwise(cache[name]), _hand_loss(logits, tokens)
 
 
-def _grab(model, tokens, hooks, name) -> torch.Tensor:
-    with model.hooks(fwd_hooks=hooks):
-        _, cache = model.run_with_cache(tokens, names_filter=name)
-    return cache[name]
+@functools.cache
+def _model64(arch: str, backend: str):
+    return load_model(tiny_model_folder(arch), backend=backend, device="cpu", dtype=torch.float64)
 
 
 @pytest.mark.parametrize("component", ["resid_pre", "attn_out", "head"])
-def test_cells_equal_hand_written_patches(arch, backend, component, get_model) -> None:
-    model = get_model(arch, backend)
+def test_cells_equal_hugging_face_with_the_activation_patched(arch, backend, component) -> None:
+    """Each cell against the plain Hugging Face model of the same weights: the ablated run is
+    Hugging Face given the permuted ``position_ids``; the patch copies the normal run's input
+    of block 1 (resid_pre), its attention module's output (attn_out) or head 2's slice of the
+    input of its output projection (head), captured and written with plain torch module hooks;
+    the metrics are computed from Hugging Face's own block output and logits. Both models run
+    in float64: the tiny rotary models' positions move their metrics by 1e-5 only, which
+    float32 rounding (1e-6) would blur."""
+    model = _model64(arch, backend)
     tokens = corpus_windows(model, n_seq=3, seq_len=16).tokens
-    how = "permute"
     result = positional_patching(
         model,
         tokens,
-        how=how,
+        how="permute",
         component=component,
         metric=["mean_pairwise", "loss"],
         bins=[(0, 3), (3, 10), (10, 16)],
@@ -62,31 +79,50 @@ def test_cells_equal_hand_written_patches(arch, backend, component, get_model) -
         seed=3,
         progress=False,
     )
-    ablation = position_ablation_hooks(model, how, seed=3)
-    measured = model.cfg.n_layers
-    normal = _hand_run(model, tokens, [], measured)
-    ablated = _hand_run(model, tokens, ablation, measured)
-    assert torch.allclose(result.normal, torch.tensor(normal, dtype=torch.float64), atol=1e-6)
-    assert torch.allclose(result.ablated, torch.tensor(ablated, dtype=torch.float64), atol=1e-6)
-    name = {
-        "resid_pre": "blocks.1.hook_resid_pre",
-        "attn_out": "blocks.1.hook_attn_out",
-        "head": "blocks.1.attn.hook_z",
-    }[component]
-    clean = _grab(model, tokens, [], name)
-    cell = 2  # positions 10..15, or head 2
+    # how="permute", seed=3: position i gets the signal of position perm[i] (PositionPlan)
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(3))
+    assert not torch.equal(perm, torch.arange(16))
+    ablated_ids = perm[None].expand(len(tokens), -1)
+    hf = hf_model(arch, torch.float64)
+    part = {"resid_pre": "block", "attn_out": "attn", "head": "out_proj"}[component]
+    module = hf_module(hf, arch, 1, part)
+    where = "output" if component == "attn_out" else "input"
+    clean = {}
 
-    def hand(act, hook):  # written independently of homoglens.patching
-        act = act.clone()
+    def record(x: torch.Tensor) -> torch.Tensor:
+        clean["x"] = x.clone()
+        return x
+
+    cell, d_head = 2, int(model.cfg.d_head)  # positions 10..15, or head 2
+
+    def patch(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
         if component == "head":
-            act[:, :, cell] = clean[:, :, cell]
+            heads = slice(cell * d_head, (cell + 1) * d_head)
+            x[..., heads] = clean["x"][..., heads]
         else:
-            act[:, 10:16] = clean[:, 10:16]
-        return act
+            x[:, 10:16] = clean["x"][:, 10:16]
+        return x
 
-    want = _hand_run(model, tokens, [*ablation, (name, hand)], measured)
+    def metrics(edits=(), **kwargs) -> torch.Tensor:
+        measured = int(model.cfg.n_layers)  # metric_layer's default: the last block's output
+        resid, logits = hf_resid_and_logits(hf, arch, tokens, measured, edits, **kwargs)
+        return torch.tensor(
+            [_hand_mean_pairwise(resid), _hand_loss(logits, tokens)], dtype=torch.float64
+        )
+
+    normal = metrics([(module, where, record)])
+    ablated = metrics(position_ids=ablated_ids)
+    want = metrics([(module, where, patch)], position_ids=ablated_ids)
+    # mean_pairwise to 5e-8 (the rotary models differ from Hugging Face by up to 1e-8 in
+    # float64); the loss to 2e-6 (homoglens takes the logsumexp in float32)
+    tol = torch.tensor([5e-8, 2e-6], dtype=torch.float64)
+    assert ((normal - ablated).abs() > 10 * tol).any()  # the ablation matters
+    assert ((want - ablated).abs() > 10 * tol).any()  # and so does the patch
+    for got, oracle in ((result.normal, normal), (result.ablated, ablated)):
+        assert ((got - oracle).abs() <= tol).all(), (got - oracle).abs()
     got = result.patched[:, 1, cell]
-    assert abs(got[0].item() - want[0]) < 1e-6 and abs(got[1].item() - want[1]) < 1e-5
+    assert ((got - want).abs() <= tol).all(), (got - want).abs()
     assert hook_count(model) == 0
 
 

@@ -163,7 +163,8 @@ def test_interrupted_training_restores_torch_and_the_folder(existing, tmp_path, 
     saved = _torch_globals()
     _interrupt_at_step_1(monkeypatch)
     with pytest.raises(KeyboardInterrupt):  # not a file rewritten (no new tokenizer beside
-        train_model(TrainingConfig(variant="rotary", **MICRO), out, progress=False)  # old weights)
+        config = TrainingConfig(variant="rotary", **MICRO)  # old weights)
+        train_model(config, out, overwrite=existing, progress=False)
     now = _torch_globals()
     assert now[:3] == saved[:3]
     assert torch.equal(now[3], saved[3])

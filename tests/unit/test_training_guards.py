@@ -75,9 +75,13 @@ needs_permissions = pytest.mark.skipif(
         ("n_layers", 2.5, "integer >= 1"),
         ("d_model", "128", "integer >= 1"),
         ("n_heads", -4, "integer >= 1"),
-        ("n_ctx", 1, "integer >= 2"),
-        ("vocab_size", 4096.0, "integer >= 260"),
-        ("vocab_size", 259, "integer >= 260"),
+        ("n_ctx", 1, "integer in [2, 4096]"),
+        ("n_ctx", 4097, "integer in [2, 4096]"),
+        ("n_ctx", 100_000, "integer in [2, 4096]"),  # attention grows with n_ctx^2: minutes/step
+        ("vocab_size", 4096.0, "integer in [260, 65536]"),
+        ("vocab_size", 259, "integer in [260, 65536]"),
+        ("vocab_size", 65_537, "integer in [260, 65536]"),
+        ("vocab_size", 10**9, "integer in [260, 65536]"),  # the BPE trainer aborted the process
         ("steps", 0, "integer >= 1"),
         ("steps", math.nan, "integer >= 1"),
         ("batch_size", True, "integer >= 1"),
@@ -97,6 +101,23 @@ def test_every_config_field_is_checked_at_construction(field, value, allowed) ->
     message = str(err.value)
     assert f"{field}=" in message and allowed in message
     assert repr(value) in message
+
+
+def test_vocab_size_and_n_ctx_are_bounded_with_the_reason() -> None:
+    """vocab_size=10**9 made the tokenizer trainer abort the interpreter (a 70 GB allocation)
+    and n_ctx=100000 ran for minutes per step: both are refused at construction, saying the
+    bound and why; the bounds themselves, the defaults and the test sizes stay valid."""
+    with pytest.raises(InvalidInputError) as err:
+        TrainingConfig(vocab_size=10**9)
+    assert "65536" in str(err.value) and "27,000 distinct tokens" in str(err.value)
+    with pytest.raises(InvalidInputError) as err:
+        TrainingConfig(n_ctx=100_000)
+    assert "4096" in str(err.value) and "n_ctx squared" in str(err.value)
+    assert training.MAX_VOCAB_SIZE == 65_536 and training.MAX_N_CTX == 4096
+    edge = TrainingConfig(vocab_size=training.MAX_VOCAB_SIZE, n_ctx=training.MAX_N_CTX)
+    assert (edge.vocab_size, edge.n_ctx) == (65_536, 4096)
+    TrainingConfig()
+    TrainingConfig(**MICRO)
 
 
 def test_config_cross_checks_and_plain_values() -> None:
@@ -157,7 +178,7 @@ def test_a_diverging_lr_stops_with_a_typed_error_and_saves_nothing(existing, tmp
     before = _older_run(out) if existing else None
     config = TrainingConfig(variant="learned", **{**MICRO, "lr": 1e6})
     with pytest.raises(TrainingDivergedError) as err:
-        train_model(config, out, progress=False, save_steps=(1,))
+        train_model(config, out, overwrite=existing, progress=False, save_steps=(1,))
     message = str(err.value)
     assert "training loss of step 2 is nan" in message or "step 2 is inf" in message
     assert "lr=1e+06" in message and "Lower the learning rate (e.g. lr=100000)" in message
@@ -199,7 +220,7 @@ def test_nan_weights_are_never_saved_as_a_model_or_checkpoint(
     _nan_gradients_at(call, monkeypatch)
     config = TrainingConfig(variant="rotary", **MICRO)
     with pytest.raises(TrainingDivergedError, match=f"{where} hold NaN or inf.*Lower"):
-        train_model(config, out, progress=False, save_steps=save_steps)
+        train_model(config, out, overwrite=True, progress=False, save_steps=save_steps)
     assert _snapshot(out) == before
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
@@ -240,7 +261,7 @@ def test_an_older_run_that_cannot_be_deleted_is_refused_before_training(
     locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:
         with pytest.raises(InvalidInputError, match="step0.*not writable.*chmod -R u\\+w"):
-            train_model(TrainingConfig(**MICRO), out, progress=False)
+            train_model(TrainingConfig(**MICRO), out, overwrite=True, progress=False)
     finally:
         locked.chmod(stat.S_IRWXU)
     assert _snapshot(out) == before
@@ -273,9 +294,15 @@ def test_bad_arguments_are_refused_before_training(tmp_path, no_training) -> Non
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_context_longer_than_the_text_is_refused_before_any_step(tmp_path) -> None:
-    config = TrainingConfig(**{**MICRO, "n_ctx": 3_000_000})
-    with pytest.raises(InvalidInputError, match="n_ctx=3000000 leaves no window.*lower n_ctx"):
+def test_a_context_longer_than_the_text_is_refused_before_any_step(tmp_path, monkeypatch) -> None:
+    """No n_ctx TrainingConfig allows outruns the Austen text; a shorter corpus (simulated)
+    is still refused before any step."""
+    with pytest.raises(InvalidInputError, match="n_ctx=3000000 must be an integer in"):
+        TrainingConfig(**{**MICRO, "n_ctx": 3_000_000})
+    short = torch.arange(40)
+    monkeypatch.setattr(training, "_prepared_corpus", lambda vocab_size: (None, short, short))
+    config = TrainingConfig(**{**MICRO, "n_ctx": 64})
+    with pytest.raises(InvalidInputError, match="n_ctx=64 leaves no window.*lower n_ctx"):
         train_model(config, tmp_path / "m", progress=False)
     assert list(tmp_path.iterdir()) == []
 
@@ -311,7 +338,7 @@ def test_an_older_run_that_cannot_be_deleted_is_refused_simulated(
     access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != locked and access(p, mode))
     with pytest.raises(InvalidInputError, match="step0.*not writable.*chmod -R u\\+w"):
-        train_model(TrainingConfig(**MICRO), out, progress=False)
+        train_model(TrainingConfig(**MICRO), out, overwrite=True, progress=False)
     assert _snapshot(out) == before
 
 
@@ -321,12 +348,40 @@ def test_a_folder_of_other_files_is_never_replaced(tmp_path, no_training) -> Non
     out = tmp_path / "documents"
     out.mkdir()
     (out / "thesis.tex").write_text("precious")
-    with pytest.raises(InvalidInputError, match="documents.*holds files but no model"):
-        train_model(TrainingConfig(**MICRO), out, progress=False)
+    for overwrite in (False, True):
+        with pytest.raises(InvalidInputError, match="documents.*holds files but no model") as err:
+            train_model(TrainingConfig(**MICRO), out, overwrite=overwrite, progress=False)
+        assert "older run" not in str(err.value)  # it used to invite one
     assert [p.name for p in out.iterdir()] == ["thesis.tex"]
     empty = tmp_path / "empty"
     empty.mkdir()
+    with pytest.raises(AssertionError, match="training started"):
+        train_model(TrainingConfig(**MICRO), empty, progress=False)
     _older_run(tmp_path / "older")
-    for ok in (empty, tmp_path / "older"):
-        with pytest.raises(AssertionError, match="training started"):
-            train_model(TrainingConfig(**MICRO), ok, progress=False)
+    with pytest.raises(AssertionError, match="training started"):
+        train_model(TrainingConfig(**MICRO), tmp_path / "older", overwrite=True, progress=False)
+
+
+@pytest.mark.parametrize("marker", ["config.json", "training.json"])
+def test_an_older_run_is_replaced_only_with_overwrite(marker, tmp_path, no_training) -> None:
+    """train_model used to replace an older run in ``out`` without a word (the CLI refused it
+    without --overwrite): now it is refused before any training unless overwrite=True, and
+    the message names the folder and both ways out."""
+    out = tmp_path / "runs" / "tiny-learned"
+    before = _older_run(out)
+    if marker == "training.json":  # either file marks a run
+        (out / "config.json").unlink()
+        (out / "training.json").write_text('{"mine": true}')
+        before = _snapshot(out)
+    for given in ({}, {"overwrite": False}):
+        with pytest.raises(InvalidInputError) as err:
+            train_model(TrainingConfig(**MICRO), out, progress=False, **given)
+        message = str(err.value)
+        assert str(out) in message and "older run" in message and marker in message
+        assert "overwrite=True" in message and "another folder" in message
+    assert _snapshot(out) == before
+    with pytest.raises(InvalidInputError, match="overwrite='yes' must be"):
+        train_model(TrainingConfig(**MICRO), out, overwrite="yes", progress=False)  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match="training started"):
+        train_model(TrainingConfig(**MICRO), out, overwrite=True, progress=False)
+    assert _snapshot(out) == before

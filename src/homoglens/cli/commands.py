@@ -365,8 +365,10 @@ def ablate(modes: str | None, positions: str | None, seed: int, shift: int, **op
 @count("--n-layers", 4, "Transformer blocks.")
 @count("--d-model", 128, "Residual stream width (d_model).", min=8)
 @count("--n-heads", 4, "Attention heads per block (must divide --d-model).")
-@count("--n-ctx", 128, "Context length (tokens per training window).", min=8)
-@count("--vocab-size", 4096, "BPE vocabulary trained on the training novels.", min=260)
+@count(  # the upper bounds are training.MAX_N_CTX and MAX_VOCAB_SIZE (import-free here)
+    "--n-ctx", 128, "Context length (tokens per training window).", min=8, max=4096
+)
+@count("--vocab-size", 4096, "BPE vocabulary trained on the training novels.", min=260, max=65536)
 @count("--batch-size", 16, "Training windows per optimizer step.")
 @count(
     "--seed", 0, "Seed of initialisation and data order (one training seed = one replicate).", min=0
@@ -446,6 +448,7 @@ def train(
                 record = train_model(
                     config,
                     out / config.name,
+                    overwrite=overwrite,
                     save_every=save_every,
                     save_steps=steps,
                     progress=progress,
@@ -532,7 +535,7 @@ def compare(
     ablations, and claims C1-C3 as pre-declared, Holm-adjusted tests."""
     from homoglens.assets import SHIPPED_MODELS, staged_output
     from homoglens.comparison import REPLICATED_MODELS, compare_models
-    from homoglens.report import check_output_dir, write_comparison_report
+    from homoglens.report import write_comparison_report
 
     if models is None:
         default = [m for m in SHIPPED_MODELS if m.endswith("-bos")] if bos else REPLICATED_MODELS
@@ -543,9 +546,8 @@ def compare(
     if not names or not chosen:
         raise click.BadParameter("--models and --modes must name at least one entry each")
     with cli_errors(out):
-        folder = check_output_dir(out, overwrite=overwrite)
         inputs = [found for name in names for found in model_inputs(name, "--models")]
-        check_output(folder, [*inputs, *data_inputs({"corpus": corpus})])
+        folder = check_output(out, [*inputs, *data_inputs({"corpus": corpus})], overwrite=overwrite)
         check_interactive(interactive)
         start = time.perf_counter()
         result = compare_models(
@@ -621,20 +623,24 @@ def sweep(
     from homoglens.assets import SHIPPED_MODELS, checkpoint_folders, staged_output
     from homoglens.data import corpus_windows
     from homoglens.models import load_model
-    from homoglens.report import check_output_dir
-    from homoglens.sweeps import over_checkpoints
+    from homoglens.sweeps import SWEEP_MEASURES, over_checkpoints
 
     names = [m.strip() for m in measure.split(",") if m.strip()]
     items = [c.strip() for c in checkpoints.split(",") if c.strip()]
     if not names or not items:
         raise click.BadParameter("--measure and --checkpoints must name at least one entry each")
+    unknown = [n for n in names if n not in SWEEP_MEASURES]
+    if unknown:  # before --out, the models and the windows are checked
+        raise click.BadParameter(
+            f"--measure {', '.join(unknown)} unknown; give one or more of "
+            f"{','.join(SWEEP_MEASURES)}"
+        )
     with cli_errors(out):
-        folder = check_output_dir(out, overwrite=overwrite)
         sources = (
             [("--hub-model", hub_model)] if hub_model else [("--checkpoints", i) for i in items]
         )
         inputs = [found for option, name in sources for found in model_inputs(name, option)]
-        check_output(folder, [*inputs, *data_inputs(opts)])
+        folder = check_output(out, [*inputs, *data_inputs(opts)], overwrite=overwrite)
         start = time.perf_counter()
         plan: Any
         if hub_model is not None:

@@ -262,16 +262,27 @@ def check_out_is_no_input(folder: Path, inputs: Iterable[tuple[str, Path]]) -> N
         )
 
 
-def check_output(folder: Path, inputs: Iterable[tuple[str, Path]]) -> None:
-    """Before any work: refuse an ``--out`` that overlaps an input, then check that the
-    output can be created where it goes (:func:`probe_output`).
+def check_output(out: Path, inputs: Iterable[tuple[str, Path]], *, overwrite: bool) -> Path:
+    """Before any work, in this order: refuse an ``--out`` that overlaps an input (first, as
+    no option lifts it: a model folder given as ``--out`` is said to be one, not merely "not
+    empty"), then check the folder itself (:func:`~homoglens.report.check_output_dir`: a file,
+    a protected folder, a non-empty one without ``--overwrite``), then that the output can be
+    created where it goes (:func:`probe_output`).
+
+    Returns:
+        The output folder (``out`` with ``~`` expanded).
 
     Raises:
-        InvalidInputError: ``folder`` is, holds or is inside an input.
-        OSError: the folder that will hold ``folder`` refuses new entries.
+        InvalidInputError: ``out`` is, holds or is inside an input; or ``check_output_dir``
+            refuses it.
+        OSError: the folder that will hold ``out`` refuses new entries.
     """
-    check_out_is_no_input(folder, inputs)
+    from homoglens.report import check_output_dir
+
+    check_out_is_no_input(out, inputs)
+    folder = check_output_dir(out, overwrite=overwrite)
     probe_output(folder)
+    return folder
 
 
 def given(name: str) -> bool:
@@ -634,12 +645,10 @@ def report_job(
     the report into a staged folder (interactive with ``--interactive``), and print the result
     and the time."""
     from homoglens.assets import staged_output
-    from homoglens.report import check_output_dir
 
     given_out = opts["out"] or Path(default_out)
     with cli_errors(given_out):
-        folder = check_output_dir(given_out, overwrite=opts["overwrite"])
-        check_output(folder, data_inputs(opts))
+        folder = check_output(given_out, data_inputs(opts), overwrite=opts["overwrite"])
         check_options(opts, checks)
         check_interactive(opts["interactive"])
         start = time.perf_counter()
@@ -668,13 +677,12 @@ def run_profile(
     from homoglens.architectures import find_architecture, hf_architecture_of
     from homoglens.assets import staged_output
     from homoglens.profile import homogenization_profile
-    from homoglens.report import check_output_dir, write_profile_report
+    from homoglens.report import write_profile_report
     from homoglens.studies import default_ablation_modes, position_ablation_study
 
     given_out = opts["out"] or Path(default_out)
     with cli_errors(given_out):
-        folder = check_output_dir(given_out, overwrite=opts["overwrite"])
-        check_output(folder, data_inputs(opts))
+        folder = check_output(given_out, data_inputs(opts), overwrite=opts["overwrite"])
         sections = {
             "sink_n_seq": sinks,
             "patch_n_seq": patching,

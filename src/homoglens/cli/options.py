@@ -27,10 +27,11 @@ class Group(click.Group):
     command_class = Command
 
 
-def count(name: str, default: int, help: str, *, min: int = 1) -> Decorator:
-    """An integer option with a lower bound, its help text and its default shown in ``--help``."""
+def count(name: str, default: int, help: str, *, min: int = 1, max: int | None = None) -> Decorator:
+    """An integer option with a lower bound (and an upper one, ``max``), its help text and its
+    default shown in ``--help``."""
     return click.option(
-        name, type=click.IntRange(min=min), default=default, show_default=True, help=help
+        name, type=click.IntRange(min=min, max=max), default=default, show_default=True, help=help
     )
 
 

@@ -172,7 +172,28 @@ def encode(model: HookedModel, text: str, where: str = "the text") -> list[int]:
             "valid Unicode text (a lone surrogate); fix or drop it, e.g. "
             "text.encode('utf-8', 'replace').decode()"
         ) from None
-    return list(tokenizer_of(model)(text, add_special_tokens=False)["input_ids"])
+    ids = list(tokenizer_of(model)(text, add_special_tokens=False)["input_ids"])
+    _warn_inner_special(model, [ids])
+    return ids
+
+
+def _warn_inner_special(model: HookedModel, rows: list[list[int]]) -> None:
+    """Warn when a text spells a special token after its first token: it is parsed as the
+    token (as ``model.to_tokens`` and Hugging Face tokenizers do), so a literal
+    ``<|endoftext|>`` inside a text becomes an EOT/BOS there, an attention sink mid-sequence."""
+    special = set(getattr(tokenizer_of(model), "all_special_ids", None) or ())
+    found = [i for i, row in enumerate(rows) if any(t in special for t in row[1:])]
+    if found:
+        import warnings
+
+        warnings.warn(
+            f"homoglens: {len(found)} text(s) (first: {found[0]}) spell a special token such as "
+            "<|endoftext|> inside the text; it is tokenized as that token (as model.to_tokens "
+            "does), which puts a BOS/EOT, an attention sink, mid-sequence. Remove or split such "
+            "spellings from the text if they are not meant as tokens",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def encode_many(model: HookedModel, texts: list[str], where: str) -> list[list[int]]:
@@ -182,7 +203,9 @@ def encode_many(model: HookedModel, texts: list[str], where: str) -> list[list[i
             text.encode("utf-8")
         except UnicodeEncodeError:
             encode(model, text, f"{where} (a text of batch row {i})")  # raises the typed error
-    return [list(ids) for ids in tokenizer_of(model)(texts, add_special_tokens=False)["input_ids"]]
+    rows = [list(ids) for ids in tokenizer_of(model)(texts, add_special_tokens=False)["input_ids"]]
+    _warn_inner_special(model, rows)
+    return rows
 
 
 def prefixed(row: list[int], prefix: list[int]) -> list[int]:

@@ -254,6 +254,7 @@ class DatasetStream:
         self.n_read = 0
         self._starts: set[bool | None] = set()
         self._digest = hashlib.sha256()
+        self._rows: list[str] = []  # each row's fingerprint (Provenance.data_rows)
 
     def __iter__(self) -> Iterator[TokenBatch]:
         part: list[list[int]] = []
@@ -274,7 +275,9 @@ class DatasetStream:
 
     def _batch(self, part: list[list[int]]) -> TokenBatch:
         for row in part:
-            self._digest.update(np.asarray([len(row), *row], dtype="<i8").tobytes())
+            data = np.asarray([len(row), *row], dtype="<i8").tobytes()
+            self._digest.update(data)
+            self._rows.append(hashlib.sha256(data).hexdigest()[:16])
         start = self.n_read
         self.n_read += len(part)
         batch = packed(self.model, part, f"{self.label}: texts {start}-{self.n_read - 1}")
@@ -300,6 +303,11 @@ class DatasetStream:
         its token ids, row by row, as little-endian int64 (computed as the rows pass; the same
         hash as :func:`homoglens.engine.token_sha256` of the same rows held as one batch)."""
         return self._digest.hexdigest()
+
+    @property
+    def row_fingerprints(self) -> str:
+        """The fingerprint of each text read so far (``Provenance.data_rows``), in order."""
+        return "".join(self._rows)
 
 
 def dataset_windows(

@@ -178,8 +178,7 @@ def corpus_windows(
         isinstance(corpus, str) and corpus not in CORPORA and Path(corpus).is_file()
     ):
         path = Path(corpus)
-        if not path.is_file():
-            raise InvalidInputError(f"text file {str(path)!r} does not exist")
+        _check_text_file(path)
         text = _read_text(path)
         label = f"text file {path.name}"
     else:
@@ -254,11 +253,20 @@ def _read_text(path: Path) -> str:
         raise InvalidInputError(f"cannot read {str(path)!r}: {err}") from None
 
 
+def _check_text_file(path: Path) -> None:
+    """Refuse a path that is no text file, saying what it is instead."""
+    if path.is_dir():
+        raise InvalidInputError(
+            f"text file {str(path)!r} is a folder; give the path of a UTF-8 text file in it"
+        )
+    if not path.is_file():
+        raise InvalidInputError(f"text file {str(path)!r} does not exist")
+
+
 def _file_batch(
     model: HookedModel, path: Path, bos: BosPolicy | bool, n_seq: int | None = None
 ) -> TokenBatch:
-    if not path.is_file():
-        raise InvalidInputError(f"text file {str(path)!r} does not exist")
+    _check_text_file(path)
     text = _read_text(path)
     if not text.strip():
         raise InvalidInputError(f"text file {str(path)!r} is empty")
@@ -336,8 +344,10 @@ def to_token_batch(
     * ``Int[Tensor, "batch pos"]`` token ids: used exactly as given (no BOS added), with an
       optional ``attention_mask`` (left or right padding); ``bos`` is recorded by looking at the
       first real token.
-    * ``str`` / ``list[str]``: tokenized with the model's tokenizer without special tokens; a
-      BOS is prepended per ``bos``; right-padded with a mask.
+    * ``str`` / ``list[str]``: tokenized with the model's tokenizer without special tokens
+      (a special token spelled in a text, such as ``<|endoftext|>``, is parsed as the token,
+      as ``model.to_tokens`` does, with a warning when it is not the first token); a BOS is
+      prepended per ``bos``; right-padded with a mask.
     * a path (``pathlib.Path``): a UTF-8 text file, cut into consecutive windows of
       ``min(n_ctx, 256)`` tokens.
     * a Hugging Face ``datasets.Dataset`` / ``IterableDataset``: every non-empty row of
@@ -390,6 +400,15 @@ def to_token_batch(
         first = "" if given is data else f", first {bound}"
         return replace(checked, bos=data.bos, description=data.description + first)
     if isinstance(data, torch.Tensor):
+        if bos != "auto":  # asked for, and it cannot happen: said
+            import warnings
+
+            warnings.warn(
+                f"homoglens: bos={bos!r} has no effect on token ids, which are used exactly as "
+                "given (no BOS added or removed); prepend the BOS id yourself, or pass text",
+                UserWarning,
+                stacklevel=3,
+            )
         if bound is not None and data.ndim == 2:
             data = data[:bound]
             attention_mask = attention_mask if attention_mask is None else attention_mask[:bound]

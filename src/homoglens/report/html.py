@@ -172,6 +172,7 @@ def section_page(out: Path, heading: str, section: str, provenance: Any) -> Path
     """Write ``report.html``: one section and the provenance table."""
     prov = asdict(provenance)
     prov.pop("hook_points", None)
+    prov.pop("data_rows", None)
     body = section + "<h2>Provenance</h2>" + provenance_table(prov)
     path = out / "report.html"
     path.write_text(page_html(heading, body), encoding="utf-8")

@@ -298,6 +298,7 @@ def _profile_page(
     per_layer = per_layer.reset_index()
 
     prov = asdict(profile.provenance)
+    prov.pop("data_rows", None)  # one fingerprint per window: the hash above names the data
     prov["hook_points"] = (
         f"{prov['hook_points'][0]} ... {prov['hook_points'][-1]}" if prov["hook_points"] else ""
     )

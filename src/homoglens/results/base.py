@@ -15,7 +15,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -59,6 +59,9 @@ class Provenance:
         foreign_hooks: Hook points (or modules) that held hooks homoglens did not attach when
             the measurement began: they ran in every pass (an intervention's ``with`` block, a
             forgotten permanent hook); ``()`` for a clean model.
+        data_rows: A fingerprint of each sequence measured (the first 8 bytes of the sha256
+            of its length and real token ids, 16 hex digits each, concatenated; ``""`` if not
+            recorded): ``merge`` refuses parts that share any sequence. Left out of ``repr``.
     """
 
     model: str = "none"
@@ -78,17 +81,35 @@ class Provenance:
     model_revision: str = ""
     data_sha256: str = ""
     foreign_hooks: tuple[str, ...] = ()
+    data_rows: str = field(default="", repr=False)
+
+
+ROW_DIGITS = 16
+"""Hex digits of one sequence's fingerprint in :attr:`Provenance.data_rows`."""
 
 
 HASHES = "sha256"
-"""Key of the JSON of a saved result (written last) that records the sha256 of its other files:
-``{relative path: hex digest}`` (its safetensors, and each part's JSON for a composite result).
-Results saved before it existed have none and still load."""
+"""Key of the JSON of a saved result (written last) that records the sha256 of its files:
+``{relative path: hex digest}``: its safetensors, each part's JSON for a composite result, and
+under the JSON's own name the digest of its own content (:func:`json_digest`). Every loader
+refuses a JSON without it, with an empty one, or with one that leaves out a file it reads: there
+is no older format (homoglens 0.1.0)."""
 
 
 def sha256_of(data: bytes) -> str:
     """The sha256 hex digest of ``data``."""
     return hashlib.sha256(data).hexdigest()
+
+
+def json_digest(meta: dict[str, Any], name: str) -> str:
+    """The digest that the JSON ``name`` of a saved result records of its own content: the
+    sha256 of its canonical text (``sort_keys``, no spaces) with its own entry ``name`` left
+    out of :data:`HASHES` (every other entry, and every label, included)."""
+    hashes = meta.get(HASHES)
+    if isinstance(hashes, dict):
+        meta = {**meta, HASHES: {k: v for k, v in hashes.items() if k != name}}
+    text = json.dumps(json.loads(json.dumps(meta)), sort_keys=True, separators=(",", ":"))
+    return sha256_of(text.encode())
 
 
 def write_file(path: Path, data: bytes) -> None:
@@ -131,7 +152,13 @@ def write_pair(
 
 
 def write_json(path: Path, meta: dict[str, Any]) -> None:
-    """Write ``meta`` as indented JSON to ``path`` with :func:`write_file`."""
+    """Write ``meta`` as indented JSON to ``path`` with :func:`write_file`; a result's JSON
+    (``meta`` holding :data:`HASHES`) records there, under its own name, the digest of its own
+    content (:func:`json_digest`)."""
+    if isinstance(meta.get(HASHES), dict):
+        hashes = {k: v for k, v in meta[HASHES].items() if k != path.name}
+        meta = {**meta, HASHES: hashes}
+        meta[HASHES][path.name] = json_digest(meta, path.name)
     write_file(path, json.dumps(meta, indent=2).encode())
 
 
@@ -179,9 +206,10 @@ def save_folder(
         The folder.
 
     Raises:
-        InvalidInputError: ``path`` is a file, or its parent cannot be created.
+        InvalidInputError: ``path`` is not a path (``""``, ``None``), is a file, or its parent
+            cannot be created.
     """
-    target = Path(path).expanduser()
+    target = folder_path(path)
     if target.exists() and not target.is_dir():
         raise InvalidInputError(f"{str(target)!r} is a file; save() needs a folder")
     try:
@@ -252,19 +280,37 @@ def _swap_entries(new: Path, target: Path, manifest: str) -> None:
             shutil.rmtree(backup, ignore_errors=True)
 
 
-def read_json(folder: Path, name: str) -> Any:
+Parts = Sequence[str] | Callable[[dict[str, Any]], Sequence[str]]
+"""The files (relative paths) beside a saved result's JSON that its loader reads, which the
+JSON's :data:`HASHES` must record: a list, or a function of the JSON (e.g. of its ``modes``)."""
+
+
+def read_json(folder: Path, name: str, *, parts: Parts = ()) -> Any:
     """Read the JSON ``name`` of a saved result in ``folder`` and check the sha256 it records
-    (:data:`HASHES`, removed from the returned dict) of the other files it lists.
+    (:data:`HASHES`, removed from the returned dict): of its own content, of ``parts`` (which
+    it must record) and of every other file it lists.
 
     Raises:
-        ResultsNotFoundError: the JSON is missing. IncompatibleResultsError: it is not JSON, or
-            a file it lists is missing or does not match its recorded sha256.
+        ResultsNotFoundError: the JSON is missing. IncompatibleResultsError: it is not JSON, it
+            records no sha256 or not those of ``parts``, its content was edited, or a file it
+            lists is missing or does not match its recorded sha256.
     """
-    meta, _ = _read_checked(folder, name, {})
+    meta, _ = _read_checked(folder, name, {}, parts)
     return meta
 
 
-def _read_checked(folder: Path, name: str, read: dict[str, bytes]) -> tuple[Any, dict[str, str]]:
+def _unrecorded(path: Path, what: str) -> IncompatibleResultsError:
+    return IncompatibleResultsError(
+        f"{path} {what}: the result was saved incompletely or edited; save it again"
+    )
+
+
+def _read_checked(
+    folder: Path, name: str, read: dict[str, bytes], parts: Parts = ()
+) -> tuple[Any, dict[str, str]]:
+    """The JSON ``name`` (without :data:`HASHES`) and the sha256 it records, checked: present,
+    covering its own content (:func:`json_digest`), the files of ``read`` (already read: name
+    -> bytes) and ``parts``, and matching every file it lists."""
     path = folder / name
     if not path.is_file():
         raise ResultsNotFoundError(
@@ -276,9 +322,11 @@ def _read_checked(folder: Path, name: str, read: dict[str, bytes]) -> tuple[Any,
         raise IncompatibleResultsError(
             f"cannot read {path}: {err}; the file is corrupt: save the result again"
         ) from None
-    if not isinstance(meta, dict) or HASHES not in meta:
-        return meta, {}  # saved before the hashes were recorded (or not a result: checked later)
-    hashes = meta.pop(HASHES)
+    if not isinstance(meta, dict):
+        return meta, {}  # not a result: the loader refuses its format
+    if not meta.get(HASHES):
+        raise _unrecorded(path, f"records no sha256 of its files ({HASHES!r} missing or empty)")
+    hashes = meta[HASHES]
     if not isinstance(hashes, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and _relative(k) for k, v in hashes.items()
     ):
@@ -286,6 +334,17 @@ def _read_checked(folder: Path, name: str, read: dict[str, bytes]) -> tuple[Any,
             f"{path} records {HASHES}={hashes!r}, not file names and sha256 digests; the file "
             "was edited: save the result again"
         )
+    own = hashes.get(name)
+    if own is None:
+        raise _unrecorded(path, "records no digest of its own content")
+    if own is not None and own != json_digest(meta, name):
+        raise _unrecorded(path, "does not match the digest of its content that it records")
+    meta.pop(HASHES)
+    hashes = {k: v for k, v in hashes.items() if k != name}
+    needed = list(read) + list(parts(meta) if callable(parts) else parts)
+    missing = [part for part in needed if part not in hashes]
+    if missing:
+        raise _unrecorded(path, f"records no sha256 of {missing}, which the loader reads")
     for part, digest in hashes.items():
         data = read.get(part)
         if data is None:
@@ -323,14 +382,17 @@ def _leftover_hint(folder: Path) -> str:
     )
 
 
-def read_saved(folder: Path, stem: str) -> tuple[Any, dict[str, torch.Tensor]]:
+def read_saved(
+    folder: Path, stem: str, *, parts: Parts = ()
+) -> tuple[Any, dict[str, torch.Tensor]]:
     """Read ``{stem}.json`` and ``{stem}.safetensors`` of a saved result (never pickle), and
-    check the sha256 that the JSON records (:data:`HASHES`; not returned) of the safetensors
-    and of any part it lists.
+    check the sha256 that the JSON records (:data:`HASHES`; not returned): of its own content,
+    of the safetensors and of ``parts`` (which it must record), and of any other part it lists.
 
     Raises:
         ResultsNotFoundError: a file is missing. IncompatibleResultsError: a file is corrupt,
-            or does not match the sha256 recorded in the JSON (saved incompletely or edited).
+            the JSON records no sha256 or not those of the files read, or a file does not match
+            the sha256 recorded in the JSON (saved incompletely or edited).
     """
     from safetensors.torch import load
 
@@ -344,7 +406,7 @@ def read_saved(folder: Path, stem: str) -> tuple[Any, dict[str, torch.Tensor]]:
         data = (folder / f"{stem}.safetensors").read_bytes()
     except OSError as err:
         raise IncompatibleResultsError(f"cannot read the {stem} in {folder}: {err}") from None
-    meta, _ = _read_checked(folder, f"{stem}.json", {f"{stem}.safetensors": data})
+    meta, _ = _read_checked(folder, f"{stem}.json", {f"{stem}.safetensors": data}, parts)
     try:
         tensors = load(data)
     except Exception as err:  # corrupt safetensors
@@ -359,13 +421,28 @@ def _deep_tuple(value: Any) -> Any:
     return tuple(_deep_tuple(v) for v in value) if isinstance(value, list) else value
 
 
+def folder_path(path: Any) -> Path:
+    """``path`` (a ``str`` or ``os.PathLike``, ``~`` expanded) as the folder of a save.
+
+    Raises:
+        InvalidInputError: ``path`` is empty, ``None`` or not a path.
+    """
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise InvalidInputError(
+            f"save() needs a folder path (a str or pathlib.Path, e.g. 'results/profile'), got "
+            f"{path!r}"
+        )
+    return Path(path).expanduser()
+
+
 def prepare_folder(path: str | Path) -> Path:
     """Create the folder ``path`` (parents too) and return it.
 
     Raises:
-        InvalidInputError: ``path`` is a file, or cannot be created (e.g. a parent is a file).
+        InvalidInputError: ``path`` is not a path (``""``, ``None``), is a file, or cannot be
+            created (e.g. a parent is a file).
     """
-    folder = Path(path).expanduser()
+    folder = folder_path(path)
     if folder.exists() and not folder.is_dir():
         raise InvalidInputError(f"{str(folder)!r} is a file; save() needs a folder")
     try:
@@ -544,6 +621,8 @@ def _annotated(annotation: str, value: Any, name: str) -> None:
         return
     ok = False
     for kind in kinds:
+        if kind == "None":
+            continue  # None itself passed above
         if kind == "int":
             ok = ok or _is_int(value)
         elif kind == "float":
@@ -621,7 +700,34 @@ def check_provenance(prov: Any) -> dict[str, Any]:
         _annotated(known[name], value, f"provenance.{name}")
         if isinstance(value, list):
             out[name] = tuple(value)
+        allowed = _PROVENANCE_CHOICES.get(name)
+        if allowed is not None and value not in allowed:
+            raise FieldError("provenance", f"provenance.{name}={value!r} must be one of {allowed}")
+    dtype = prov.get("dtype", "")
+    if dtype and not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise FieldError("provenance", f"provenance.dtype={dtype!r} is not a torch dtype")
+    digests = str(prov.get("data_sha256", "")).split(" + ")
+    if not all(not d or re.fullmatch(r"[0-9a-f]{64}", d) for d in digests):
+        raise FieldError(
+            "provenance",
+            f"provenance.data_sha256={prov.get('data_sha256')!r} must be empty or sha256 hex "
+            "digests (64 characters 0-9a-f) joined by ' + '",
+        )
+    rows = str(prov.get("data_rows", ""))
+    if len(rows) % ROW_DIGITS or not re.fullmatch(r"[0-9a-f]*", rows):
+        raise FieldError(
+            "provenance",
+            f"provenance.data_rows must be {ROW_DIGITS} hex digits (0-9a-f) per sequence",
+        )
     return out
+
+
+_PROVENANCE_CHOICES: dict[str, list[Any]] = {
+    "backend": ["hooked", "bridge", "none"],
+    "weights": ["raw", "processed", "unknown"],
+}
+"""The values :class:`Provenance` documents for its fields with a fixed set (``bos``:
+true/false/null, by its type)."""
 
 
 _REPEATS = ("n_massive",)
@@ -814,9 +920,9 @@ first part's: parts of another model, checkpoint, dtype or weights would be misl
 
 def check_mergeable(parts: Sequence[Any], what: str) -> None:
     """Refuse parts that cannot be added up into one result: a different
-    :data:`MERGE_PROVENANCE` field, or overlapping data: the same result object twice, or the
+    :data:`MERGE_PROVENANCE` field, or overlapping data: the same result object twice, the
     same ``provenance.data_sha256`` (split on ``" + "`` for merged parts; an empty hash is not
-    recorded, and overlaps nothing).
+    recorded, and overlaps nothing), or any sequence in common (``provenance.data_rows``).
 
     Raises:
         IncompatibleResultsError: naming the field and both values, or the parts that overlap.
@@ -825,6 +931,17 @@ def check_mergeable(parts: Sequence[Any], what: str) -> None:
     for i, part in enumerate(parts[1:], 1):
         for name in MERGE_PROVENANCE:
             a, b = getattr(first, name), getattr(part.provenance, name)
+            given_parts = [
+                k for k, p in ((0, first), (i, part.provenance)) if p.data.startswith("given ")
+            ]
+            if a != b and given_parts:
+                given = given_parts[0]
+                raise IncompatibleResultsError(
+                    f"cannot merge {what} results: part {given} was computed from given "
+                    "activations (from_cache / from_activations), which record no model "
+                    f"(provenance.{name}: {a!r} vs {b!r}); merge it only with results computed "
+                    "the same way, or measure every part with the model"
+                )
             if a != b:
                 raise IncompatibleResultsError(
                     f"cannot merge {what} results with different provenance.{name}: {a!r} "
@@ -854,6 +971,18 @@ def check_mergeable(parts: Sequence[Any], what: str) -> None:
                     "the cross-sequence baseline). Merge results of disjoint data only"
                 )
             seen[digest] = i
+    owner: dict[str, int] = {}
+    for i, part in enumerate(parts):
+        rows = str(getattr(part.provenance, "data_rows", ""))
+        mine = {rows[k : k + ROW_DIGITS] for k in range(0, len(rows), ROW_DIGITS)}
+        shared = [row for row in mine if row in owner]
+        if shared:
+            raise IncompatibleResultsError(
+                f"cannot merge {what} results of overlapping data: parts {owner[shared[0]]} and "
+                f"{i} share {len(shared)} sequence(s) (provenance.data_rows); merging would "
+                "count them twice. Merge results of disjoint data only"
+            )
+        owner.update(dict.fromkeys(mine, i))
 
 
 class SavedResult:

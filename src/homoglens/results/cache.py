@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.architectures import resid_hook_name
+from homoglens.architectures import family_of, resid_hook_name
 from homoglens.assets import package_version
 from homoglens.errors import InvalidInputError
 from homoglens.results.base import Provenance
@@ -144,6 +144,7 @@ def cached_residuals(
     model_name = str(getattr(cfg, "model_name", "") or "none") if cfg is not None else "none"
     provenance = Provenance(
         model=model_name,
+        family=family_of(model) if model is not None else "none",
         backend=_backend_of(model) if model is not None else "none",
         dtype=str(tensors[0].dtype).removeprefix("torch."),
         hook_points=tuple(resid_hook_name(layer) for layer in chosen),

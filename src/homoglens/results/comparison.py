@@ -582,7 +582,7 @@ class ModelComparison:
                 incompletely or edited).
         """
         folder = Path(path).expanduser()
-        meta, tensors = read_saved(folder, "comparison")
+        meta, tensors = read_saved(folder, "comparison", parts=_model_parts)
         if not isinstance(meta, dict) or meta.get("format") != "homoglens.ModelComparison/2":
             raise IncompatibleResultsError(f"{folder} does not hold a ModelComparison/2")
         keys = {"format", "labels", "layers", "variants", "computed", "heldout", "no_positions"}
@@ -653,3 +653,17 @@ cross-input readings on centred vectors, jackknife pseudo-values are not bounded
 
 
 COMPARISON_SCALARS = ("edge_k", "eps", "n_boot", "ci", "seed", "block", "sesoi", "loss_sesoi")
+
+
+def _model_parts(meta: dict[str, Any]) -> list[str]:
+    """The part JSONs a comparison's loader reads: the study, similarity and sink scores of
+    each computed model (``model_<i>/``, ``i`` its index among the labels)."""
+    labels, computed = meta.get("labels"), meta.get("computed")
+    if not isinstance(labels, list) or not isinstance(computed, list):
+        return []
+    return [
+        f"model_{labels.index(label)}/{name}"
+        for label in computed
+        if label in labels
+        for name in ("study/study.json", "similarity/similarity.json", "sinks/sink_scores.json")
+    ]

@@ -33,6 +33,7 @@ from homoglens.results.base import (
     write_pair,
 )
 from homoglens.results.cache import cached_residuals
+from homoglens.validate import as_int
 
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
@@ -165,13 +166,21 @@ class HomogenizationProfile:
         sequences with a counted token at position p, so from the first counted position on
         it starts at ``n_sequences`` and never rises, sums to ``n_tokens``, and fixes
         ``n_tokens_sq`` (the sum of T^2); ``prefix_count`` is ``count`` but at the first
-        counted position (0); nothing is summed where nothing is counted; the baseline is a
+        counted position (0), which is 0 unless ``provenance.exclude_first`` (then 1);
+        nothing is summed where nothing is counted; the baseline is a
         cosine (NaN only for one sequence) and the rank metrics lie in their ranges."""
         count = self.count.long()
         counted = torch.nonzero(count > 0).flatten()
         if len(counted) == 0:
             raise FieldError("count", "count is 0 at every position: nothing was counted")
         first = int(counted[0])
+        if first != int(self.provenance.exclude_first):
+            raise FieldError(
+                "provenance",
+                f"provenance.exclude_first={self.provenance.exclude_first} but the first counted "
+                f"position is {first} (count={count.tolist()}): position 0 is counted exactly "
+                "when it is not excluded",
+            )
         run = count[first:]
         if int(run[0]) != self.n_sequences or bool((run[1:] > run[:-1]).any()):
             raise FieldError(
@@ -474,6 +483,7 @@ class HomogenizationProfile:
                 first.provenance,
                 data=" + ".join(datas) if len(datas) <= 3 else f"{len(profiles)} merged parts",
                 data_sha256=" + ".join(p.provenance.data_sha256 for p in profiles),
+                data_rows="".join(p.provenance.data_rows for p in profiles),
                 bos=bos_values.pop() if len(bos_values) == 1 else None,
             ),
         )
@@ -482,7 +492,8 @@ class HomogenizationProfile:
         """Return a new profile with only the given entries of the layer axis.
 
         Args:
-            layers: Values from ``self.layers`` (not indices into it), or one value.
+            layers: Values from ``self.layers`` (not indices into it), or one value; the
+                result holds them in ascending order, as a measurement's ``layers=`` does.
 
         Raises:
             IncompatibleResultsError: a requested layer is not in this profile.
@@ -492,6 +503,7 @@ class HomogenizationProfile:
         layers = list(layers)
         if not layers:
             raise InvalidInputError("sel() needs at least one layer")
+        layers = sorted(layers)  # ascending, as every measurement returns its layers
         missing = [layer for layer in layers if layer not in self.layers]
         if missing:
             raise IncompatibleResultsError(
@@ -540,7 +552,8 @@ class HomogenizationProfile:
             raise InvalidInputError(f"metric={metric!r} must be one of {sorted(sums)}")
         total, count = sums[metric]
         counted = torch.nonzero(count > 0).flatten()
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1 or 2 * k >= len(counted):
+        k = as_int("k", k, low=1)  # numpy integers too; a bool or a float is refused
+        if 2 * k >= len(counted):
             raise InvalidInputError(
                 f"k={k!r} must be a positive int with 2k < {len(counted)} "
                 "(the number of counted positions)"

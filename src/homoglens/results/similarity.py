@@ -217,7 +217,15 @@ class PositionalSimilarity(SavedResult):
         :func:`~homoglens.results.validate_result` on load): ``within_sum`` is a sum of Gram
         matrices of unit (or zero) vectors, so it is symmetric with a diagonal in [0, n]; each
         ``unit_sum[l, i]`` is a sum of n unit vectors (norm <= n); ``SP`` (``C[i, i]``) is a
-        cosine; ``n_massive`` holds one count per layer entry, only for ``centre="global"``."""
+        cosine; ``n_massive`` holds one count per layer entry, only for ``centre="global"``;
+        ``provenance.exclude_first`` is whether ``first_position`` is above 0."""
+        if self.provenance.exclude_first != (self.first_position > 0):
+            raise FieldError(
+                "provenance",
+                f"provenance.exclude_first={self.provenance.exclude_first} but first_position="
+                f"{self.first_position}: position 0 is left out exactly when the first counted "
+                "position is above 0",
+            )
         n = self.n_sequences
         within = self.within_sum.double()
         if not torch.allclose(within, within.transpose(1, 2), rtol=0, atol=1e-6 * max(n, 1)):
@@ -796,16 +804,18 @@ class PositionalSimilarity(SavedResult):
                 first.provenance,
                 data=" + ".join(datas) if len(datas) <= 3 else f"{len(parts)} merged parts",
                 data_sha256=" + ".join(p.provenance.data_sha256 for p in parts),
+                data_rows="".join(p.provenance.data_rows for p in parts),
             ),
         )
 
     def sel(self, layers: list[int] | tuple[int, ...] | int) -> PositionalSimilarity:
-        """A new result with only the given entries of the layer axis (values, not indices).
+        """A new result with only the given entries of the layer axis (values, not indices),
+        in ascending order, as a measurement's ``layers=`` returns them.
 
         Raises:
             IncompatibleResultsError: a requested layer is not in this result.
         """
-        chosen = [layers] if isinstance(layers, int) else list(layers)
+        chosen = sorted([layers] if isinstance(layers, int) else list(layers))
         missing = [layer for layer in chosen if layer not in self.layers]
         if missing or not chosen:
             raise IncompatibleResultsError(

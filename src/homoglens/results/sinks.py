@@ -67,9 +67,9 @@ class SinkScores(SavedResult):
     _bounds: ClassVar[dict[str, Bounds]] = {
         "key": NON_NEGATIVE,
         "n_sequences": Bounds(1.0),
-        "mass": UNIT_OR_NAN,  # NaN: no query comes after key
+        "mass": UNIT_OR_NAN,  # NaN: no query comes after key (every head: checked below)
         "mass_by_query": UNIT_OR_NAN,  # NaN for q <= key
-        "importance": UNIT_OR_NAN,  # NaN: no sequence long enough
+        "importance": UNIT,  # every sequence reaches key: never NaN
         "sink_rate_by_head": UNIT,
     }
 
@@ -97,8 +97,9 @@ class SinkScores(SavedResult):
 
     def _check_values(self) -> None:
         """Run on load: ``key`` is a position of ``mass_by_query`` (NaN up to it, as no query
-        there comes after it), and ``sink_rate_by_head`` is a share of the ``n_sequences``
-        sequences (a whole number of them)."""
+        there comes after it, and NaN for every head or none at each query), ``mass`` NaN only
+        where no query comes after ``key`` at all, and ``sink_rate_by_head`` is a share of the
+        ``n_sequences`` sequences (a whole number of them)."""
         n_query = int(self.mass_by_query.shape[-1])
         if self.key >= max(n_query, 1):
             raise FieldError("key", f"key={self.key} is not a position of the {n_query} queries")
@@ -107,6 +108,22 @@ class SinkScores(SavedResult):
                 "mass_by_query",
                 f"mass_by_query must be NaN at queries q <= key={self.key} (no attention to a "
                 "later key): key and mass_by_query do not fit together",
+            )
+        # NaN says that no sequence has the query (mass: any query after key): the same for
+        # every head, and mass NaN exactly when mass_by_query is NaN at every query
+        by_query = torch.isnan(self.mass_by_query)
+        if bool((by_query != by_query[:1, :1]).any()):
+            raise FieldError(
+                "mass_by_query",
+                "mass_by_query is NaN for some heads but not others at one query position (NaN "
+                "says no sequence has a query there, the same for every head)",
+            )
+        empty = bool(by_query[0, 0].all()) if by_query.numel() else True
+        if bool((torch.isnan(self.mass) != empty).any()):
+            raise FieldError(
+                "mass",
+                "mass must be NaN exactly when no query comes after key in any sequence "
+                f"(mass_by_query NaN at every query: {empty}), for every head alike",
             )
         share = self.sink_rate_by_head.double() * self.n_sequences
         if bool(((share - share.round()).abs() > 1e-6 * max(self.n_sequences, 1)).any()):
@@ -584,7 +601,9 @@ class SinkAttribution(SavedResult):
 
     def _check_values(self) -> None:
         """Run on load: the fast method has no per-position or joint values; a joint change
-        comes with its per-position curve; a metric not attributed is NaN for every head."""
+        comes with its per-position curve; a metric not attributed is NaN for every head (and
+        jointly); the per-position values are NaN exactly at the positions no sequence reaches,
+        the last ones."""
         if self.method == "fast" and (
             self.delta_to_others is not None or self.joint_delta is not None
         ):
@@ -601,6 +620,29 @@ class SinkAttribution(SavedResult):
                 "delta", "delta is NaN for some heads only: a metric is attributed to every head "
                 "or to none"
             )  # fmt: skip
+        if self.joint_delta is not None and not torch.equal(
+            torch.isnan(self.joint_delta), nan.all(0)
+        ):
+            raise FieldError(
+                "joint_delta",
+                "joint_delta is NaN where delta is not, or not NaN "
+                "where it is (a metric not attributed)",
+            )
+        unreached = torch.isnan(self.base_to_others)  # no sequence reaches the position
+        if bool((unreached[:-1] & ~unreached[1:]).any()):
+            raise FieldError(
+                "base_to_others",
+                "base_to_others is NaN at a position that a "
+                "later counted position follows (NaN: no sequence reaches it)",
+            )
+        for name in ("delta_to_others", "joint_delta_to_others"):
+            values = getattr(self, name)
+            if values is not None and bool((torch.isnan(values) != unreached).any()):
+                raise FieldError(
+                    name,
+                    f"{name} is NaN at other positions than base_to_others "
+                    "(NaN: no sequence reaches the position)",
+                )
 
     def _metric(self, metric: str) -> int:
         if metric not in ATTRIBUTION_METRICS:
@@ -721,6 +763,9 @@ class SinkAttribution(SavedResult):
 
 _PARTS = ("scores", "massive", "fast", "exact")
 _ANALYSIS = "homoglens.SinkAnalysis/1"
+_ANALYSIS_PARTS = ("scores/sink_scores.json", "massive/massive.json", "fast/attribution.json",
+                   "exact/attribution.json")  # fmt: skip
+"""The part JSONs that ``analysis.json`` must record (each part's own ``_stem``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -762,18 +807,16 @@ class SinkAnalysis:
 
     @classmethod
     def load(cls, path: str | Path) -> SinkAnalysis:
-        """Load what :meth:`save` wrote (an analysis saved before ``analysis.json`` existed
-        loads from its four parts).
+        """Load what :meth:`save` wrote (``analysis.json`` and its four parts).
 
         Raises:
             ResultsNotFoundError: a part is missing. IncompatibleResultsError: a bad file, a
                 part that does not match the sha256 recorded in ``analysis.json`` (saved
                 incompletely or edited), or parts that do not belong together."""
         folder = Path(path).expanduser()
-        if (folder / "analysis.json").is_file():
-            meta = read_json(folder, "analysis.json")
-            if not isinstance(meta, dict) or meta.get("format") != _ANALYSIS:
-                raise IncompatibleResultsError(f"{folder} does not hold a {_ANALYSIS} result")
+        meta = read_json(folder, "analysis.json", parts=_ANALYSIS_PARTS)
+        if not isinstance(meta, dict) or meta.get("format") != _ANALYSIS:
+            raise IncompatibleResultsError(f"{folder} does not hold a {_ANALYSIS} result")
         result = cls(
             scores=SinkScores.load(folder / "scores"),
             massive=MassiveActivations.load(folder / "massive"),

@@ -138,8 +138,8 @@ class PositionAblationStudy:
         "loss": NON_NEGATIVE,
         "mean_pairwise": COSINE,
         "to_others": COSINE_OR_NAN,  # NaN where a sequence has no such position
-        "icl": FINITE_OR_NAN,  # NaN under 16 tokens
-        "induction_loss": Bounds(0.0, nan=True),  # NaN when not measured
+        "icl": FINITE_OR_NAN,  # NaN under 16 tokens (the same sequences in every mode)
+        "induction_loss": Bounds(0.0, nan=True),  # NaN: a mode not measured (all of its row)
         "n_boot": Bounds(1.0),
     }
 
@@ -186,8 +186,23 @@ class PositionAblationStudy:
         """Run on load: every mode's profile holds the same layers and the study's sequences,
         and the per-sequence values are those its sums were made of (the sequences with a
         value at each position are the profile's ``count``; their means are the profile's
-        ``mean_pairwise`` and ``to_others``)."""
+        ``mean_pairwise`` and ``to_others``); ``icl`` is NaN for the same sequences in every
+        mode measured, ``induction_loss`` for a whole mode or not at all."""
         n_seq = int(self.loss.shape[1])
+        if self.icl is not None:  # NaN: a sequence under 16 tokens, whatever the mode
+            nan = torch.isnan(self.icl)
+            rows = nan[~nan.all(1)]
+            if len(rows) and bool((rows != rows[:1]).any()):
+                raise FieldError(
+                    "icl", "icl is NaN for a sequence in some modes only (NaN: under 16 tokens)"
+                )
+        if self.induction_loss is not None:  # NaN: a whole mode not measured
+            nan = torch.isnan(self.induction_loss)
+            if not torch.equal(nan.all(1), nan.any(1)):
+                raise FieldError(
+                    "induction_loss",
+                    "induction_loss is NaN for some repeats of a mode only (NaN: not measured)",
+                )
         present = ~torch.isnan(self.to_others)  # [mode seq layer pos]
         for m, mode in enumerate(self.modes):
             prof = self.profiles[mode]
@@ -439,7 +454,7 @@ class PositionAblationStudy:
                 ``study.json`` (saved incompletely or edited).
         """
         folder = Path(path).expanduser()
-        meta, tensors = read_saved(folder, "study")
+        meta, tensors = read_saved(folder, "study", parts=_profile_parts)
         if not isinstance(meta, dict) or meta.get("format") != "homoglens.PositionAblationStudy/1":
             raise IncompatibleResultsError(f"{folder} does not hold a PositionAblationStudy")
         keys = {"format", "modes", "settings", "n_boot", "ci", "seed"}
@@ -475,3 +490,13 @@ class PositionAblationStudy:
             f"PositionAblationStudy(model={p.model!r}, modes={list(self.modes)}, "
             f"n_sequences={self.loss.shape[1]}, layers={len(self.layers)})"
         )
+
+
+def _profile_parts(meta: dict[str, Any]) -> list[str]:
+    """The profile JSONs a study's loader reads (one per mode of ``study.json``)."""
+    modes = meta.get("modes")
+    return (
+        [f"profile_{m}/profile.json" for m in modes if isinstance(m, str)]
+        if isinstance(modes, list)
+        else []
+    )
