@@ -643,10 +643,15 @@ def edge_groups(n_pos: int, edge_k: int) -> tuple[range, range, range]:
             reference needs two middle positions).
     """
     if n_pos < 2 * edge_k + 2:
+        most = (n_pos - 2) // 2
+        fix = (
+            f"lower edge_k to at most {most} or use longer windows"
+            if most >= 1
+            else "use windows of at least 4 counted positions (longer texts)"
+        )
         raise InvalidInputError(
             f"edge_k={edge_k} is too large for {n_pos} counted positions: the two edges and a "
-            f"middle of at least 2 positions need {2 * edge_k + 2}; lower edge_k to at most "
-            f"{max(0, (n_pos - 2) // 2)} or use longer windows"
+            f"middle of at least 2 positions need {2 * edge_k + 2}; {fix}"
         )
     return range(edge_k), range(edge_k, n_pos - edge_k), range(n_pos - edge_k, n_pos)
 

@@ -78,8 +78,9 @@ def position_ablation_study(
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
         data: As for :func:`homogenization_profile`.
-        modes: Ablations to run (see :func:`position_ablation_hooks`); ``"none"`` is always
-            run first. Default: :func:`default_ablation_modes`.
+        modes: Ablations to run, a name or a list of names (see
+            :func:`position_ablation_hooks`); ``"none"`` is always run first. Default:
+            :func:`default_ablation_modes`.
         layers: Entries of the residual axis to measure (default all).
         positions: Restrict every ablation to these positions.
         seed: Seed of the ``"permute"`` permutation and of the bootstrap.
@@ -106,6 +107,8 @@ def position_ablation_study(
     """
     progress = as_bool("progress", progress)
     info = model_info(model)
+    if isinstance(modes, str):  # one mode, not its characters
+        modes = [modes]
     chosen_modes = list(default_ablation_modes(model) if modes is None else modes)
     unknown = [m for m in chosen_modes if m not in POSITION_ABLATIONS]
     if unknown or not chosen_modes:
@@ -143,8 +146,16 @@ def position_ablation_study(
         )
         for mode in chosen_modes
     }
+    longest = int(batch.lengths.max())
+    beyond = sorted({int(p) for p in positions or () if int(p) >= longest})
+    if beyond:
+        raise InvalidInputError(
+            f"positions {beyond} lie beyond every window of the data (longest: {longest} "
+            "tokens), so ablating them would change nothing; give positions below the windows' "
+            "length, or longer windows"
+        )
     if "shift" in chosen_modes and positions is None:
-        last = int(batch.lengths.max()) - 1
+        last = longest - 1
         if not 0 <= last + shift < int(model.cfg.n_ctx):
             raise InvalidInputError(
                 f"shift={shift} moves position {last} to {last + shift}, outside "

@@ -45,12 +45,13 @@ def test_the_same_texts_as_a_streamed_dataset_overlap_too(model) -> None:
 
 
 def test_parts_with_and_without_bos_merge_as_one_mixed_pass(model) -> None:
-    """Not refused: the merge equals one pass over the union (a mixed batch), and says so with
-    ``bos=None``, as that pass does."""
+    """Not refused: the merge equals one pass over the union (a mixed batch) and records
+    ``bos=None``, as that pass does; a warning says so."""
     import torch
 
     with_bos, without = _profile(model, TEXTS[:2]), _profile(model, TEXTS[2:], bos="never")
-    merged = HomogenizationProfile.merge(with_bos, without)
+    with pytest.warns(UserWarning, match="with and without a BOS"):
+        merged = HomogenizationProfile.merge(with_bos, without)
     assert merged.provenance.bos is None and with_bos.provenance.bos is True
     tokens = [
         t.tolist() for t in _ids(model, TEXTS[:2], "always") + _ids(model, TEXTS[2:], "never")

@@ -291,3 +291,13 @@ def test_a_folder_given_as_a_text_file_is_said_to_be_a_folder(get_model, tmp_pat
     model = get_model("gpt2", BACKENDS[-1])
     with pytest.raises(InvalidInputError, match="is a folder"):
         to_token_batch(model, Path(tmp_path))
+
+
+def test_a_device_given_as_a_text_file_is_not_said_to_be_missing(get_model) -> None:
+    from pathlib import Path
+
+    from homoglens import InvalidInputError, to_token_batch
+
+    model = get_model("gpt2", BACKENDS[-1])
+    with pytest.raises(InvalidInputError, match="not a regular file"):
+        to_token_batch(model, Path("/dev/null"))

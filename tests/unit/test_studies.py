@@ -164,3 +164,22 @@ def test_study_independent_of_batch_size_with_mixed_lengths(mode, get_model):
     assert torch.allclose(runs[0].loss, runs[1].loss, atol=1e-5)
     # per-sequence results stay in input order: sequence 1 is the longest
     assert runs[0].to_others[0, 1].isfinite().sum() > runs[0].to_others[0, 0].isfinite().sum()
+
+
+def test_ablation_positions_beyond_every_window_are_refused(get_model) -> None:
+    """positions=[100] on 32-token windows ablated nothing: the 'zero' row equalled 'none'."""
+    from homoglens import InvalidInputError, corpus_windows, position_ablation_study
+
+    model = get_model("gpt2", BACKENDS[-1])
+    windows = corpus_windows(model, n_seq=2, seq_len=32)
+    with pytest.raises(InvalidInputError, match=r"positions \[100\] lie beyond every window"):
+        position_ablation_study(model, windows, modes=["zero"], positions=[5, 100], progress=False)
+
+
+def test_one_mode_given_as_a_string_is_that_mode(get_model) -> None:
+    from homoglens import corpus_windows, position_ablation_study
+
+    model = get_model("gpt2", BACKENDS[-1])
+    windows = corpus_windows(model, n_seq=4, seq_len=16)
+    study = position_ablation_study(model, windows, modes="zero", n_boot=20, progress=False)
+    assert study.modes == ("none", "zero")

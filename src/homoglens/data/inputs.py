@@ -259,6 +259,11 @@ def _check_text_file(path: Path) -> None:
         raise InvalidInputError(
             f"text file {str(path)!r} is a folder; give the path of a UTF-8 text file in it"
         )
+    if path.exists() and not path.is_file():
+        raise InvalidInputError(
+            f"text file {str(path)!r} is not a regular file (a device, pipe or socket); give "
+            "the path of a UTF-8 text file"
+        )
     if not path.is_file():
         raise InvalidInputError(f"text file {str(path)!r} does not exist")
 

@@ -949,6 +949,17 @@ def check_mergeable(parts: Sequence[Any], what: str) -> None:
                     "checkpoint, weights and dtype measured the same way, and compare the "
                     "others side by side"
                 )
+    if len({part.provenance.bos for part in parts}) > 1:
+        import warnings
+
+        warnings.warn(
+            f"homoglens: merging {what} parts with and without a BOS at position 0 (provenance."
+            f"bos {[part.provenance.bos for part in parts]}): each position then averages BOS "
+            "and text tokens alike, as one pass over the mixed data would; the result records "
+            "bos=None. Merge parts measured with one bos= policy to keep position 0 one thing",
+            UserWarning,
+            stacklevel=3,
+        )
     for i, part in enumerate(parts):
         for j in range(i):
             if parts[j] is part:
