@@ -376,15 +376,23 @@ def estimate(
             )
     known_block = None
     if windows is None:
+        asked = block != "auto"  # a block the caller chose: lowering it is said
         if block == "auto":
             series = sum(w * g.double().nanmean(0) for g, w in zip(groups, weights, strict=True))
             block = auto_block(torch.as_tensor(series))
         block = as_block(block)
         assert block != "auto"
-        with warnings.catch_warnings():  # the block is lowered below 4 blocks: said below
+        with warnings.catch_warnings():  # the block is lowered below 4 blocks: said here
             warnings.simplefilter("ignore", UserWarning)
             windows = window_resamples(n_window, block=block, n_boot=n_boot, seed=seed)
         known_block = block if block == 1 or n_window >= 4 * block else max(1, n_window // 4)
+        if asked and known_block != block and n_window >= MIN_WINDOWS:
+            warnings.warn(
+                f"homoglens: block={block} makes fewer than 4 blocks of the {n_window} windows; "
+                f"the intervals use blocks of {known_block} windows",
+                UserWarning,
+                stacklevel=3,
+            )
     n_boot = int(windows.shape[0])
     dist = torch.zeros(n_boot, dtype=torch.float64, device="cpu")
     flat = torch.zeros(n_boot, dtype=torch.float64, device="cpu")  # windows resampled, seeds kept

@@ -71,3 +71,19 @@ def test_estimate_covers_at_small_n(n: int) -> None:
     assert hits / 200 >= 0.92
     with pytest.warns(UserWarning, match="too few"):
         assert math.isnan(estimate([torch.tensor([[0.1, 0.3]])]).ci_low)
+
+
+def test_a_chosen_block_too_long_for_the_windows_is_said() -> None:
+    """block=100 on 16 windows used blocks of 4 without a word (the result recorded 100)."""
+    import warnings
+
+    import torch
+
+    from homoglens.stats import estimate
+
+    values = torch.randn(1, 16, generator=torch.Generator().manual_seed(0)).double()
+    with pytest.warns(UserWarning, match="block=100 makes fewer than 4 blocks"):
+        estimate([values], block=100, n_boot=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "auto" chooses what fits: nothing to say
+        estimate([values], block="auto", n_boot=50)
