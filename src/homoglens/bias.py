@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -41,7 +42,7 @@ from homoglens.similarity_math import (
     on_cpu_rows,
     similarity_coefficients,
 )
-from homoglens.stats import as_block
+from homoglens.stats import MIN_WINDOWS, as_block
 from homoglens.types import AttentionBiasKind, BosPolicy, HookedModel, HookSpec
 from homoglens.validate import as_bool, as_float, as_int, at_most
 
@@ -403,6 +404,16 @@ def attention_bias_study(
             "corpus_windows(model, ..., seq_len=T)"
         )
     length = int(lengths[0])
+    n_windows = len(batch)
+    if block != "auto" and block > 1 and n_windows < 4 * block and n_windows >= MIN_WINDOWS:
+        lowered = max(1, n_windows // 4)  # what every interval would use: said once, recorded
+        warnings.warn(
+            f"homoglens: block={block} makes fewer than 4 blocks of the {n_windows} windows; the "
+            f"intervals use (and the result records) block={lowered}",
+            UserWarning,
+            stacklevel=2,
+        )
+        block = lowered
     plan0 = plans[0]
     if plan0.first_k >= length or plan0.window > length:
         raise InvalidInputError(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -296,9 +297,10 @@ def entry_terms(
     chunks = _Chunks.of(x, chunk)  # the Gram matrices first: their diagonals give the norms
     norms = chunks.norms()  # [batch pos]
     top = (norms * w).amax(1)
+    bottom = norms.masked_fill(w == 0, 1.0).amin(1)  # 0: a counted zero vector
     low, high = _SAFE_MAGNITUDE
     exponent = None
-    if not bool(((top >= low * math.sqrt(x.shape[-1])) & (top <= high)).all()):
+    if not bool(((top >= low * math.sqrt(x.shape[-1])) & (top <= high) & (bottom > 0)).all()):
         # Two reductions give each vector's largest |entry| and its finiteness (NaN and inf
         # propagate through amax / amin), with no full-size temporary.
         inc = w > 0
@@ -309,6 +311,15 @@ def entry_terms(
             raise NonFiniteActivationError(
                 f"{bad} counted residual vectors hold NaN or inf; nothing was averaged in. "
                 "Check the model dtype (float16 overflows) or the weights"
+            )
+        zero = int(((largest == 0) & inc).sum())
+        if zero:
+            warnings.warn(
+                f"homoglens: {zero} counted vectors are exactly zero; a cosine with a zero "
+                "vector is undefined and counts as 0 in every similarity statistic (leave "
+                "them out with attention_mask)",
+                UserWarning,
+                stacklevel=2,
             )
         if not bool(finite.all()):  # NaN/inf on pads only: keep them out
             x = x.masked_fill(~inc[..., None], 0.0)

@@ -13,6 +13,7 @@ holds for unpadded and right-padded batches (homoglens always runs right-padded)
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -122,6 +123,14 @@ def _cached_source(plan: PositionPlan, n_pos: int) -> tuple[torch.Tensor, torch.
         changed = torch.zeros(n_pos, dtype=torch.bool, device=cpu)
         chosen = [p for p in plan.positions if p < n_pos]
         changed[chosen] = True
+        if not chosen and plan.how != "none":  # said once per plan and length (cached)
+            warnings.warn(
+                f"homoglens: positions {list(plan.positions)[:8]} lie beyond these "
+                f"{n_pos}-token sequences; the {plan.how!r} ablation changes nothing in them "
+                "(give positions below the sequence length)",
+                UserWarning,
+                stacklevel=2,
+            )
     if plan.how in ("none", "mean"):
         return own, changed & (plan.how == "mean")
     if plan.how == "zero":

@@ -66,7 +66,7 @@ from homoglens.types import (
     PositionAblation,
     signature_of,
 )
-from homoglens.validate import as_float, as_int
+from homoglens.validate import as_float, as_int, int_list
 
 __all__ = [
     "ATTENTION_BIAS_KINDS",
@@ -82,31 +82,6 @@ __all__ = [
     "position_ablation_hooks",
     "residual_write_hooks",
 ]
-
-
-def _int_list(name: str, values: Any, low: int, high: int, what: str) -> tuple[int, ...]:
-    """Validate a list / 1-d integer tensor / numpy array of distinct ints in [low, high)."""
-    if isinstance(values, torch.Tensor):
-        if values.is_floating_point() or values.is_complex() or values.ndim != 1:
-            raise InvalidInputError(f"{name} must be a 1-d integer tensor or a list of ints")
-        values = values.tolist()
-    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
-        values = values.tolist()  # numpy arrays
-    if isinstance(values, (str, bytes)):
-        raise InvalidInputError(f"{name}={values!r} must be a list of ints")
-    try:
-        out = tuple(as_int(name, v) for v in values)
-    except TypeError as err:
-        raise InvalidInputError(f"{name}={values!r} must be a list of ints") from err
-    if not out:
-        raise InvalidInputError(f"{name} is empty")
-    bad = [v for v in out if not low <= v < high]
-    if bad:
-        raise InvalidInputError(f"{name} {bad[:8]} lie outside {what} [{low}, {high})")
-    if len(set(out)) != len(out):
-        repeats = sorted({v for v in out if out.count(v) > 1})
-        raise InvalidInputError(f"{name} has repeated entries {repeats[:8]}")
-    return out
 
 
 def _plan(
@@ -131,7 +106,7 @@ def _plan(
     chosen = (
         None
         if positions is None
-        else tuple(sorted(_int_list("positions", positions, 0, n_ctx, window)))
+        else tuple(sorted(int_list("positions", positions, 0, n_ctx, window)))
     )
     perm_t = None
     if how == "permute":
@@ -140,7 +115,7 @@ def _plan(
         if perm is None and seed is None:
             raise InvalidInputError("how='permute' needs perm= (a permutation) or seed= (random)")
         if perm is not None:
-            perm_t = _int_list("perm", perm, 0, n_ctx, window)
+            perm_t = int_list("perm", perm, 0, n_ctx, window)
             if sorted(perm_t) != list(range(len(perm_t))):
                 raise InvalidInputError(
                     f"perm must be a permutation of 0..{len(perm_t) - 1}; got {list(perm_t)[:8]}"
@@ -561,7 +536,7 @@ def _chosen(name: str, values: Any, high: int, what: str) -> tuple[int, ...]:
     scalar = getattr(values, "ndim", None) == 0 or (
         isinstance(values, int) and not isinstance(values, bool)
     )
-    return tuple(sorted(_int_list(name, [values] if scalar else values, 0, high, what)))
+    return tuple(sorted(int_list(name, [values] if scalar else values, 0, high, what)))
 
 
 @contextlib.contextmanager

@@ -498,7 +498,8 @@ def cosine_homogenization(
         effective_rank: Also compute the effective rank per sequence.
 
     Returns:
-        A :class:`HomogenizationProfile` with ``layers == (0,)``.
+        A :class:`HomogenizationProfile` with ``layers == (0,)``. A counted vector that is
+        exactly zero has no direction: its cosines count as 0, with a warning (mask it out).
 
     Raises:
         InvalidInputError: wrong shapes, or a sequence with fewer than 2 counted tokens.

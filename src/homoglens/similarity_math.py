@@ -220,7 +220,12 @@ def drop_dimensions(
 def check_drop_dims(drop_dims: Any, d_model: int) -> int:
     """``drop_dims`` as an int in ``0 .. d_model - 1`` (a typed error that names the range)."""
     value = as_int("drop_dims", drop_dims)
-    if value < 0 or value >= d_model:
+    if value < 0:
+        raise InvalidInputError(
+            f"drop_dims={value} is negative; it counts the dimensions to zero: pass 0 (none) .. "
+            f"{d_model - 1}"
+        )
+    if value >= d_model:
         raise InvalidInputError(
             f"drop_dims={value} would zero every dimension of d_model={d_model}; pass 0 .. "
             f"{d_model - 1} (a few: the massive or rogue dimensions, e.g. 1-3)"

@@ -136,6 +136,9 @@ def auto_block(values: Float[torch.Tensor, "*any"]) -> int:
         The block length, >= 1 and at most ``min(3 sqrt(n), n / 3)`` (1 for fewer than 8
         values or no spread).
 
+    Raises:
+        InvalidInputError: no value that is not NaN, or an infinite value.
+
     References:
         Politis & White 2004, "Automatic block-length selection for the dependent bootstrap",
         doi:10.1081/ETC-120028836; Patton, Politis & White 2009 (correction),
@@ -147,9 +150,17 @@ def auto_block(values: Float[torch.Tensor, "*any"]) -> int:
         >>> auto_block(torch.randn(200, generator=torch.Generator().manual_seed(0)))
         1
     """
+    if not isinstance(values, torch.Tensor) or values.is_complex():
+        raise InvalidInputError("values must be a real tensor of per-window values")
     x = values.double().flatten()
     x = x[~torch.isnan(x)]
     n = int(x.numel())
+    if n == 0:
+        raise InvalidInputError(
+            f"auto_block needs per-window values, got {values.numel()} and none that is not NaN"
+        )
+    if not bool(torch.isfinite(x).all()):
+        raise InvalidInputError("values hold inf; a block length needs finite values")
     if n < 8:
         return 1
     x = x - x.mean()
@@ -325,7 +336,9 @@ def estimate(
 
     Args:
         groups: Per group, ``[seed window]`` per-window values of each seed (the same windows,
-            in the same order, for every group and seed).
+            in the same order, for every group and seed). NaN is a missing value: a window
+            with no value in some group is left out (of the means and of ``n_windows``), with a
+            warning.
         weights: One weight per group (default: all 1).
         windows: ``[boot window]`` from :func:`window_resamples`, shared by every group; default
             (``None``): drawn here with ``block`` and ``n_boot``.
@@ -348,7 +361,8 @@ def estimate(
         An :class:`Estimate`.
 
     Raises:
-        InvalidInputError: no groups, mismatched shapes or weights, bad ``sesoi``/``ci``.
+        InvalidInputError: no groups, mismatched shapes or weights, an infinite value, bad
+            ``sesoi``/``ci``.
 
     References:
         Saravanan et al. 2020, arXiv 2007.07797 (hierarchical bootstrap); Lakens 2017 (TOST).
@@ -374,12 +388,31 @@ def estimate(
             raise InvalidInputError(
                 f"each group must be [seed window] with {n_window} windows, got {tuple(g.shape)}"
             )
+    for g in groups:
+        if g.is_complex() or bool(torch.isinf(g).any()):
+            raise InvalidInputError(
+                "groups hold inf or complex values; estimate() takes finite per-window values "
+                "(NaN: a window without a value)"
+            )
+    # A window counts when every group has a value for it (in some seed); NaN ones are left out
+    # of the means and out of n_windows, and said.
+    present = torch.stack([~torch.isnan(g).all(0) for g in groups]).all(0)
+    n_real = int(present.sum())
+    if n_real < n_window:
+        warnings.warn(
+            f"homoglens: {n_window - n_real} of the {n_window} windows have no value (NaN) and "
+            f"are left out; the estimate rests on {n_real} windows",
+            UserWarning,
+            stacklevel=2,
+        )
+        groups = [g.double().masked_fill(~present, math.nan) for g in groups]
     known_block = None
     if windows is None:
         asked = block != "auto"  # a block the caller chose: lowering it is said
         if block == "auto":
             series = sum(w * g.double().nanmean(0) for g, w in zip(groups, weights, strict=True))
-            block = auto_block(torch.as_tensor(series))
+            series = torch.as_tensor(series)[present]
+            block = auto_block(series) if n_real else 1
         block = as_block(block)
         assert block != "auto"
         with warnings.catch_warnings():  # the block is lowered below 4 blocks: said here
@@ -422,10 +455,10 @@ def estimate(
     hierarchical = resample_seeds and fewest > 1
     df = math.inf
     if not hierarchical:
-        if n_window < MIN_WINDOWS:
-            if n_window > 1:
+        if n_real < MIN_WINDOWS:
+            if n_real > 1:
                 warnings.warn(
-                    f"{n_window} windows are too few for an interval (at least {MIN_WINDOWS}): "
+                    f"{n_real} windows are too few for an interval (at least {MIN_WINDOWS}): "
                     "se, interval and p-values are NaN; measure more windows",
                     stacklevel=2,
                 )
@@ -463,7 +496,7 @@ def estimate(
         p_tost=p_tost if math.isnan(p_tost) else min(1.0, max(0.0, p_tost)),
         sesoi=sesoi,
         df=df,
-        n_windows=n_window,
+        n_windows=n_real,
         n_seeds=n_seeds,
         seed_sd=math.sqrt(sd_num / sd_den) if sd_den else math.nan,
     )
@@ -476,6 +509,15 @@ def holm(p: Sequence[float]) -> list[float]:
     p_(j))``. A NaN p-value (a test that could not be run) stays NaN but still counts in m, as
     if it were 1, so that it cannot make the others look stronger.
 
+    Args:
+        p: The family's p-values, each in [0, 1] or NaN.
+
+    Returns:
+        The adjusted p-values, in the given order.
+
+    Raises:
+        InvalidInputError: a p-value outside [0, 1] (or not a number).
+
     References:
         Holm 1979, "A simple sequentially rejective multiple test procedure".
 
@@ -484,7 +526,15 @@ def holm(p: Sequence[float]) -> list[float]:
         >>> [round(p, 3) for p in holm([0.01, 0.04, 0.03, 0.005])]
         [0.03, 0.06, 0.06, 0.02]
     """
-    values = [float(x) for x in p]
+    try:
+        values = [float(x) for x in p]
+    except (TypeError, ValueError) as err:
+        raise InvalidInputError(f"p must be a sequence of p-values, got {p!r}") from err
+    bad = [v for v in values if not (math.isnan(v) or 0.0 <= v <= 1.0)]
+    if bad:
+        raise InvalidInputError(
+            f"p-values {bad[:8]} lie outside [0, 1]; give p-values (NaN: no test)"
+        )
     order = sorted((v, i) for i, v in enumerate(values) if not math.isnan(v))
     m = len(values)
     out = [math.nan] * len(values)
@@ -514,10 +564,23 @@ def verdict(
         alpha: Level of every test.
 
     Returns:
-        The verdict.
+        The verdict (``"inconclusive"`` for a NaN value or NaN p-values).
+
+    Raises:
+        InvalidInputError: ``predicted`` not +-1, a p-value outside [0, 1], ``alpha``
+            outside (0, 1).
+
+    References:
+        Schuirmann 1987; Lakens 2017, doi:10.1177/1948550617697177 (TOST, equivalence).
     """
     if predicted not in (1, -1):
         raise InvalidInputError(f"predicted={predicted!r} must be +1 or -1")
+    alpha = as_float("alpha", alpha, low=0.0, high=1.0)
+    for name, q in (("p", p), ("p_tost", p_tost)):
+        if not (math.isnan(q) or 0.0 <= q <= 1.0):
+            raise InvalidInputError(f"{name}={q!r} must be a p-value in [0, 1] (NaN: no test)")
+    if math.isnan(value):  # no estimate: nothing to judge
+        return "inconclusive"
     if not math.isnan(p_tost) and p_tost < alpha:
         return "equivalent"
     if not math.isnan(p) and p < alpha and value != 0:

@@ -28,7 +28,7 @@ from homoglens.models import model_info
 from homoglens.profile import profile_pass
 from homoglens.results import PositionAblationStudy
 from homoglens.types import POSITION_ABLATIONS, BosPolicy, HookedModel, HookSpec, PositionAblation
-from homoglens.validate import as_bool, as_float, as_int, check_layers
+from homoglens.validate import as_bool, as_float, as_int, check_layers, int_list
 
 __all__ = ["position_ablation_study", "default_ablation_modes", "massive_ablation_study"]
 
@@ -147,7 +147,12 @@ def position_ablation_study(
         for mode in chosen_modes
     }
     longest = int(batch.lengths.max())
-    beyond = sorted({int(p) for p in positions or () if int(p) >= longest})
+    given = (
+        ()
+        if positions is None
+        else int_list("positions", positions, 0, int(model.cfg.n_ctx), "the model's positions")
+    )
+    beyond = sorted(p for p in given if p >= longest)
     if beyond:
         raise InvalidInputError(
             f"positions {beyond} lie beyond every window of the data (longest: {longest} "

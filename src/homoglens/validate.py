@@ -134,6 +134,31 @@ def check_layers(layers: Any, n_layers: int, *, blocks: bool = False) -> tuple[i
     return tuple(sorted(chosen))
 
 
+def int_list(name: str, values: Any, low: int, high: int, what: str) -> tuple[int, ...]:
+    """Validate a list / 1-d integer tensor / numpy array of distinct ints in [low, high)."""
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.is_complex() or values.ndim != 1:
+            raise InvalidInputError(f"{name} must be a 1-d integer tensor or a list of ints")
+        values = values.tolist()
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+        values = values.tolist()  # numpy arrays
+    if isinstance(values, (str, bytes)):
+        raise InvalidInputError(f"{name}={values!r} must be a list of ints")
+    try:
+        out = tuple(as_int(name, v) for v in values)
+    except TypeError as err:
+        raise InvalidInputError(f"{name}={values!r} must be a list of ints") from err
+    if not out:
+        raise InvalidInputError(f"{name} is empty")
+    bad = [v for v in out if not low <= v < high]
+    if bad:
+        raise InvalidInputError(f"{name} {bad[:8]} lie outside {what} [{low}, {high})")
+    if len(set(out)) != len(out):
+        repeats = sorted({v for v in out if out.count(v) > 1})
+        raise InvalidInputError(f"{name} has repeated entries {repeats[:8]}")
+    return out
+
+
 def at_most(name: str, value: int, most: int, what: str) -> int:
     """``value`` if it is at most ``most``, else ``most`` with a warning that says so (a value
     larger than what there is to take is cut, never silently). ``what`` names ``most``."""

@@ -518,7 +518,8 @@ class AttentionBiasStudy(SavedResult):
             se = lo = hi = math.nan
             delta = float(values[i] - values[base])
             paired = None if per is None else per[i] - per[base]
-            if paired is not None and i != base and self.n_sequences > 1:
+            known = paired is not None and not bool(paired.isnan().all())  # NaN: not defined
+            if paired is not None and known and i != base and self.n_sequences > 1:
                 est = estimate([paired[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
                 se, lo, hi = est.se, est.ci_low, est.ci_high  # paired: the same windows
             moved = math.nan
@@ -618,12 +619,12 @@ class AttentionBiasStudy(SavedResult):
         central = float((values[up] - values[down]) / (2 * step))
         se = lo = hi = math.nan
         diff = None if per is None else (per[up] - per[down]) / (2 * step)
-        if diff is not None and self.n_sequences > 1:
+        if diff is not None and self.n_sequences > 1 and not bool(diff.isnan().all()):
             est = estimate([diff[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
             se, lo, hi = est.se, est.ci_low, est.ci_high
         grad, gper = self._gradient(metric, li)
         g_lo = g_hi = math.nan
-        if gper is not None and self.gradient_windows > 1:
+        if gper is not None and self.gradient_windows > 1 and not bool(gper.isnan().all()):
             g = estimate([gper[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
             g_lo, g_hi = g.ci_low, g.ci_high
         like = math.nan  # the central difference on the gradient's own windows

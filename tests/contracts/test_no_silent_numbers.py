@@ -1,0 +1,169 @@
+"""Edges where a number used to come back without a word (hostile round 4, issue 39): missing
+windows, p-values outside [0, 1], zero vectors, ablations that change nothing, a bootstrap block
+too long for the windows. Each is now said (a warning) or refused (a typed error)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import BACKENDS
+from homoglens import (
+    InvalidInputError,
+    ablated_positions,
+    attention_bias_study,
+    cosine_homogenization,
+    position_ablation_study,
+    similarity_from_activations,
+)
+from homoglens.stats import auto_block, estimate, holm, verdict
+
+
+def _values(n: int = 40, seed: int = 0) -> torch.Tensor:
+    return 0.1 + 0.01 * torch.randn(1, n, generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_nan_window_is_left_out_said_and_not_counted() -> None:
+    values = _values()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        whole = estimate([values], block=1, n_boot=200)
+    gapped = values.clone()
+    gapped[0, 5] = math.nan
+    with pytest.warns(UserWarning, match="1 of the 40 windows have no value"):
+        est = estimate([gapped], block=1, n_boot=200)
+    assert whole.n_windows == 40 and est.n_windows == 39
+    kept = torch.cat([values[:, :5], values[:, 6:]], 1)
+    assert est.value == pytest.approx(float(kept.double().mean()), abs=1e-12)
+
+
+def test_a_window_missing_in_one_group_leaves_the_difference() -> None:
+    a, b = _values(seed=1), _values(seed=2)
+    a[0, 3] = math.nan
+    with pytest.warns(UserWarning, match="1 of the 40 windows"):
+        est = estimate([a, b], weights=[1, -1], block=1, n_boot=200)
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[3] = False
+    expected = float((a[0, keep] - b[0, keep]).double().mean())
+    assert est.value == pytest.approx(expected, abs=1e-12) and est.n_windows == 39
+
+
+def test_too_few_real_windows_give_nan() -> None:
+    values = torch.full((1, 10), math.nan)
+    values[0, :3] = torch.tensor([0.1, 0.2, 0.3])
+    with pytest.warns(UserWarning):
+        est = estimate([values])
+    assert est.n_windows == 3 and math.isnan(est.se) and math.isnan(est.p)
+    with pytest.warns(UserWarning, match="10 of the 10 windows"):
+        empty = estimate([torch.full((1, 10), math.nan)])
+    assert empty.n_windows == 0 and math.isnan(empty.value)
+
+
+def test_infinite_values_are_refused() -> None:
+    values = _values()
+    values[0, 2] = math.inf
+    with pytest.raises(InvalidInputError, match="inf"):
+        estimate([values])
+    with pytest.raises(InvalidInputError, match="inf"):
+        auto_block(values)
+
+
+@pytest.mark.parametrize("values", [torch.zeros(0), torch.full((12,), math.nan)])
+def test_auto_block_refuses_no_values(values: torch.Tensor) -> None:
+    with pytest.raises(InvalidInputError, match="none that is not NaN"):
+        auto_block(values)
+
+
+@pytest.mark.parametrize("p", [[0.01, 2.0], [-0.1, 0.2], [1.0000001]])
+def test_holm_refuses_p_outside_the_unit_interval(p: list[float]) -> None:
+    with pytest.raises(InvalidInputError, match=r"outside \[0, 1\]"):
+        holm(p)
+
+
+def test_holm_keeps_nan_as_no_test() -> None:
+    adjusted = holm([0.01, math.nan, 0.02])
+    assert math.isnan(adjusted[1]) and adjusted[0] == pytest.approx(0.03)
+
+
+def test_verdict_of_no_estimate_is_inconclusive() -> None:
+    assert verdict(math.nan, 0.001, 0.5, predicted=1) == "inconclusive"
+    assert verdict(math.nan, math.nan, math.nan, predicted=-1) == "inconclusive"
+    assert verdict(0.2, 0.001, 0.9, predicted=-1) == "fails"  # a real result stays
+
+
+@pytest.mark.parametrize(("p", "p_tost"), [(2.0, 0.5), (0.01, -1.0)])
+def test_verdict_refuses_p_outside_the_unit_interval(p: float, p_tost: float) -> None:
+    with pytest.raises(InvalidInputError, match="p-value in"):
+        verdict(0.2, p, p_tost, predicted=1)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.5, math.nan])
+def test_verdict_refuses_a_bad_alpha(alpha: float) -> None:
+    with pytest.raises(InvalidInputError, match="alpha"):
+        verdict(0.2, 0.01, 0.5, predicted=1, alpha=alpha)
+
+
+def test_zero_vectors_are_said() -> None:
+    with pytest.warns(UserWarning, match="exactly zero"):
+        prof = cosine_homogenization(torch.zeros(2, 6, 8))
+    assert float(prof.mean_pairwise.flatten()[0]) == 0.0  # the documented convention, now said
+    resid = torch.randn(1, 6, 8, generator=torch.Generator().manual_seed(0))
+    resid[0, 2] = 0.0
+    with pytest.warns(UserWarning, match="1 counted vectors are exactly zero"):
+        cosine_homogenization(resid)
+    mask = torch.tensor([[1, 1, 0, 0, 0, 0]])  # masked out: nothing to say
+    clean = torch.randn(1, 6, 8, generator=torch.Generator().manual_seed(1))
+    clean[0, 3:] = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cosine_homogenization(clean, mask)
+
+
+def test_an_ablation_beyond_the_sequence_is_said(get_model) -> None:
+    model = get_model("gpt2", BACKENDS[-1])
+    tokens = torch.randint(0, 1000, (2, 32), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match=r"lie beyond these 32-token sequences"):
+        with ablated_positions(model, "zero", positions=[100]):
+            model(tokens)
+    with warnings.catch_warnings():  # a position inside the sequence: nothing to say
+        warnings.simplefilter("error")
+        with ablated_positions(model, "zero", positions=[5, 100]):
+            model(tokens)
+
+
+def test_study_positions_given_as_an_array(get_model) -> None:
+    """CI's failure at stop 46: a numpy array of positions in the study's beyond-check."""
+    model = get_model("gpt2", BACKENDS[-1])
+    tokens = torch.randint(0, 1000, (4, 12), generator=torch.Generator().manual_seed(0))
+    study = position_ablation_study(
+        model, tokens, modes=["zero"], positions=np.array([0, 1]), n_boot=10, progress=False
+    )
+    assert study.settings["positions"] == [0, 1]
+    with pytest.raises(InvalidInputError, match="beyond every window"):
+        position_ablation_study(
+            model, tokens, modes=["zero"], positions=np.array([40]), progress=False
+        )
+
+
+def test_bias_study_says_a_lowered_block_once_and_records_it(get_model) -> None:
+    model = get_model("llama", BACKENDS[-1])
+    windows = torch.randint(0, 1000, (8, 12), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study = attention_bias_study(
+            model, windows, kind="first", strengths=[0.0, 1.0], block=100, edge_k=2, progress=False
+        )
+        study.to_pandas()
+    said = [w for w in caught if "block=100" in str(w.message)]
+    assert len(said) == 1 and "block=2" in str(said[0].message)
+    assert study.block == 2
+
+
+def test_negative_drop_dims_names_the_sign() -> None:
+    resid = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(InvalidInputError, match="negative"):
+        similarity_from_activations(resid, drop_dims=-1)
