@@ -407,7 +407,7 @@ def reseal(folder: Any) -> None:
     import json
     from pathlib import Path
 
-    from homoglens.results.base import HASHES, sha256_of, write_json
+    from homoglens.results.storage import HASHES, sha256_of, write_json
 
     paths = sorted(Path(folder).rglob("*.json"), key=lambda p: -len(p.parts))
     for path in paths:

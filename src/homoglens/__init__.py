@@ -8,18 +8,12 @@ The public face: everything a researcher needs is importable from here.
 from importlib import metadata as _metadata
 
 from homoglens import interrupt  # first: Ctrl-C during the imports below says "Aborted!"
-from homoglens.architectures import (
-    ARCHITECTURES,
-    ArchitectureSpec,
-    architecture_of,
-    family_of,
-    resid_hook_name,
-)
+from homoglens.architectures import architecture_of, resid_hook_name
 from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS, checkpoint_folders
 from homoglens.bias import attention_bias_study
+from homoglens.bias_interventions import attention_bias_hooks, biased_attention
 from homoglens.calibration import CalibratedReadings, calibrated_readings, random_reference
 from homoglens.comparison import REPLICATED_MODELS, compare_models
-from homoglens.controls import control_activations
 from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
 from homoglens.errors import (
     DistributedError,
@@ -38,12 +32,9 @@ from homoglens.errors import (
     UnsupportedArchitectureError,
 )
 from homoglens.fast_attention import fast_attention_status
-from homoglens.hooks import PositionPlan
 from homoglens.interventions import (
     ablated_massive_activations,
     ablated_positions,
-    attention_bias_hooks,
-    biased_attention,
     massive_activation_hooks,
     position_ablation_hooks,
 )
@@ -75,11 +66,7 @@ from homoglens.sinks import (
     sink_attribution,
     sink_scores,
 )
-from homoglens.studies import (
-    default_ablation_modes,
-    massive_ablation_study,
-    position_ablation_study,
-)
+from homoglens.studies import massive_ablation_study, position_ablation_study
 from homoglens.sweeps import SWEEP_MEASURES, over_checkpoints
 from homoglens.types import (
     ATTENTION_BIAS_KINDS,
@@ -98,76 +85,69 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - a source tree on sy
     __version__ = "0+unknown"
 
 __all__ = [
-    "ARCHITECTURES",
-    "CalibratedReadings",
-    "calibrated_readings",
-    "random_reference",
-    "control_activations",
+    "ATTENTION_BIAS_KINDS",
     "ATTRIBUTION_METRICS",
+    "AttentionBiasKind",
+    "AttentionBiasStudy",
+    "AttentionReceived",
+    "CalibratedReadings",
     "CheckpointSweep",
-    "PATCH_COMPONENTS",
-    "PATCH_METRICS",
-    "PositionalPatchingResult",
-    "ArchitectureSpec",
-    "EMBEDDED_MODELS",
     "DistributedError",
-    "SHIPPED_MODELS",
-    "SWEEP_MEASURES",
+    "EMBEDDED_MODELS",
     "HomogenizationProfile",
     "HomoglensError",
     "IncompatibleResultsError",
     "IncompleteModelFolderError",
     "InvalidInputError",
+    "LengthStudy",
+    "MassiveActivations",
     "MissingDependencyError",
-    "ModelFolderNotFoundError",
-    "ModelStateError",
-    "ModelInfo",
     "ModelComparison",
+    "ModelFolderNotFoundError",
+    "ModelInfo",
+    "ModelStateError",
+    "NonFiniteActivationError",
+    "PATCH_COMPONENTS",
+    "PATCH_METRICS",
     "POSITION_ABLATIONS",
-    "ATTENTION_BIAS_KINDS",
-    "AttentionBiasKind",
-    "REPLICATED_MODELS",
     "PositionAblation",
     "PositionAblationStudy",
-    "PositionPlan",
+    "PositionalPatchingResult",
     "PositionalSimilarity",
-    "MassiveActivations",
-    "NonFiniteActivationError",
-    "TrainingDivergedError",
     "Provenance",
+    "REPLICATED_MODELS",
     "ResultsNotFoundError",
+    "SHIPPED_MODELS",
+    "SWEEP_MEASURES",
     "SequenceTooLongError",
     "SinkAnalysis",
     "SinkAttribution",
     "SinkScores",
+    "SlopeAtZero",
     "TokenBatch",
+    "TrainingDivergedError",
     "UnknownModelError",
     "UnsupportedArchitectureError",
-    "AttentionBiasStudy",
-    "AttentionReceived",
-    "attention_received",
-    "SlopeAtZero",
     "ablated_massive_activations",
-    "find_massive_sites",
-    "massive_ablation_study",
     "ablated_positions",
+    "architecture_of",
     "attention_bias_hooks",
     "attention_bias_study",
+    "attention_received",
+    "attention_view",
     "biased_attention",
+    "calibrated_readings",
     "checkpoint_folders",
-    "architecture_of",
-    "family_of",
-    "fast_attention_status",
+    "compare_models",
     "corpus_windows",
     "cosine_homogenization",
-    "default_ablation_modes",
-    "attention_view",
-    "compare_models",
+    "fast_attention_status",
+    "find_massive_sites",
     "homogenization_profile",
-    "LengthStudy",
     "length_study",
     "load_corpus",
     "load_model",
+    "massive_ablation_study",
     "massive_activation_hooks",
     "massive_activation_means",
     "massive_activations",
@@ -177,10 +157,11 @@ __all__ = [
     "position_ablation_study",
     "positional_patching",
     "positional_similarity",
+    "random_reference",
     "resid_hook_name",
+    "similarity_from_activations",
     "sink_analysis",
     "sink_attribution",
-    "similarity_from_activations",
     "sink_scores",
     "to_token_batch",
 ]

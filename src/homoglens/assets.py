@@ -519,7 +519,7 @@ def embedded_model_folder(name: str = "smollm2-135m-instruct") -> Path:
     header = _validate_gguf(gguf_path)
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    with quiet_loading():
+    with deprecations_shown():
         quantized = AutoModelForCausalLM.from_pretrained(
             str(gguf_path.parent), gguf_file=emb.filename, dtype=torch.float32
         )
@@ -569,11 +569,13 @@ def package_version(package: str) -> str:
 
 
 @contextlib.contextmanager
-def quiet_loading() -> Iterator[None]:
-    """Silence the loaders' chatter (transformers' and TransformerLens' user and future
-    warnings) while a model loads, but let DeprecationWarnings through: they carry the
-    TransformerLens 3 -> 4 signals a researcher needs to see."""
+def deprecations_shown() -> Iterator[None]:
+    """Show the loaders' DeprecationWarnings while a model loads (Python hides those raised
+    outside ``__main__``): they carry the TransformerLens 3 -> 4 signals a researcher needs to
+    see (TransformerLens 3.9: "HookedTransformer is deprecated ..."). Nothing is silenced:
+    loading the tiny model of every family, the shipped models and the embedded SmolLM2
+    (TransformerLens 3.9 with either backend and 4.3, transformers 5.25) raised no other
+    warning, so a new one is worth reading."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
         warnings.simplefilter("default", DeprecationWarning)
         yield

@@ -16,6 +16,8 @@ import torch.autograd.forward_ad as fwad
 from jaxtyping import Float, Int
 
 from homoglens.architectures import resid_hook_name
+from homoglens.bias_hooks import AttentionBiasPlan, bias_pattern
+from homoglens.bias_interventions import attention_bias_plan
 from homoglens.blocked_attention import AttentionJob
 from homoglens.data import DataInput, to_token_batch
 from homoglens.distributed import all_reduce_sum, gather_rows, shard_bounds, world
@@ -29,8 +31,6 @@ from homoglens.engine import (
 )
 from homoglens.errors import InvalidInputError
 from homoglens.fast_attention import serves_jobs
-from homoglens.hooks import AttentionBiasPlan, bias_pattern
-from homoglens.interventions import attention_bias_plan
 from homoglens.models import check_writable, model_info
 from homoglens.results.bias import ATTENTION_CHECKS, AttentionBiasStudy
 from homoglens.similarity_math import (
@@ -240,7 +240,7 @@ def _biased_rows(
         return rows
 
     def closed_form(q0: int, s: torch.Tensor) -> torch.Tensor | None:
-        """The same without tangents, in probability space (:func:`homoglens.hooks.
+        """The same without tangents, in probability space (:func:`homoglens.bias_hooks.
         bias_pattern`'s closed form: the checks from a few row sums, cache-sized chunks)."""
         rows = torch.softmax(s, -1)
         chosen = rows if heads is None else rows[:, heads]

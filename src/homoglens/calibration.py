@@ -41,8 +41,8 @@ from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.interventions import ablated_positions
 from homoglens.models import load_model, model_info, model_lock
-from homoglens.results.base import HASHES, read_json, save_folder, sha256_of, write_json
 from homoglens.results.similarity import PositionalSimilarity
+from homoglens.results.storage import HASHES, read_json, save_folder, sha256_of, write_json
 from homoglens.similarity import positional_similarity
 from homoglens.stats import as_block, default_sesoi, estimate, holm, verdict
 from homoglens.types import HookedModel, PositionAblation
@@ -341,11 +341,17 @@ def calibrated_readings(
             raise InvalidInputError(f"reference={reference!r} must be 'offset' or a model")
         if reference_positions is not None:
             raise InvalidInputError("reference_positions applies to a reference model only")
+        given = offset is not None
         offset = width // 2 if offset is None else as_int("offset", offset, low=1)
         if width - offset < 2 * edge_k + 2:
+            whose = "" if given else " (the default: half the window)"
             raise InvalidInputError(
-                f"offset={offset} leaves {width - offset} positions of {width}; the edges "
-                f"need {2 * edge_k + 2}: use longer windows or a smaller offset"
+                f"the causal null reads the windows after a prefix of offset={offset}{whose} "
+                f"tokens, which leaves {width - offset} of their {width} positions; the edges "
+                f"of edge_k={edge_k} need {2 * edge_k + 2}: use longer windows (at least "
+                f"{2 * (2 * edge_k + 2) + int(bool(batch.bos))} tokens at the default offset), "
+                f"a smaller edge_k (at most {max(0, (width - offset - 2) // 2)}) or a smaller "
+                "offset"
             )
         start = positional_similarity(model, _late_copy(batch, offset), **options)
         late = positional_similarity(model, batch, offset=offset + int(bool(batch.bos)), **options)

@@ -56,9 +56,9 @@ from homoglens.errors import InvalidInputError
 from homoglens.interventions import ablated_positions
 from homoglens.models import load_model, model_info, model_lock
 from homoglens.results import PositionAblationStudy
-from homoglens.results.base import read_saved
 from homoglens.results.comparison import LAYER_STATISTICS, STATISTICS, ModelComparison
 from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
+from homoglens.results.storage import read_saved
 from homoglens.similarity import positional_similarity
 from homoglens.sinks import sink_pass
 from homoglens.stats import as_block

@@ -41,7 +41,7 @@ from homoglens.errors import ModelStateError, NonFiniteActivationError
 from homoglens.fast_attention import fast_attention
 from homoglens.models import model_lock
 from homoglens.results import Provenance
-from homoglens.results.base import ROW_DIGITS
+from homoglens.results.provenance import ROW_DIGITS
 from homoglens.types import HookedModel, HookFn, HookSpec
 from homoglens.validate import as_bool, first_few
 
@@ -727,16 +727,24 @@ def warn_duplicates(batch: TokenBatch) -> int:
     order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)
     rows = torch.gather(batch.tokens.detach().cpu().long(), 1, order)
     rows = rows.masked_fill(torch.arange(rows.shape[1], device=rows.device) >= lengths[:, None], -1)
-    copies = len(batch) - int(torch.unique(rows, dim=0).shape[0])
+    return said_copies(rows, stacklevel=4)
+
+
+def said_copies(rows: torch.Tensor, *, stacklevel: int = 3) -> int:
+    """The number of rows of ``rows`` (``[batch ...]``) that are exact copies of others, said
+    with a warning when there are any (see :func:`warn_duplicates`)."""
+    n = int(rows.shape[0])
+    copies = n - int(torch.unique(rows.reshape(n, -1), dim=0).shape[0]) if n > 1 else 0
     if copies:
         import warnings
 
         warnings.warn(
-            f"homoglens: {copies} of the {len(batch)} sequences are exact copies of others; "
+            f"homoglens: {copies} of the {n} sequences are exact copies of others; "
             "intervals over windows treat every copy as an independent window and come out "
-            "too narrow. Measure distinct windows (deduplicate the texts)",
+            "too narrow (and a baseline pairs tokens with their own copies). Measure distinct "
+            "windows (deduplicate the texts)",
             UserWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
     return copies
 

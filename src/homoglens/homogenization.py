@@ -5,12 +5,12 @@ u_i = x_i / ||x_i|| (u_i = 0 when x_i = 0) and S = sum_i u_i:
 
 * to_others[p]  = mean_{j != p} cos(x_p, x_j)        = (u_p . S - u_p . u_p) / (T - 1)
 * to_prefix[p]  = mean_{j < p}  cos(x_p, x_j)        = u_p . (sum_{j<p} u_j) / #{j < p}
-  (computed chunk by chunk with matrix products, see ``_position_dots``)
+  (computed chunk by chunk with matrix products, see :mod:`homoglens.position_dots`)
 * to_mean[p]    = cos(x_p, mean_i x_i)               (Ethayarajh 2019, IntraSim)
 * mean_pairwise = mean_{i != j} cos(x_i, x_j)        = (||S||^2 - sum_i u_i . u_i) / (T(T - 1))
 * relative_residual = ||X - 1 xbar^T||_F / ||X||_F  (Dong et al. 2021, token uniformity)
 * effective_rank = exp(-sum_i p_i log p_i), p_i = sigma_i / sum_j sigma_j (Roy & Vetterli 2007),
-  also on unit rows, with the matrix entropy of the unit rows (see ``rank_sums``)
+  also on unit rows, with the matrix entropy of the unit rows (:mod:`homoglens.rank_metrics`)
 
 Everything is O(T d) per sequence except the effective rank (an SVD). Per-position values are
 returned as sums over sequences with counts, per-sequence values as sums over sequences, and the
@@ -20,7 +20,6 @@ adds up to the same result.
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -30,6 +29,8 @@ import torch
 from jaxtyping import Float, Int
 
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
+from homoglens.position_dots import Chunks, chunk_for, position_dots
+from homoglens.rank_metrics import rank_sums
 
 __all__ = [
     "homogenization_sums",
@@ -47,13 +48,7 @@ __all__ = [
     "sums_of_terms",
     "positions_from_mask",
     "SUM_FIELDS",
-    "scalar_metric_weights",
-    "token_to_others",
-    "edge_totals",
-    "RANK_FIELDS",
-    "rank_sums",
     "nan_div",
-    "massive_sums",
 ]
 
 SUM_FIELDS = ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")
@@ -136,14 +131,15 @@ class EntryTerms(NamedTuple):
     sums: Float[torch.Tensor, "batch 2 d_model"]
     """S = sum_p u_p and the sum of the counted x_p (work dtype)."""
     within: Float[torch.Tensor, "batch pos"]
-    """x_p . sum of scale_j x_j over the earlier counted j of p's chunk (see _position_dots)."""
+    """x_p . sum of scale_j x_j over the earlier counted j of p's chunk (see position_dots)."""
     proj: Float[torch.Tensor, "batch pos 3"]
     """x_p . (sum of u_j over the chunks before p's), x_p . S and x_p . sum_j x_j."""
     centred_sq: Float[torch.Tensor, " batch"] | None
     """||X - 1 xbar^T||_F^2 (float64) summed directly, for sequences whose rows are nearly
     constant (NaN on the others, which take sum ||x_p||^2 - ||sum x_p||^2 / T); None: none."""
     rank: dict[str, torch.Tensor]
-    """The fields of :data:`RANK_FIELDS` (float64 sums over sequences), if asked for."""
+    """The fields of :data:`~homoglens.rank_metrics.RANK_FIELDS` (float64 sums over sequences),
+    if asked for."""
     bad: torch.Tensor | None = None
     """On a device read without host synchronisation: a ``[]`` bool, whether a counted vector
     held NaN or inf (:func:`check_terms` raises once per batch); None: already checked."""
@@ -293,8 +289,8 @@ def entry_terms(
     # make it NaN: 0 * inf is NaN), every vector is finite and each sequence's largest entry
     # lies in unit_scale's safe range, so x needs no rescaling (the general path below would
     # give the same values, bit for bit).
-    chunk = _chunk_for(x.shape[1], 16 if x.shape[1] <= 128 else 32)
-    chunks = _Chunks.of(x, chunk)  # the Gram matrices first: their diagonals give the norms
+    chunk = chunk_for(x.shape[1], 16 if x.shape[1] <= 128 else 32)
+    chunks = Chunks.of(x, chunk)  # the Gram matrices first: their diagonals give the norms
     norms = chunks.norms()  # [batch pos]
     top = (norms * w).amax(1)
     bottom = norms.masked_fill(w == 0, 1.0).amin(1)  # 0: a counted zero vector
@@ -324,13 +320,13 @@ def entry_terms(
         if not bool(finite.all()):  # NaN/inf on pads only: keep them out
             x = x.masked_fill(~inc[..., None], 0.0)
         x, exponent = unit_scale(x, inc, largest.masked_fill(~finite, 0.0))
-        chunks = _Chunks.of(x, chunk)
+        chunks = Chunks.of(x, chunk)
         norms = chunks.norms()  # in units of 2**exponent
     # u_p = scale_p x_p (never materialised); 0 for zero vectors and uncounted tokens. The dot
     # products below are taken on x itself: |x_i . x_j| <= ||x_i|| ||x_j||, finite wherever the
     # norms (checked above) are.
     scale = _unit_scale_factor(norms, w)
-    sums, within, proj = _position_dots(chunks, scale, w)
+    sums, within, proj = position_dots(chunks, scale, w)
     # ||X - 1 xbar^T||_F^2 = sum_p ||x_p||^2 - ||sum_p x_p||^2 / T (in sums_of_terms); where
     # that difference is small against sum_p ||x_p||^2 (nearly constant rows) it loses digits,
     # so those sequences take the direct sum of ||x_p - xbar||^2, here, while x is at hand.
@@ -407,10 +403,10 @@ def prepared_terms(
     kept where the rows are nearly constant. ``x`` may stack several entries along ``batch``
     (``counted`` repeated to match), so that a group of entries costs one set of kernels."""
     w, t = counted.weight, counted.n_tokens
-    chunks = _Chunks.of(x, _chunk_for(x.shape[1], 16 if x.shape[1] <= 128 else 32))
+    chunks = Chunks.of(x, chunk_for(x.shape[1], 16 if x.shape[1] <= 128 else 32))
     norms = chunks.norms()
     scale = _unit_scale_factor(norms, w)
-    sums, within, proj = _position_dots(chunks, scale, w)
+    sums, within, proj = position_dots(chunks, scale, w)
     xsum = sums[:, 1]
     near_constant = (xsum * xsum).sum(-1) > (0.99 * t) * (norms * norms * w).sum(1)
     xbar = (xsum / t[:, None])[:, None, :]
@@ -591,340 +587,7 @@ def homogenization_sums(
     return {k: v if k in _LAYER_INDEPENDENT else v[0] for k, v in sums.items()}
 
 
-RANK_FIELDS = (
-    "effective_rank_sum",
-    "unit_effective_rank_sum",
-    "matrix_entropy_sum",
-    "unit_effective_rank_no_first_sum",
-    "matrix_entropy_no_first_sum",
-)
-"""Summed per-sequence rank metrics of :func:`rank_sums` (names of the profile's fields)."""
-
-
-def _entropies(sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """exp(entropy of sigma / sum sigma) and entropy of sigma^2 / sum sigma^2 (nats), per row."""
-    tiny = torch.finfo(sigma.dtype).tiny
-
-    def entropy(p: torch.Tensor) -> torch.Tensor:
-        p = p / p.sum(-1, keepdim=True).clamp_min(tiny)
-        return -(torch.where(p > 0, p * torch.log(p), torch.zeros_like(p))).sum(-1)
-
-    return torch.exp(entropy(sigma)), entropy(sigma * sigma)
-
-
-def _singular_values(
-    x: Float[torch.Tensor, "batch pos d_model"], row_scales: tuple[torch.Tensor, ...]
-) -> list[torch.Tensor]:
-    """Singular values (float64, ascending) of ``diag(r) X`` for each ``[batch pos]`` row scale
-    ``r``, from the eigenvalues of one float64 Gram matrix per sequence: ``X X^T`` scaled by
-    ``r r^T`` when ``pos <= d_model``, else ``X^T diag(r^2) X``. A symmetric eigensolver on
-    the smaller Gram is several times faster than an SVD of each matrix, and float64 keeps
-    sigma = sqrt(lambda) accurate to ~1e-8 of the largest."""
-    x64 = x.to(torch.float64)
-    rows = [r.to(torch.float64) for r in row_scales]
-    if x.shape[1] <= x.shape[2]:
-        gram = x64 @ x64.transpose(1, 2)  # [batch pos pos]
-        grams = [gram * (r[:, :, None] * r[:, None, :]) for r in rows]
-    else:
-        grams = [(x64 * (r * r)[..., None]).transpose(1, 2) @ x64 for r in rows]
-    return [torch.linalg.eigvalsh(g).clamp_min(0.0).sqrt() for g in grams]
-
-
-def rank_sums(
-    x: Float[torch.Tensor, "batch pos d_model"],
-    scale: Float[torch.Tensor, "batch pos"],
-    weight: Float[torch.Tensor, "batch pos"],
-    rest: Float[torch.Tensor, "batch pos"],
-) -> dict[str, torch.Tensor]:
-    """Rank metrics of each sequence's matrix of vectors, summed over sequences (float64).
-
-    * ``effective_rank`` of X itself (rows weighted by their norms): exp of the entropy of the
-      normalised singular values (Roy & Vetterli 2007); dominated by the largest rows, e.g. a
-      first token with massive activations;
-    * ``unit_effective_rank``: the same on unit rows U (every token counts equally);
-    * ``matrix_entropy``: entropy (nats) of the eigenvalues of U U^T / tr, the matrix-based
-      Renyi entropy of order 1 (Giraldo et al. 2014; Skean et al. 2025, arXiv 2502.02013), in
-      [0, log min(T, d_model)];
-    * ``*_no_first``: the unit-row metrics without position 0 (the BOS or first token).
-
-    Args:
-        x: ``[batch pos d_model]`` vectors.
-        scale: ``[batch pos]`` 1/||x|| on counted tokens, 0 elsewhere.
-        weight: ``[batch pos]`` 1 on counted tokens, 0 elsewhere.
-        rest: ``[batch pos]`` 1 on counted tokens after position 0, 0 elsewhere.
-
-    Returns:
-        The fields of :data:`RANK_FIELDS`, each a float64 scalar.
-    """
-    raw, unit, rest_sigma = _singular_values(x, (weight, scale, scale * rest))
-    erank_raw, _ = _entropies(raw)
-    erank, entropy = _entropies(unit)
-    erank_rest, entropy_rest = _entropies(rest_sigma)
-    return {
-        "effective_rank_sum": erank_raw.sum(),
-        "unit_effective_rank_sum": erank.sum(),
-        "matrix_entropy_sum": entropy.sum(),
-        "unit_effective_rank_no_first_sum": erank_rest.sum(),
-        "matrix_entropy_no_first_sum": entropy_rest.sum(),
-    }
-
-
-def _chunk_for(n_pos: int, target: int = 32) -> int:
-    """``target`` positions per chunk, or the divisor of ``n_pos`` nearest to it in
-    target / 4 .. 2 target, so that the chunks tile the sequence exactly."""
-    if n_pos % target == 0 or n_pos <= target:
-        return target
-    divisors = [c for c in range(max(2, target // 4), 2 * target + 1) if n_pos % c == 0]
-    return min(divisors, key=lambda c: abs(c - target)) if divisors else target
-
-
-_COLUMNS_UP_TO = 256
-"""Sequences up to this long take the cross-chunk dot products as one matrix product against
-every chunk's sum (fewer, larger products; the fastest on CPU at these lengths); longer ones dot
-each chunk with the sum of the chunks before it (O(T d_model) work instead of O(T^2 / chunk))."""
-
-
-class _Chunks(NamedTuple):
-    """``x`` ``[batch pos d_model]`` cut into chunks of positions: runs of equal chunks
-    ``[batch n k d_model]`` in order (a whole-chunk run and / or one shorter tail chunk), with
-    each chunk's Gram matrix ``[batch n k k]``."""
-
-    x: torch.Tensor
-    pieces: list[torch.Tensor]
-    grams: list[torch.Tensor]
-
-    @classmethod
-    def of(cls, x: torch.Tensor, chunk: int) -> _Chunks:
-        batch, n_pos, d_model = x.shape
-        full = n_pos // chunk * chunk
-        pieces = []
-        if full:
-            pieces.append(x[:, :full].view(batch, full // chunk, chunk, d_model))
-        if full < n_pos:
-            pieces.append(x[:, None, full:])
-        return cls(x, pieces, [xs @ xs.transpose(-1, -2) for xs in pieces])
-
-    def norms(self) -> torch.Tensor:
-        """``[batch pos]`` ||x_p||, from the Grams' diagonals."""
-        parts = [g.diagonal(dim1=-2, dim2=-1).reshape(g.shape[0], -1) for g in self.grams]
-        return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).sqrt()
-
-    def split(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """``[batch pos]`` values as ``[batch n k]`` per piece."""
-        out, start = [], 0
-        for xs in self.pieces:
-            n, k = xs.shape[1:3]
-            out.append(values[:, start : start + n * k].view(-1, n, k))
-            start += n * k
-        return out
-
-
-@functools.lru_cache(maxsize=32)
-def _column_masks(
-    n_pos: int, chunk: int, device: torch.device, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """For ``_position_dots`` on ``n_pos`` positions in chunks of ``chunk``: ``[n_chunk pos]``
-    one-hot of each position's chunk, and ``[n_chunk + 1 pos 3]`` weights that turn the dot
-    products of x_p with every chunk's unit sum and with sum_j x_j into x_p . (sum of the
-    chunks before p's), x_p . S and x_p . sum_j x_j."""
-    chunk_of = torch.arange(n_pos, device=device) // chunk
-    n_chunk = int(chunk_of[-1]) + 1
-    columns = torch.arange(n_chunk + 1, device=device)[:, None]  # [n_chunk + 1, 1]
-    every = torch.ones(n_pos, dtype=torch.bool, device=device)
-    weights = torch.stack(
-        [columns < chunk_of, (columns < n_chunk) & every, (columns == n_chunk) & every], dim=-1
-    )
-    return (columns[:-1] == chunk_of).to(dtype), weights.to(dtype)
-
-
-def _position_dots(
-    chunks: _Chunks,
-    scale: Float[torch.Tensor, "batch pos"],
-    weight: Float[torch.Tensor, "batch pos"],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The dot products of :func:`homogenization_sums`, from the chunks' Gram matrices and two
-    more reads of ``x`` in matrix products, with u_p = scale_p * x_p never materialised.
-
-    Returns:
-        ``[batch 2 d_model]``: S = sum_p u_p and sum_p weight_p x_p; ``[batch pos]``: x_p .
-        sum of u_j over the earlier j of p's chunk; ``[batch pos 3]``: x_p . (sum of u_j over
-        the chunks before p's), x_p . S and x_p . sum_j weight_j x_j. So u_p . (sum_{j<p} u_j)
-        = scale_p (within_p + proj_p0): the prefix term is the strictly lower triangle of each
-        chunk's Gram matrix plus a dot with the sum of all earlier chunks, O(T * chunk *
-        d_model) work in a few matrix products, several times faster on CPU than a cumulative
-        sum over ``pos`` followed by a dot product.
-    """
-    pieces = chunks.pieces
-    batch, n_pos = scale.shape
-    scales, weights = chunks.split(scale), chunks.split(weight)
-    within = [
-        (g * sc[..., None, :]).tril_(-1).sum(-1).view(batch, -1)
-        for g, sc in zip(chunks.grams, scales, strict=True)
-    ]
-    within_all = within[0] if len(within) == 1 else torch.cat(within, 1)
-    if n_pos <= _COLUMNS_UP_TO:
-        x = chunks.x
-        onehot, combine = _column_masks(n_pos, pieces[0].shape[2], x.device, x.dtype)
-        rows = torch.cat([scale[:, None] * onehot, weight[:, None]], 1)  # [batch n_chunk+1 pos]
-        chunk_sums = rows @ x  # every chunk's unit sum, then sum_p weight_p x_p
-        dots = chunk_sums @ x.transpose(1, 2)  # [batch n_chunk+1 pos]
-        proj = (dots[..., None] * combine).sum(1)  # [batch pos 3]
-        sums = torch.stack([chunk_sums[:, :-1].sum(1), chunk_sums[:, -1]], 1)
-        return sums, within_all, proj
-    # Per chunk: sum of its unit vectors and of its counted vectors -> [batch n_chunk 2 d_model]
-    parts = [
-        torch.stack([sc, wt], dim=-2) @ xs
-        for xs, sc, wt in zip(pieces, scales, weights, strict=True)
-    ]
-    chunk_sums = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    sums = chunk_sums.sum(1)  # [batch 2 d_model]
-    unit = chunk_sums[:, :, 0]  # [batch n_chunk d_model]
-    earlier = torch.cumsum(unit, dim=1) - unit  # sum of the chunks before each
-    totals = sums.transpose(1, 2)[:, None]  # [batch 1 d_model 2]
-    proj, start = [], 0
-    for xs in pieces:
-        n = xs.shape[1]
-        vectors = torch.cat(
-            [earlier[:, start : start + n, :, None], totals.expand(-1, n, -1, -1)], dim=-1
-        )  # [batch n d_model 3]
-        proj.append((xs @ vectors).view(batch, -1, 3))
-        start += n
-    return sums, within_all, proj[0] if len(proj) == 1 else torch.cat(proj, 1)
-
-
-def scalar_metric_weights(
-    lengths: Int[torch.Tensor, " batch"], n_pos: int, key: int, edge_k: int, totals: torch.Tensor
-) -> Float[torch.Tensor, "metric batch pos"]:
-    """Per-token weights W_m of the scalar metrics (``mean_pairwise``, ``first_excess``,
-    ``last_excess``; see :data:`homoglens.sinks.ATTRIBUTION_METRICS`): over a corpus,
-    metric_m = sum over every token of W_m * to_others (float64), so it adds up over batches.
-
-    Args:
-        lengths: ``[batch]`` real tokens per (right-aligned) sequence.
-        n_pos: Width of the position axis.
-        key: Tokens at or before ``key`` are left out of the edge groups.
-        edge_k: Tokens per edge.
-        totals: Corpus counts (sequences, first-edge tokens, middle tokens, last-edge tokens),
-            from :func:`edge_totals`.
-
-    Returns:
-        ``[metric batch pos]`` weights.
-    """
-    p = torch.arange(n_pos, device="cpu")[None, :]
-    t = lengths.cpu()[:, None]
-    real = p < t
-    first = (p > key) & (p <= key + edge_k)
-    last = real & (p >= t - edge_k)
-    middle = real & (p > key + edge_k) & (p < t - edge_k)
-    # An empty group (no tokens) has zero weights; clamp its count so nothing divides by 0.
-    n_seq, n_first, n_middle, n_last = (max(float(x), 1.0) for x in totals.tolist())
-    f64 = torch.float64
-    mid = middle.to(f64) / n_middle
-    return torch.stack(
-        [
-            real.to(f64) / (t.to(f64) * n_seq),
-            first.to(f64) / n_first - mid,
-            last.to(f64) / n_last - mid,
-        ]
-    )
-
-
-def token_to_others(
-    resid: Float[torch.Tensor, "batch pos d_model"], mask: Int[torch.Tensor, "batch pos"]
-) -> Float[torch.Tensor, "batch pos"]:
-    """Differentiable ``to_others`` of every real token (float64; 0 at pads and zero vectors),
-    the formula of :func:`homogenization_sums` (docs/metrics.md: (u_p . S - 1) / (T - 1)).
-
-    Args:
-        resid: ``[batch pos d_model]`` residual vectors (right-aligned rows).
-        mask: ``[batch pos]`` 1 on real tokens.
-
-    Returns:
-        ``[batch pos]`` cosines in [-1, 1].
-    """
-    x = resid.double()
-    w = mask.to(x.dtype)
-    norm = x.norm(dim=-1)
-    nonzero = (norm > 0) & (w > 0)
-    u = x / torch.where(nonzero, norm, torch.ones_like(norm))[..., None] * nonzero[..., None]
-    s = u.sum(1, keepdim=True)
-    t = w.sum(1, keepdim=True)
-    return ((u * s).sum(-1) - nonzero.to(x.dtype)) / (t - 1) * w
-
-
-def edge_totals(lengths: Int[torch.Tensor, " batch"], key: int, edge_k: int) -> torch.Tensor:
-    """(sequences, first-edge tokens, middle tokens, last-edge tokens) of a corpus, for
-    :func:`scalar_metric_weights`; every length must be at least ``key + 2 * edge_k + 2``."""
-    n = len(lengths)
-    middle = float((lengths - key - 1 - 2 * edge_k).sum())
-    return torch.tensor([n, edge_k * n, middle, edge_k * n], dtype=torch.float64, device="cpu")
-
-
 def nan_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     """``num / den`` where ``den > 0``, NaN elsewhere (a mean over nothing is undefined)."""
     out = num / torch.where(den > 0, den, torch.ones_like(den))
     return torch.where(den > 0, out, torch.full_like(out, math.nan))
-
-
-def massive_sums(
-    resid: Float[torch.Tensor, "batch pos d_model"],
-    attention_mask: Int[torch.Tensor, "batch pos"],
-    *,
-    threshold: float,
-    median: str = "token",
-    min_magnitude: float = 0.0,
-    top_k: int = 3,
-    where: str = "residual stream",
-) -> dict[str, torch.Tensor]:
-    """Mergeable massive-activation sums of one batch at one hook point (Sun et al. 2024,
-    arXiv 2402.17762): per real token, ratio = max_d |x_d| / m, m the token's median_d |x_d|
-    (``median="token"``) or the median |x| over all real tokens and dimensions of its sequence
-    (``median="layer"``, ``torch.median``: the lower middle value).
-
-    Args:
-        resid: ``[batch pos d_model]`` vectors, real tokens first in each row (right padding).
-        attention_mask: ``[batch pos]`` 0/1, at least as wide as ``resid``.
-        threshold: Ratio above which a token's largest dimension counts in ``dim_counts``.
-        median: ``"token"`` or ``"layer"``.
-        min_magnitude: Smallest max |x| (model units) that counts in ``dim_counts``.
-        top_k: How many of each sequence's largest |x| enter ``layer_top_sum``.
-        where: The hook point, for the error message.
-
-    Returns:
-        Float64 sums over the batch: ``ratio_sum``, ``top_sum`` (max |x|), ``count`` (real
-        tokens) and ``ratio_max`` (``-inf`` where no real token), each ``[pos]``;
-        ``dim_counts [d_model]``; ``layer_top_sum [top_k]`` and ``layer_median_sum [1]`` (sums
-        over sequences of their top |x| and median |x|); ``n_seq [1]``.
-
-    Raises:
-        NonFiniteActivationError: NaN/inf at a real token.
-    """
-    from homoglens.validate import require_finite
-
-    a = resid.detach().abs().float()
-    real = attention_mask.bool()[:, : a.shape[1]]
-    require_finite(a[real], where, "residual-stream entries")
-    f64 = {"dtype": torch.float64, "device": a.device}
-    top, arg = a.max(-1)
-    per_seq = [a[b][real[b]].flatten() for b in range(a.shape[0])]
-    seq_median = torch.stack([values.median() for values in per_seq])
-    med = a.median(-1).values if median == "token" else seq_median[:, None].expand_as(top)
-    ratio = (top / med.clamp_min(torch.finfo(torch.float32).tiny)).to(torch.float64)
-    zero = torch.zeros_like(ratio)
-    big = real & (ratio > threshold) & (top > min_magnitude)
-    dim_counts = torch.zeros(a.shape[-1], **f64)
-    dim_counts.index_add_(0, arg[big], torch.ones(int(big.sum()), **f64))
-    layer_top = torch.zeros(top_k, **f64)
-    for values in per_seq:
-        k = min(top_k, int(values.numel()))
-        layer_top[:k] += values.topk(k).values.to(torch.float64)
-    return {
-        "ratio_sum": torch.where(real, ratio, zero).sum(0),
-        "top_sum": torch.where(real, top.to(torch.float64), zero).sum(0),
-        "ratio_max": torch.where(real, ratio, torch.full_like(ratio, -math.inf)).max(0).values,
-        "count": real.to(torch.float64).sum(0),
-        "dim_counts": dim_counts,
-        "layer_top_sum": layer_top,
-        "layer_median_sum": seq_median.to(torch.float64).sum().reshape(1),
-        "n_seq": torch.full((1,), float(a.shape[0]), **f64),
-    }

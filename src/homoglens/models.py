@@ -39,12 +39,12 @@ from homoglens.assets import (
     TOKENIZER_FILES,
     TRAINED_NAME,
     cache_dir,
+    deprecations_shown,
     embedded_model_folder,
     gpt2_tokenizer,
     gpt2_tokenizer_folder,
     has_tokenizer,
     package_version,
-    quiet_loading,
     shipped_model_folder,
 )
 from homoglens.errors import (
@@ -579,7 +579,7 @@ def _load_folder_hooked(
     )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with quiet_loading():
+    with deprecations_shown():
         hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
         with _tl_config_dir(folder) as path:
             try:
@@ -634,7 +634,7 @@ def _load_bridge(
         from transformers import AutoTokenizer
 
         kwargs["tokenizer"] = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    with quiet_loading():
+    with deprecations_shown():
         bridge = TransformerBridge.boot_transformers(source, **kwargs)
         if process_weights:
             bridge.enable_compatibility_mode()
@@ -653,7 +653,7 @@ def _load_hub_hooked(
 
     hooked = cast(Any, HookedTransformer)  # TransformerLens 3.9 only
     kwargs = {"device": device, "dtype": dtype, "n_devices": n_devices, **(hub or {})}
-    with quiet_loading():
+    with deprecations_shown():
         if process_weights:
             return hooked.from_pretrained(name, **kwargs).eval()
         return hooked.from_pretrained_no_processing(name, **kwargs).eval()
@@ -707,7 +707,7 @@ def _check_folder_complete(folder: Path) -> None:
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        with quiet_loading():
+        with deprecations_shown():
             # use_kernels=False: transformers >= 5.25 with the `kernels` package kernelizes by
             # default, which refuses the meta device (and the check would pass silently).
             _, info = cast(Any, AutoModelForCausalLM).from_pretrained(

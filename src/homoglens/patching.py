@@ -37,15 +37,11 @@ from homoglens.engine import (
     stream,
 )
 from homoglens.errors import InvalidInputError
-from homoglens.homogenization import (
-    edge_totals,
-    homogenization_sums,
-    positions_from_mask,
-    scalar_metric_weights,
-)
+from homoglens.homogenization import homogenization_sums, positions_from_mask
 from homoglens.interventions import position_ablation_hooks, residual_write_hooks
 from homoglens.models import model_info
 from homoglens.results.patching import PositionalPatchingResult
+from homoglens.sink_math import edge_totals, scalar_metric_weights
 from homoglens.types import (
     PATCH_COMPONENTS,
     PATCH_METRICS,

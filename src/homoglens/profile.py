@@ -38,6 +38,7 @@ from homoglens.engine import (
     mean_nll,
     next_token_nll,
     provenance_of,
+    said_copies,
     stream,
 )
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
@@ -529,6 +530,7 @@ def cosine_homogenization(
         resid.device
     )  # same checks as the model path
     pos_index = positions_from_mask(mask, exclude_first=exclude_first)
+    said_copies(resid.detach().masked_fill(pos_index[..., None] < 0, 0.0))
     n_pos = int(mask.sum(1).max())
     sums = homogenization_sums(resid, pos_index, n_pos, effective_rank=effective_rank)
     acc = ProfileSums(1, n_pos, int(resid.shape[-1]), resid.device, effective_rank)

@@ -18,6 +18,7 @@ pass for jackknife pseudo-values (``pseudo_values=True``). Sums are float64; und
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal
@@ -26,7 +27,7 @@ import torch
 from jaxtyping import Float, Int
 
 from homoglens.architectures import resid_hook_name
-from homoglens.data import DataInput, to_token_batch
+from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.distributed import world
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError
@@ -246,49 +247,8 @@ def positional_similarity(
     size = shard * int(lengths[0]) * int(model.cfg.d_model) * len(chosen) * width
     several = centre is not None or pseudo_values or drop_dims > 0
     keep = several and size <= ACTIVATION_CACHE_BYTES
-    # One preallocated block [layer window pos d] (not one tensor per batch and layer): freed at
-    # the end as a whole, it goes back to the operating system instead of staying in the
-    # allocator's heap as fragments (which held ~1.7 GB of resident memory after this function
-    # returned, on SmolLM2 at 64 x 256).
-    cache: torch.Tensor | None = None
-    bounds: list[tuple[int, int]] = []  # rows of each forward batch, in stream order
-    replay = False
-
-    def feed(fn: Callable[[int, torch.Tensor, int], None], desc: str) -> None:
-        """Run this rank's shard once (or replay it); ``fn(i, x, first)`` gets layer ``i``'s
-        ``[batch T d]`` vectors in ``space`` (work dtype: float32, or float64 for a float64
-        model). The passes sum into ``sums``, which the caller all-reduces between passes."""
-        nonlocal replay, cache
-        if replay and cache is not None:
-            with torch.inference_mode():
-                for start, end in bounds:
-                    for i in range(len(names)):
-                        fn(i, cache[i, start:end], first)
-            return
-
-        def make_hook(i: int) -> Any:
-            def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
-                nonlocal cache
-                x = to_space(resid)
-                work = torch.float64 if x.dtype == torch.float64 else torch.float32
-                x = x.detach().to(work)
-                if keep:
-                    if cache is None:
-                        cache = torch.empty(
-                            (len(names), shard, *x.shape[1:]), dtype=work, device=x.device
-                        )
-                    if i == 0:
-                        start = bounds[-1][1] if bounds else 0
-                        bounds.append((start, start + int(x.shape[0])))
-                    start, end = bounds[-1]
-                    cache[i, start:end] = x
-                fn(i, x, first)
-
-            return hook
-
-        reader = Sums([(name, make_hook(i)) for i, name in enumerate(names)])
-        stream(model, batch, [reader], batch_size=batch_size, desc=desc, progress=progress)
-        replay = True
+    passes = _Passes(model, batch, names, to_space, first, (shard if keep else 0), batch_size)
+    feed = functools.partial(passes.feed, progress=progress)
 
     if drop_dims:
         drop_dimensions(
@@ -311,7 +271,7 @@ def positional_similarity(
     main_pass(sums, lambda fn: feed(fn, "similarity"), len(chosen), reduce=True)
     if pseudo_values:
         cross_pass(sums, lambda fn: feed(fn, "similarity (pseudo-values)"), len(chosen))
-    cache = None
+    passes.cache = None
     provenance = provenance_of(info, batch, chosen, bool(first))
     if space == "final_norm":
         provenance = _with_hooks(provenance, ("ln_final (output, with its weights)",))
@@ -329,6 +289,73 @@ def positional_similarity(
         pseudo=pseudo_values,
     )
     return PositionalSimilarity(**fields, provenance=provenance)
+
+
+class _Passes:
+    """The passes of :func:`positional_similarity` over this rank's shard: the first runs the
+    model, the later ones replay its vectors when ``shard`` > 0 (they fit in the budget).
+
+    The vectors are kept in one preallocated block ``[layer window pos d]`` (not one tensor per
+    batch and layer): freed at the end as a whole, it goes back to the operating system instead
+    of staying in the allocator's heap as fragments (which held ~1.7 GB of resident memory after
+    the measurement returned, on SmolLM2 at 64 x 256)."""
+
+    def __init__(
+        self,
+        model: HookedModel,
+        batch: TokenBatch,
+        names: list[str],
+        to_space: Callable[[torch.Tensor], torch.Tensor],
+        first: int,
+        shard: int,
+        batch_size: int,
+    ) -> None:
+        self.model, self.batch, self.names, self.to_space = model, batch, names, to_space
+        self.first, self.shard, self.batch_size = first, shard, batch_size
+        self.cache: torch.Tensor | None = None
+        self.bounds: list[tuple[int, int]] = []  # rows of each forward batch, in stream order
+        self.replay = False
+
+    def feed(
+        self, fn: Callable[[int, torch.Tensor, int], None], desc: str, *, progress: bool
+    ) -> None:
+        """Run this rank's shard once (or replay it); ``fn(i, x, first)`` gets layer ``i``'s
+        ``[batch T d]`` vectors in the measured space (work dtype: float32, or float64 for a
+        float64 model). The passes sum into the caller's sums, all-reduced between passes."""
+        if self.replay and self.cache is not None:
+            with torch.inference_mode():
+                for start, end in self.bounds:
+                    for i in range(len(self.names)):
+                        fn(i, self.cache[i, start:end], self.first)
+            return
+        hooks = [(name, self._hook(i, fn)) for i, name in enumerate(self.names)]
+        stream(
+            self.model,
+            self.batch,
+            [Sums(hooks)],
+            batch_size=self.batch_size,
+            desc=desc,
+            progress=progress,
+        )
+        self.replay = True
+
+    def _hook(self, i: int, fn: Callable[[int, torch.Tensor, int], None]) -> Any:
+        def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+            x = self.to_space(resid)
+            work = torch.float64 if x.dtype == torch.float64 else torch.float32
+            x = x.detach().to(work)
+            if self.shard:
+                if self.cache is None:
+                    shape = (len(self.names), self.shard, *x.shape[1:])
+                    self.cache = torch.empty(shape, dtype=work, device=x.device)
+                if i == 0:
+                    start = self.bounds[-1][1] if self.bounds else 0
+                    self.bounds.append((start, start + int(x.shape[0])))
+                start, end = self.bounds[-1]
+                self.cache[i, start:end] = x
+            fn(i, x, self.first)
+
+        return hook
 
 
 def _with_hooks(provenance: Provenance, hooks: tuple[str, ...]) -> Provenance:

@@ -26,7 +26,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from jaxtyping import Float, Int
@@ -38,6 +38,9 @@ from homoglens.validate import as_float, as_int
 MIN_WINDOWS = 4
 """Fewest windows behind an interval over windows: fewer give NaN with a warning."""
 
+MIN_RESAMPLES = 100
+"""Fewest bootstrap resamples behind an interval without a warning."""
+
 SESOI_FRACTION = 0.1
 """Default smallest effect of interest of a cosine statistic, as a fraction of its scale."""
 
@@ -48,6 +51,7 @@ SESOI_FLOOR = 1e-3
 __all__ = [
     "Verdict",
     "Estimate",
+    "MIN_RESAMPLES",
     "MIN_WINDOWS",
     "SESOI_FLOOR",
     "SESOI_FRACTION",
@@ -96,10 +100,56 @@ class Estimate:
     seed_sd: float
 
 
+_LARGEST = 1e150
+"""Largest magnitude of a per-window value or weight: its square must not overflow float64."""
+
+_MOST_RESAMPLED = 1 << 28
+"""Most resampled indices (``n_boot * windows``) held at once: 2 GiB of int64."""
+
+
+def _real(name: str, value: object, *, nan: bool = True) -> float:
+    """``value`` as a float (a Python, numpy or 0-d torch real number; NaN only if ``nan``)."""
+    if isinstance(value, (bool, str, bytes, complex)) or getattr(value, "ndim", 0) != 0:
+        raise InvalidInputError(f"{name}={value!r} must be a real number")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as err:
+        raise InvalidInputError(f"{name}={value!r} must be a real number") from err
+    if math.isnan(number) and not nan:
+        raise InvalidInputError(f"{name} is NaN; give a number")
+    return number
+
+
+def _index_table(
+    name: str, table: object, high: int, width: int, what: str
+) -> Int[torch.Tensor, "boot k"]:
+    """A ``[boot k]`` integer tensor of indices in ``[0, high)`` with ``k == width``."""
+    if (
+        not isinstance(table, torch.Tensor)
+        or table.ndim != 2
+        or table.dtype not in (torch.int64, torch.int32)
+    ):
+        raise InvalidInputError(
+            f"{name} must be a [boot {what}] int64 tensor of indices (e.g. from "
+            f"window_resamples / seed_resamples), got {getattr(table, 'shape', type(table))}"
+        )
+    if int(table.shape[0]) < 1 or int(table.shape[1]) != width:
+        raise InvalidInputError(
+            f"{name} has shape {tuple(table.shape)}; it must be [boot {what}] with boot >= 1 and "
+            f"{width} {what} (one index per {what} of the values)"
+        )
+    if bool(((table < 0) | (table >= high)).any()):
+        raise InvalidInputError(f"{name} holds indices outside [0, {high}) (the {what} there are)")
+    return table
+
+
 def default_sesoi(scale: float) -> float:
     """The default smallest effect of interest of a cosine statistic whose scale (e.g. the
     model's whole ``|H_W|`` at the layer) is ``scale``: :data:`SESOI_FRACTION` of it, no less
-    than :data:`SESOI_FLOOR` (NaN scale: the floor).
+    than :data:`SESOI_FLOOR` (NaN scale: the floor). The sign of ``scale`` does not matter.
+
+    Raises:
+        InvalidInputError: ``scale`` is not a real number, or infinite.
 
     A fixed 0.01 cosine is 20-25 % of the tiny models' whole centred H and accepts edge
     effects a fifth of the homogenization as "no effect"; a fraction of the statistic's own
@@ -111,8 +161,11 @@ def default_sesoi(scale: float) -> float:
         >>> round(default_sesoi(0.05), 6), default_sesoi(float("nan"))
         (0.005, 0.001)
     """
-    if not math.isfinite(scale):
+    scale = _real("scale", scale)
+    if math.isnan(scale):
         return SESOI_FLOOR
+    if math.isinf(scale):
+        raise InvalidInputError("scale is infinite; give the statistic's (finite) scale, or NaN")
     return max(SESOI_FLOOR, SESOI_FRACTION * abs(scale))
 
 
@@ -161,6 +214,9 @@ def auto_block(values: Float[torch.Tensor, "*any"]) -> int:
         )
     if not bool(torch.isfinite(x).all()):
         raise InvalidInputError("values hold inf; a block length needs finite values")
+    largest = float(x.abs().max())
+    if largest > _LARGEST:  # the autocovariances would overflow; the block is scale invariant
+        x = x / largest
     if n < 8:
         return 1
     x = x - x.mean()
@@ -232,7 +288,8 @@ def window_resamples(n: int, *, block: int = 16, n_boot: int = 1000, seed: int =
         ``[n_boot n]`` int64 indices into the windows.
 
     Raises:
-        InvalidInputError: bad ``n``, ``block``, ``n_boot`` or ``seed``.
+        InvalidInputError: bad ``n``, ``block``, ``n_boot`` or ``seed``, or more than 2**28
+            indices in all (2 GiB).
 
     References:
         Politis & Romano 1992, "A circular block-resampling procedure for stationary data".
@@ -254,6 +311,12 @@ def window_resamples(n: int, *, block: int = 16, n_boot: int = 1000, seed: int =
         )
         block = lowered
     n_boot = as_int("n_boot", n_boot, low=1)
+    if n_boot * n > _MOST_RESAMPLED:
+        raise InvalidInputError(
+            f"n_boot={n_boot} resamples of {n} windows hold {8 * n_boot * n / 2**30:.0f} GiB of "
+            f"indices; use n_boot <= {_MOST_RESAMPLED // n} (1000-10000 is plenty for a 95 % "
+            "interval)"
+        )
     gen = torch.Generator().manual_seed(as_int("seed", seed, low=0, high=2**63 - 1))
     runs = -(-n // block)
     starts = torch.randint(n, (n_boot, runs, 1), generator=gen, device="cpu")
@@ -264,10 +327,11 @@ def window_resamples(n: int, *, block: int = 16, n_boot: int = 1000, seed: int =
 def seed_resamples(n_seeds: int, *, n_boot: int = 1000, seed: int = 0) -> torch.Tensor:
     """``[n_boot n_seeds]`` indices of seeds drawn with replacement (all 0 for one seed)."""
     n_seeds = as_int("n_seeds", n_seeds, low=1)
+    n_boot = as_int("n_boot", n_boot, low=1)
+    if n_boot * n_seeds > _MOST_RESAMPLED:
+        raise InvalidInputError(f"n_boot={n_boot} resamples of {n_seeds} seeds are too many")
     gen = torch.Generator().manual_seed(as_int("seed", seed, low=0, high=2**63 - 1) + 7919)
-    return torch.randint(
-        n_seeds, (as_int("n_boot", n_boot, low=1), n_seeds), generator=gen, device="cpu"
-    )
+    return torch.randint(n_seeds, (n_boot, n_seeds), generator=gen, device="cpu")
 
 
 def resampled_means(
@@ -284,7 +348,23 @@ def resampled_means(
 
     Returns:
         ``[boot]`` float64.
+
+    Raises:
+        InvalidInputError: ``values`` not ``[seed window]``; ``windows`` / ``seeds`` not
+            integer tables of the values' windows / seeds (shape or indices out of range).
     """
+    if not isinstance(values, torch.Tensor) or values.ndim != 2 or values.is_complex():
+        raise InvalidInputError(
+            f"values must be a real [seed window] tensor, got {getattr(values, 'shape', values)}"
+        )
+    n_seed, n_window = (int(d) for d in values.shape)
+    _index_table("windows", windows, n_window, n_window, "windows")
+    if seeds is not None:
+        _index_table("seeds", seeds, n_seed, n_seed, "seeds")
+        if int(seeds.shape[0]) != int(windows.shape[0]):
+            raise InvalidInputError(
+                f"seeds has {int(seeds.shape[0])} resamples, windows {int(windows.shape[0])}"
+            )
     x = values.double()
     per_seed = torch.stack([row[windows].nanmean(-1) for row in x], dim=-1)  # [boot seed]
     if seeds is not None:
@@ -304,6 +384,205 @@ def _t_cdf(t: float, df: float) -> float:
     from scipy import stats
 
     return float(stats.norm.cdf(t) if math.isinf(df) else stats.t.cdf(t, df))
+
+
+def _group(i: int, values: object) -> torch.Tensor:
+    """Group ``i`` of :func:`estimate` as a real ``[seed window]`` tensor (numpy accepted),
+    finite or NaN, no seed without a value, no value too large to square."""
+    if not isinstance(values, torch.Tensor) and hasattr(values, "__array__"):
+        values = torch.as_tensor(values)  # a numpy array
+    if not isinstance(values, torch.Tensor) or values.ndim != 2 or values.is_complex():
+        raise InvalidInputError(
+            f"group {i} must be a real [seed window] tensor (one seed: values[None]), got "
+            f"{getattr(values, 'shape', type(values).__name__)}"
+        )
+    if not values.is_floating_point():
+        values = values.double()
+    if bool(torch.isinf(values).any()):
+        raise InvalidInputError(
+            f"group {i} holds inf; estimate() takes finite per-window values (NaN: a window "
+            "without a value)"
+        )
+    if bool((values.abs() > _LARGEST).any()):
+        raise InvalidInputError(
+            f"group {i} holds values above {_LARGEST:g} in magnitude (their squares overflow); "
+            "rescale them"
+        )
+    empty = torch.isnan(values).all(1)
+    if values.shape[1] > 0 and bool(empty.any()):
+        raise InvalidInputError(
+            f"seed {int(empty.nonzero()[0])} of group {i} has no value (all NaN); leave it out"
+        )
+    return values
+
+
+def _checked_groups(
+    groups: Sequence[torch.Tensor],
+    weights: Sequence[float | int] | None,
+    windows: torch.Tensor | None,
+) -> tuple[list[torch.Tensor], list[float], torch.Tensor]:
+    """:func:`estimate`'s groups and weights checked, and ``[window]`` which windows have a
+    value in every group (NaN elsewhere: those are masked in every group, and said)."""
+    if isinstance(groups, (torch.Tensor, str, bytes)) or not isinstance(groups, Sequence):
+        raise InvalidInputError(
+            "groups must be a list of [seed window] tensors, one per group (one group: "
+            f"[values]), got {type(groups).__name__}"
+        )
+    if not groups:
+        raise InvalidInputError("estimate() needs at least one group of values")
+    groups = [_group(i, g) for i, g in enumerate(groups)]
+    if weights is None:
+        weights = [1.0] * len(groups)
+    elif isinstance(weights, (torch.Tensor, str, bytes)) or not isinstance(weights, Sequence):
+        raise InvalidInputError(
+            f"weights must be a list of numbers, one per group, got {weights!r}"
+        )
+    weights = [_real("weight", w, nan=False) for w in weights]
+    if len(weights) != len(groups):
+        raise InvalidInputError(f"{len(weights)} weights for {len(groups)} groups")
+    if any(abs(w) > _LARGEST for w in weights):
+        raise InvalidInputError(f"weights {weights} must be finite and below {_LARGEST:g}")
+    n_window = int(groups[0].shape[1])
+    if n_window == 0:
+        raise InvalidInputError("the groups hold no window; estimate() needs per-window values")
+    for g in groups:
+        if int(g.shape[1]) != n_window:
+            raise InvalidInputError(
+                f"each group must be [seed window] with {n_window} windows, got {tuple(g.shape)}"
+            )
+    if windows is not None:
+        _index_table("windows", windows, n_window, n_window, "windows")
+    # A window counts when every seed of every group has a value for it (the seeds and groups
+    # are paired by window); the others are left out of every mean and of n_windows, and said.
+    present = torch.stack([~torch.isnan(g).any(0) for g in groups]).all(0)
+    n_real = int(present.sum())
+    if n_real < n_window:
+        warnings.warn(
+            f"homoglens: {n_window - n_real} of the {n_window} windows have no value (NaN) and "
+            f"are left out; the estimate rests on {n_real} windows",
+            UserWarning,
+            stacklevel=3,
+        )
+        return [g.double().masked_fill(~present, math.nan) for g in groups], weights, present
+    return list(groups), weights, present
+
+
+def _drawn_windows(
+    groups: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    present: torch.Tensor,
+    block: int | Literal["auto"],
+    n_boot: int,
+    seed: int,
+) -> tuple[torch.Tensor, int]:
+    """``[boot window]`` resamples for :func:`estimate` and the block length they use (a
+    chosen ``block`` too long for 4 blocks of the windows is lowered, and said)."""
+    n_window, n_real = int(present.numel()), int(present.sum())
+    asked = block != "auto"  # a block the caller chose: lowering it is said
+    if block == "auto":
+        series = sum(w * g.double().nanmean(0) for g, w in zip(groups, weights, strict=True))
+        series = torch.as_tensor(series)[present]
+        block = auto_block(series) if n_real else 1
+    block = as_block(block)
+    assert block != "auto"
+    with warnings.catch_warnings():  # the block is lowered below 4 blocks: said here
+        warnings.filterwarnings("ignore", r"\d+ windows make fewer than 4 blocks", UserWarning)
+        windows = window_resamples(n_window, block=block, n_boot=n_boot, seed=seed)
+    known_block = block if block == 1 or n_window >= 4 * block else max(1, n_window // 4)
+    if asked and known_block != block and n_window >= MIN_WINDOWS:
+        warnings.warn(
+            f"homoglens: block={block} makes fewer than 4 blocks of the {n_window} windows; "
+            f"the intervals use blocks of {known_block} windows",
+            UserWarning,
+            stacklevel=4,
+        )
+    return windows, known_block
+
+
+def _window_se(
+    se: float,
+    window_df: float,
+    present: torch.Tensor,
+    groups: Sequence[torch.Tensor],
+    weights: Sequence[float],
+) -> tuple[float, float]:
+    """:func:`estimate`'s standard error over windows alone and its degrees of freedom: the
+    bootstrap's scaled by ``n / (n - block)``, or NaN (with a warning) below
+    :data:`MIN_WINDOWS` windows or with no spread (but exact zeros: an exact no-op)."""
+    n_window, n_real = int(present.numel()), int(present.sum())
+    df = math.inf
+    if n_real < MIN_WINDOWS:
+        if n_real >= 1:
+            warnings.warn(
+                f"{n_real} windows are too few for an interval (at least {MIN_WINDOWS}): "
+                "se, interval and p-values are NaN; measure more windows",
+                stacklevel=3,
+            )
+        se = math.nan  # resampling so few units shows no honest spread
+    else:
+        used = n_window / (window_df + 1)  # the block length, from the runs of a resample
+        se *= math.sqrt(n_window / max(n_window - used, 1.0))
+        df = window_df
+    exact_zero = all(bool((g.double().nan_to_num(1.0) == 0).all()) for g in groups)
+    if exact_zero or math.isnan(se):  # every value exactly 0 (an exact no-op): [0, 0] is true
+        return se, df
+    series = sum(w * g.double().nanmean(0) for g, w in zip(groups, weights, strict=True))
+    series = torch.as_tensor(series)[present]
+    # Identical per-window values (up to float64 rounding of their sums) have no spread: their
+    # bootstrap se is rounding noise (~1e-16), not an interval.
+    scale = float(series.abs().max()) if series.numel() else 0.0
+    flat = float(series.max() - series.min()) <= 64 * torch.finfo(torch.float64).eps * scale
+    if flat or se == 0:
+        why = (
+            f"the {n_window} windows show no spread (identical per-window values)"
+            if flat
+            else "the resamples show no spread (each draws the same windows: check windows=)"
+        )
+        warnings.warn(f"{why}: no interval; se, interval and p-values are NaN", stacklevel=3)
+        se = math.nan
+    return se, df
+
+
+class _GroupParts(NamedTuple):
+    dist: torch.Tensor  # [boot] the estimate per resample (seeds resampled when asked)
+    flat: torch.Tensor  # [boot] the same with every seed kept (the window part of the variance)
+    value: float
+    n_seeds: int
+    seed_var: float  # Welch-Satterthwaite over the groups' seed means: sum w^2 var / n
+    seed_df_den: float
+    seed_sd: float  # pooled between-seed sd of the per-seed means (NaN: one seed per group)
+
+
+def _group_parts(
+    groups: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    windows: torch.Tensor,
+    resample_seeds: bool,
+    seed: int,
+) -> _GroupParts:
+    """The weighted sum over groups of :func:`estimate`'s resampled means and seed moments."""
+    n_boot = int(windows.shape[0])
+    dist = torch.zeros(n_boot, dtype=torch.float64, device="cpu")
+    flat = torch.zeros(n_boot, dtype=torch.float64, device="cpu")
+    value, n_seeds, sd_num, sd_den = 0.0, 0, 0.0, 0
+    seed_var, seed_df_den = 0.0, 0.0
+    for i, (g, w) in enumerate(zip(groups, weights, strict=True)):
+        seeds = seed_resamples(g.shape[0], n_boot=n_boot, seed=seed + i) if resample_seeds else None
+        dist += w * resampled_means(g, windows, seeds)
+        flat += w * resampled_means(g, windows, None)
+        means = g.double().nanmean(1)
+        value += w * float(means.mean())
+        n_g = int(g.shape[0])
+        n_seeds += n_g
+        if n_g > 1:
+            var = float(means.var(unbiased=True))
+            sd_num += var * (n_g - 1)
+            sd_den += n_g - 1
+            part = w * w * var / n_g
+            seed_var += part
+            seed_df_den += part * part / (n_g - 1)
+    seed_sd = math.sqrt(sd_num / sd_den) if sd_den else math.nan
+    return _GroupParts(dist, flat, value, n_seeds, seed_var, seed_df_den, seed_sd)
 
 
 def estimate(
@@ -375,77 +654,24 @@ def estimate(
         >>> round(est.value, 3), est.ci_low < 0.05 < est.ci_high, est.p < 0.001
         (0.05, True, True)
     """
-    if not groups:
-        raise InvalidInputError("estimate() needs at least one group of values")
-    weights = [1.0] * len(groups) if weights is None else [float(w) for w in weights]
-    if len(weights) != len(groups):
-        raise InvalidInputError(f"{len(weights)} weights for {len(groups)} groups")
     sesoi = as_float("sesoi", sesoi, low=0.0, high=math.inf)
     ci = as_float("ci", ci, low=0.0, high=1.0)
-    n_window = int(windows.shape[1]) if windows is not None else int(groups[0].shape[-1])
-    for g in groups:
-        if g.ndim != 2 or int(g.shape[1]) != n_window:
-            raise InvalidInputError(
-                f"each group must be [seed window] with {n_window} windows, got {tuple(g.shape)}"
-            )
-    for g in groups:
-        if g.is_complex() or bool(torch.isinf(g).any()):
-            raise InvalidInputError(
-                "groups hold inf or complex values; estimate() takes finite per-window values "
-                "(NaN: a window without a value)"
-            )
-    # A window counts when every group has a value for it (in some seed); NaN ones are left out
-    # of the means and out of n_windows, and said.
-    present = torch.stack([~torch.isnan(g).all(0) for g in groups]).all(0)
-    n_real = int(present.sum())
-    if n_real < n_window:
+    groups, weights, present = _checked_groups(groups, weights, windows)
+    n_window, n_real = int(present.numel()), int(present.sum())
+    known_block = None
+    if windows is None:
+        windows, known_block = _drawn_windows(groups, weights, present, block, n_boot, seed)
+    n_boot = int(windows.shape[0])
+    if n_boot < MIN_RESAMPLES and n_real >= MIN_WINDOWS:
         warnings.warn(
-            f"homoglens: {n_window - n_real} of the {n_window} windows have no value (NaN) and "
-            f"are left out; the estimate rests on {n_real} windows",
+            f"homoglens: {n_boot} bootstrap resamples give a noisy (and with very few, too "
+            f"narrow) interval; use n_boot >= {MIN_RESAMPLES} (1000 by default)",
             UserWarning,
             stacklevel=2,
         )
-        groups = [g.double().masked_fill(~present, math.nan) for g in groups]
-    known_block = None
-    if windows is None:
-        asked = block != "auto"  # a block the caller chose: lowering it is said
-        if block == "auto":
-            series = sum(w * g.double().nanmean(0) for g, w in zip(groups, weights, strict=True))
-            series = torch.as_tensor(series)[present]
-            block = auto_block(series) if n_real else 1
-        block = as_block(block)
-        assert block != "auto"
-        with warnings.catch_warnings():  # the block is lowered below 4 blocks: said here
-            warnings.simplefilter("ignore", UserWarning)
-            windows = window_resamples(n_window, block=block, n_boot=n_boot, seed=seed)
-        known_block = block if block == 1 or n_window >= 4 * block else max(1, n_window // 4)
-        if asked and known_block != block and n_window >= MIN_WINDOWS:
-            warnings.warn(
-                f"homoglens: block={block} makes fewer than 4 blocks of the {n_window} windows; "
-                f"the intervals use blocks of {known_block} windows",
-                UserWarning,
-                stacklevel=3,
-            )
-    n_boot = int(windows.shape[0])
-    dist = torch.zeros(n_boot, dtype=torch.float64, device="cpu")
-    flat = torch.zeros(n_boot, dtype=torch.float64, device="cpu")  # windows resampled, seeds kept
-    value, n_seeds, sd_num, sd_den = 0.0, 0, 0.0, 0
-    seed_var, seed_df_den = 0.0, 0.0  # Welch-Satterthwaite over the groups' seed means
-    for i, (g, w) in enumerate(zip(groups, weights, strict=True)):
-        seeds = seed_resamples(g.shape[0], n_boot=n_boot, seed=seed + i) if resample_seeds else None
-        dist += w * resampled_means(g, windows, seeds)
-        flat += w * resampled_means(g, windows, None)
-        means = g.double().nanmean(1)
-        value += w * float(means.mean())
-        n_g = int(g.shape[0])
-        n_seeds += n_g
-        if n_g > 1:
-            var = float(means.var(unbiased=True))
-            sd_num += var * (n_g - 1)
-            sd_den += n_g - 1
-            part = w * w * var / n_g
-            seed_var += part
-            seed_df_den += part * part / (n_g - 1)
+    parts = _group_parts(groups, weights, windows, resample_seeds, seed)
+    dist, flat, value, n_seeds = parts.dist, parts.flat, parts.value, parts.n_seeds
+    seed_var, seed_df_den = parts.seed_var, parts.seed_df_den
     se = float(dist.std(unbiased=True)) if n_boot > 1 else math.nan
     fewest = min(int(g.shape[0]) for g in groups)
     steps = (windows[0, 1:] - windows[0, :-1]) % max(n_window, 1)
@@ -453,29 +679,9 @@ def estimate(
     if known_block is not None:
         window_df = max(1.0, float(-(-n_window // known_block) - 1))
     hierarchical = resample_seeds and fewest > 1
-    df = math.inf
     if not hierarchical:
-        if n_real < MIN_WINDOWS:
-            if n_real > 1:
-                warnings.warn(
-                    f"{n_real} windows are too few for an interval (at least {MIN_WINDOWS}): "
-                    "se, interval and p-values are NaN; measure more windows",
-                    stacklevel=2,
-                )
-            se = math.nan  # resampling so few units shows no honest spread
-        else:
-            used = n_window / (window_df + 1)  # the block length, from the runs of a resample
-            se *= math.sqrt(n_window / max(n_window - used, 1.0))
-            df = window_df
-        exact_zero = all(bool((g.double().nan_to_num(1.0) == 0).all()) for g in groups)
-        if se == 0 and not exact_zero:  # every value exactly 0 (an exact no-op): [0, 0] is true
-            warnings.warn(
-                f"the {n_window} windows show no spread (identical per-window values): no "
-                "interval; se, interval and p-values are NaN",
-                stacklevel=2,
-            )
-            se = math.nan
-    if hierarchical:
+        se, df = _window_se(se, window_df, present, groups, weights)
+    else:
         se *= math.sqrt(fewest / (fewest - 1))
         window_var = float(flat.var(unbiased=True)) if n_boot > 1 else 0.0
         num = (window_var + seed_var) ** 2
@@ -498,7 +704,7 @@ def estimate(
         df=df,
         n_windows=n_real,
         n_seeds=n_seeds,
-        seed_sd=math.sqrt(sd_num / sd_den) if sd_den else math.nan,
+        seed_sd=parts.seed_sd,
     )
 
 
@@ -516,7 +722,8 @@ def holm(p: Sequence[float]) -> list[float]:
         The adjusted p-values, in the given order.
 
     Raises:
-        InvalidInputError: a p-value outside [0, 1] (or not a number).
+        InvalidInputError: a p-value outside [0, 1], or not a real number (a bool or a
+            string is not a p-value).
 
     References:
         Holm 1979, "A simple sequentially rejective multiple test procedure".
@@ -526,10 +733,9 @@ def holm(p: Sequence[float]) -> list[float]:
         >>> [round(p, 3) for p in holm([0.01, 0.04, 0.03, 0.005])]
         [0.03, 0.06, 0.06, 0.02]
     """
-    try:
-        values = [float(x) for x in p]
-    except (TypeError, ValueError) as err:
-        raise InvalidInputError(f"p must be a sequence of p-values, got {p!r}") from err
+    if isinstance(p, (str, bytes)) or not hasattr(p, "__iter__"):
+        raise InvalidInputError(f"p must be a sequence of p-values, got {p!r}")
+    values = [_real("p-value", x) for x in p]
     bad = [v for v in values if not (math.isnan(v) or 0.0 <= v <= 1.0)]
     if bad:
         raise InvalidInputError(
@@ -564,11 +770,12 @@ def verdict(
         alpha: Level of every test.
 
     Returns:
-        The verdict (``"inconclusive"`` for a NaN value or NaN p-values).
+        The verdict (``"inconclusive"`` when the value or either p-value is NaN: a test that
+        could not be run decides nothing).
 
     Raises:
-        InvalidInputError: ``predicted`` not +-1, a p-value outside [0, 1], ``alpha``
-            outside (0, 1).
+        InvalidInputError: ``predicted`` not +-1, a value or p-value that is not a real number,
+            an infinite value, a p-value outside [0, 1], ``alpha`` outside (0, 1).
 
     References:
         Schuirmann 1987; Lakens 2017, doi:10.1177/1948550617697177 (TOST, equivalence).
@@ -576,10 +783,14 @@ def verdict(
     if predicted not in (1, -1):
         raise InvalidInputError(f"predicted={predicted!r} must be +1 or -1")
     alpha = as_float("alpha", alpha, low=0.0, high=1.0)
+    value = _real("value", value)
+    if math.isinf(value):
+        raise InvalidInputError("value is infinite; a verdict needs a finite estimate (or NaN)")
+    p, p_tost = _real("p", p), _real("p_tost", p_tost)
     for name, q in (("p", p), ("p_tost", p_tost)):
         if not (math.isnan(q) or 0.0 <= q <= 1.0):
             raise InvalidInputError(f"{name}={q!r} must be a p-value in [0, 1] (NaN: no test)")
-    if math.isnan(value):  # no estimate: nothing to judge
+    if math.isnan(value) or math.isnan(p) or math.isnan(p_tost):  # a test not run: no verdict
         return "inconclusive"
     if not math.isnan(p_tost) and p_tost < alpha:
         return "equivalent"

@@ -20,7 +20,7 @@ from homoglens.engine import model_device, next_token_loss, provenance_of, run_l
 from homoglens.errors import InvalidInputError
 from homoglens.models import load_model, model_info
 from homoglens.profile import homogenization_profile
-from homoglens.results.base import Provenance
+from homoglens.results.provenance import Provenance
 from homoglens.results.sweeps import CheckpointSweep
 from homoglens.sinks import sink_scores
 from homoglens.types import Backend, BosPolicy, HookedModel

@@ -210,9 +210,7 @@ NOT_RUN: dict[str, str] = {
     "to_token_batch": "reads the tokenizer only",
     "model_info": "reads the config and weights' dtype only",
     "fast_attention_status": "reads the config only",
-    "default_ablation_modes": "reads the config only",
     "architecture_of": "reads the config only",
-    "family_of": "reads the config only",
 }
 """Public functions that take a model (or models) but attach no hook to it, and why."""
 

@@ -13,27 +13,32 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "homoglens"
 
 # Lowest first. A module may import modules of lower layers, and modules of its own package
 # (``homoglens.results.*`` among themselves); ``homoglens/__init__.py`` is the public face.
-# DESIGN.md's order, with three of its layers split where the code needs an order inside them:
+# DESIGN.md's order, with four of its layers split where the code needs an order inside them:
 # the statistics check their arguments (validate < stats, distributed), the plotly twin of the
-# figure primitives shares the matplotlib side's colour ranges (plotting < plotting_plotly), and
-# the ablation study and patching reuse the profile's reducer (profile < studies, patching).
+# figure primitives shares the matplotlib side's colour ranges (plotting < plotting_plotly), the
+# attention-bias interventions share the index check of the others (interventions <
+# bias_interventions), and the ablation study and patching reuse the profile's reducer (profile <
+# studies, patching). The rank metrics and the blocked position dot products sit below the
+# homogenization sums that use them.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "types", "interrupt"),
     ("validate",),
-    ("stats", "distributed", "blocked_attention"),
+    ("stats", "distributed", "blocked_attention", "rank_metrics", "position_dots"),
     (
         "architectures",
         "assets",
         "data",
         "homogenization",
+        "sink_math",
         "similarity_math",
         "plotting",
         "claims",
         "controls",
     ),
     ("plotting_plotly",),
-    ("models", "hooks", "results", "training", "fast_attention"),
+    ("models", "hooks", "bias_hooks", "results", "training", "fast_attention"),
     ("engine", "interventions"),
+    ("bias_interventions",),
     ("profile", "similarity", "sinks", "bias", "lengths"),
     ("studies", "patching", "calibration"),
     ("comparison", "sweeps"),

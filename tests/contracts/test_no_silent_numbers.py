@@ -58,9 +58,117 @@ def test_too_few_real_windows_give_nan() -> None:
     with pytest.warns(UserWarning):
         est = estimate([values])
     assert est.n_windows == 3 and math.isnan(est.se) and math.isnan(est.p)
-    with pytest.warns(UserWarning, match="10 of the 10 windows"):
-        empty = estimate([torch.full((1, 10), math.nan)])
-    assert empty.n_windows == 0 and math.isnan(empty.value)
+    with pytest.raises(InvalidInputError, match="no value"):
+        estimate([torch.full((1, 10), math.nan)])  # a seed without any value
+
+
+def test_several_seeds_share_the_windows_left_out() -> None:
+    """Round 5, S1: a window NaN in one seed is left out of every seed (they are paired)."""
+    y = 0.2 + 0.1 * torch.randn(
+        3, 40, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    gapped = y.clone()
+    gapped[0, 5] = math.nan
+    with pytest.warns(UserWarning, match="1 of the 40 windows"):
+        est = estimate([gapped], block=1, n_boot=200)
+    kept = torch.cat([y[:, :5], y[:, 6:]], 1)
+    assert est.n_windows == 39 and est.value == pytest.approx(float(kept.mean()), abs=1e-12)
+    lost = y.clone()
+    lost[1] = math.nan
+    with pytest.raises(InvalidInputError, match="seed 1 of group 0 has no value"):
+        estimate([lost], resample_seeds=True)
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [np.zeros((1, 8)) + 0.1, torch.zeros(1, 8), "abc", {0: torch.zeros(1, 8)}, [[[0.1, 0.2]]]],
+)
+def test_groups_of_the_wrong_kind_are_typed(groups: object) -> None:
+    if isinstance(groups, np.ndarray):  # a numpy array inside the list is taken
+        with pytest.warns(UserWarning):
+            estimate([groups])
+        return
+    with pytest.raises(InvalidInputError, match="group"):
+        estimate(groups)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "windows",
+    [
+        torch.full((10, 40), 100),
+        torch.zeros(10, 40),
+        torch.zeros(40, dtype=torch.long),
+        torch.zeros(0, 40, dtype=torch.long),
+        torch.full((10, 40), -1),
+        torch.zeros(10, 20, dtype=torch.long),
+    ],
+)
+def test_bad_resample_tables_are_typed(windows: torch.Tensor) -> None:
+    with pytest.raises(InvalidInputError, match="windows"):
+        estimate([_values()], windows=windows)
+    from homoglens.stats import resampled_means
+
+    with pytest.raises(InvalidInputError, match="windows"):
+        resampled_means(_values(), windows)
+
+
+def test_resamples_without_spread_are_named_as_such() -> None:
+    with pytest.warns(UserWarning, match="resamples show no spread"):
+        est = estimate([_values()], windows=torch.zeros(200, 40, dtype=torch.long))
+    assert math.isnan(est.se)
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e200])
+def test_huge_values_are_typed_or_rescaled(scale: float) -> None:
+    with pytest.raises(InvalidInputError, match="rescale"):
+        estimate([_values().double() * scale])
+    big = torch.randn(100, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert auto_block(big * scale) == auto_block(big)
+
+
+@pytest.mark.parametrize("weights", [["abc"], [None], [1j], 1, ["1"], [math.nan], [math.inf]])
+def test_bad_weights_are_typed(weights: object) -> None:
+    with pytest.raises(InvalidInputError, match="weight"):
+        estimate([_values()], weights=weights)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", ["0.1", None, torch.tensor([0.1, -0.1]), np.array([0.1, 0.2])])
+def test_verdict_of_a_non_number_is_typed(value: object) -> None:
+    with pytest.raises(InvalidInputError, match="value"):
+        verdict(value, 0.01, 0.5, predicted=1)  # type: ignore[arg-type]
+
+
+def test_verdict_with_a_nan_p_value_decides_nothing() -> None:
+    """Round 5, S2."""
+    assert verdict(0.001, math.nan, 0.001, predicted=1) == "inconclusive"
+    assert verdict(0.1, 0.001, math.nan, predicted=1) == "inconclusive"
+    with pytest.raises(InvalidInputError, match="infinite"):
+        verdict(math.inf, 0.01, 0.9, predicted=1)
+
+
+@pytest.mark.parametrize("p", [["0.1"], [True, False]])
+def test_holm_refuses_what_is_not_a_p_value(p: list[object]) -> None:
+    with pytest.raises(InvalidInputError, match="real number"):
+        holm(p)  # type: ignore[arg-type]
+
+
+def test_default_sesoi_inputs() -> None:
+    from homoglens.stats import default_sesoi
+
+    with pytest.raises(InvalidInputError, match="real number"):
+        default_sesoi("0.1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="infinite"):
+        default_sesoi(math.inf)
+    assert default_sesoi(-0.05) == default_sesoi(0.05)
+
+
+def test_one_window_is_said_and_too_many_resamples_refused() -> None:
+    with pytest.warns(UserWarning, match="1 windows are too few"):
+        estimate([torch.tensor([[0.3]])])
+    with pytest.raises(InvalidInputError, match="GiB"):
+        estimate([_values()], n_boot=10**12)
+    with pytest.warns(UserWarning, match="bootstrap resamples give a noisy"):
+        estimate([_values()], n_boot=2)
 
 
 def test_infinite_values_are_refused() -> None:
@@ -167,3 +275,85 @@ def test_negative_drop_dims_names_the_sign() -> None:
     resid = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(0))
     with pytest.raises(InvalidInputError, match="negative"):
         similarity_from_activations(resid, drop_dims=-1)
+
+
+def _cached_profile(scale: float = 1.0):
+    from homoglens import HomogenizationProfile
+
+    x = torch.randn(4, 12, 8, generator=torch.Generator().manual_seed(0)) * scale
+    return HomogenizationProfile.from_cache(
+        {
+            "blocks.0.hook_resid_pre": x,
+            "blocks.0.hook_resid_post": x * 2 + 0.3,
+            "blocks.1.hook_resid_post": x.roll(1, -1),
+        }
+    )
+
+
+@pytest.mark.parametrize("layers", [[1, 1], True, "1", []])
+def test_sel_refuses_what_load_would_refuse(layers: object, tmp_path) -> None:
+    """Round 5, L1: sel([1, 1]) / sel(True) made a result that saved over a good one and then
+    did not load."""
+    profile = _cached_profile()
+    sim = similarity_from_activations(torch.randn(2, 4, 12, 8), edge_k=2)
+    for result in (profile, sim):
+        with pytest.raises(InvalidInputError):
+            result.sel(layers)  # type: ignore[arg-type]
+
+
+def test_sel_takes_numpy_and_torch_integers() -> None:
+    profile = _cached_profile()
+    assert profile.sel(np.int64(1)).layers == (1,)
+    assert profile.sel(torch.tensor(2)).layers == (2,)
+    assert profile.sel(np.array([2, 0])).layers == (0, 2)
+
+
+def test_save_through_a_link_keeps_the_link(tmp_path) -> None:
+    """Round 5, L2: a save into a symlinked folder replaced the link by a new folder."""
+    import os
+
+    from homoglens import HomogenizationProfile
+
+    old, new = _cached_profile(), _cached_profile(2.0)
+    old.save(tmp_path / "real")
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    new.save(tmp_path / "link")
+    assert os.path.islink(tmp_path / "link")
+    assert sorted(os.listdir(tmp_path)) == ["link", "real"]
+    loaded = HomogenizationProfile.load(tmp_path / "real")
+    assert torch.equal(loaded.norm_sum, new.norm_sum)
+
+
+def test_load_of_no_path_is_typed() -> None:
+    from homoglens import HomogenizationProfile, PositionAblationStudy
+
+    for cls in (HomogenizationProfile, PositionAblationStudy):
+        with pytest.raises(InvalidInputError, match="load\\(\\) needs a folder path"):
+            cls.load(None)  # type: ignore[arg-type]
+
+
+def test_massive_positions_beyond_the_sequence_are_said(get_model) -> None:
+    from homoglens import ablated_massive_activations
+
+    model = get_model("gpt2", BACKENDS[-1])
+    tokens = torch.randint(0, 1000, (2, 16), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="lie beyond these 16-token sequences"):
+        with ablated_massive_activations(model, "zero", layer=1, dims=[3], positions=[50]):
+            model(tokens)
+
+
+def test_merge_that_drops_the_rank_metrics_says_so() -> None:
+    from homoglens import HomogenizationProfile
+
+    x = torch.randn(4, 12, 8, generator=torch.Generator().manual_seed(0))
+    with_rank = cosine_homogenization(x[:2], effective_rank=True)
+    without = cosine_homogenization(x[2:])
+    with pytest.warns(UserWarning, match="rank metrics"):
+        merged = HomogenizationProfile.merge(with_rank, without)
+    assert merged.effective_rank_sum is None
+
+
+def test_cosine_homogenization_says_duplicated_sequences() -> None:
+    x = torch.randn(1, 12, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="exact copies"):
+        cosine_homogenization(torch.cat([x, x]))

@@ -48,8 +48,9 @@ from homoglens import (
     sink_analysis,
     sink_scores,
 )
-from homoglens.results.base import HASHES
-from homoglens.results.sinks import AttentionReceived, SinkAnalysis, SinkAttribution
+from homoglens.results.attribution import SinkAttribution
+from homoglens.results.sinks import AttentionReceived, SinkAnalysis
+from homoglens.results.storage import HASHES
 from homoglens.sinks import attention_received, sink_attribution
 
 TEXTS = [f"Sentence number {i} is here, and it goes on for a little while." for i in range(4)]

@@ -20,7 +20,7 @@ from test_result_integrity import CLASSES, TEXTS, _results
 
 from helpers import BACKENDS, reseal
 from homoglens import IncompatibleResultsError, InvalidInputError
-from homoglens.results.base import HASHES, write_json
+from homoglens.results.storage import HASHES, write_json
 
 INCOMPLETE = "saved incompletely or edited; save it again"
 

@@ -18,7 +18,7 @@ from homoglens import (
     load_model,
 )
 from homoglens.architectures import ARCHITECTURES
-from homoglens.hooks import AttentionBiasPlan, attention_bias_phi, bias_pattern
+from homoglens.bias_hooks import AttentionBiasPlan, attention_bias_phi, bias_pattern
 from homoglens.testing import TINY_ARCHS, tiny_model_folder
 
 SHORT = TOKENS[:, :8]  # within every tiny sliding window (8): the window mask never binds

@@ -302,7 +302,7 @@ def test_extreme_magnitudes_give_the_right_cosines() -> None:
 def test_rank_singular_values_equal_float64_svd(shape: tuple[int, int, int]) -> None:
     """The Gram-eigenvalue route of the rank metrics equals float64 SVD of each scaled matrix
     (both branches), with a massive first row and a pad row."""
-    from homoglens.homogenization import _singular_values
+    from homoglens.rank_metrics import _singular_values
 
     torch.manual_seed(0)
     x = torch.randn(*shape)

@@ -5,10 +5,8 @@ from __future__ import annotations
 import torch
 
 from helpers import BACKENDS
-from homoglens import (
-    PositionPlan,
-    ablated_positions,
-)
+from homoglens import ablated_positions
+from homoglens.hooks import PositionPlan
 
 
 def test_position_plan_source_returns_copies(get_model):

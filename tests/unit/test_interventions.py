@@ -12,7 +12,6 @@ import torch
 from helpers import BACKENDS, TOKENS, T, hf_written_logits, hook_count, run_ablated, state_hash
 from homoglens import (
     InvalidInputError,
-    PositionPlan,
     UnsupportedArchitectureError,
     ablated_massive_activations,
     ablated_positions,
@@ -20,6 +19,7 @@ from homoglens import (
     massive_activation_hooks,
     position_ablation_hooks,
 )
+from homoglens.hooks import PositionPlan
 
 
 def _scores_and_unrotated(model, layer: int, **ablation) -> tuple[torch.Tensor, torch.Tensor]:

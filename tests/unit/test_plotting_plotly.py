@@ -33,7 +33,7 @@ from homoglens import (  # noqa: E402
     sink_attribution,
     sink_scores,
 )
-from homoglens.results.base import Provenance  # noqa: E402
+from homoglens.results.provenance import Provenance  # noqa: E402
 from homoglens.results.sweeps import CheckpointSweep  # noqa: E402
 from homoglens.testing import tiny_model_folder  # noqa: E402
 

@@ -83,7 +83,7 @@ def test_a_chosen_block_too_long_for_the_windows_is_said() -> None:
 
     values = torch.randn(1, 16, generator=torch.Generator().manual_seed(0)).double()
     with pytest.warns(UserWarning, match="block=100 makes fewer than 4 blocks"):
-        estimate([values], block=100, n_boot=50)
+        estimate([values], block=100, n_boot=200)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "auto" chooses what fits: nothing to say
-        estimate([values], block="auto", n_boot=50)
+        estimate([values], block="auto", n_boot=200)

@@ -560,8 +560,13 @@ def compare(
         )
         with staged_output(folder) as tmp:
             write_comparison_report(result, tmp, interactive=interactive)
-    with warnings.catch_warnings():  # the report already warned about the same table
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings():  # the report's claims() already gave these of this table
+        for message in (
+            r"\d+ windows are too few for an interval",  # stats.estimate: --n-seq below 4
+            r"homoglens: block=\d+ makes fewer than 4 blocks",  # stats.estimate: --block too long
+            "the C2 and C3 rows compare retrained models",  # claims.claims_table: one seed each
+        ):
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
         claims = result.claims()
     click.echo(repr(result), err=True)
     for row in claims[claims["primary"]].itertuples():

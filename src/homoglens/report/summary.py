@@ -180,10 +180,25 @@ def summary_rows(
     bias slope's own interval. The adjusted value's interval is the raw one shifted by the
     anisotropy baseline, which is held fixed.
     """
-    from homoglens.results.studies import paired_bootstrap
-    from homoglens.stats import estimate
-
     check_studies(study, massive)
+    rows = _profile_rows(profile, study)
+    rows += _c1_rows(similarity)
+    if len(profile.layers) > 1:
+        rows += _corrections(profile, study, standardized, dims_dropped)
+    rows += _c2_rows(similarity, readings)
+    rows += _c3_rows(study)
+    rows += _bias_rows(bias)
+    rows += _sink_rows(sinks)
+    rows += _massive_rows(massive)
+    return rows
+
+
+def _profile_rows(
+    profile: HomogenizationProfile, study: PositionAblationStudy | None
+) -> list[dict[str, Any]]:
+    """The raw and anisotropy-adjusted mean pairwise cosine at the last layer."""
+    from homoglens.results.studies import paired_bootstrap
+
     rows: list[dict[str, Any]] = []
     last = profile.layers[-1]
     raw, base = float(profile.mean_pairwise[-1]), float(profile.baseline[-1])
@@ -204,6 +219,14 @@ def summary_rows(
         "the same net of what tokens of different windows share (anisotropy); > 0: tokens of "
         "a window are more alike than tokens in general",
     ))  # fmt: skip
+    return rows
+
+
+def _c1_rows(similarity: PositionalSimilarity | None) -> list[dict[str, Any]]:
+    """C1: contextual homogenization gained with depth (last minus first measured layer)."""
+    from homoglens.stats import estimate
+
+    rows: list[dict[str, Any]] = []
     if similarity is not None and len(similarity.layers) > 1 and similarity.n_sequences > 1:
         h = similarity.per_window("homogenization")
         est = estimate([(h[:, -1] - h[:, 0])[None]])
@@ -213,8 +236,14 @@ def summary_rows(
             "contextual homogenization (W = M - C, cross-window similarity of the same "
             "positions removed) gained with depth; C1 predicts > 0",
         ))  # fmt: skip
-    if len(profile.layers) > 1:
-        rows += _corrections(profile, study, standardized, dims_dropped)
+    return rows
+
+
+def _c2_rows(
+    similarity: PositionalSimilarity | None, readings: CalibratedReadings | None
+) -> list[dict[str, Any]]:
+    """C2: the calibrated readings against the causal null, or the uncalibrated matched excess."""
+    rows: list[dict[str, Any]] = []
     if similarity is not None and len(similarity.layers) > 1 and similarity.n_sequences > 1:
         if readings is None:
             edge = similarity.edge_excess()
@@ -245,6 +274,14 @@ def summary_rows(
                 f"SESOI {r['sesoi']:.3g})",
                 verdict=str(r["verdict"]),
             ))  # fmt: skip
+    return rows
+
+
+def _c3_rows(study: PositionAblationStudy | None) -> list[dict[str, Any]]:
+    """C3: adjusted homogenization and loss with the positions zeroed, minus intact."""
+    from homoglens.results.studies import paired_bootstrap
+
+    rows: list[dict[str, Any]] = []
     if study is not None and "zero" in study.modes and study.loss.shape[1] >= 2:
         m = study.modes.index("zero")
         opts = {"n_boot": study.n_boot, "ci": study.ci, "seed": study.seed}
@@ -264,6 +301,12 @@ def summary_rows(
             "next-token loss: positions zeroed - intact (nats/token, C3)", d, dlo, dhi,
             "what it costs the model; C3 predicts > 0",
         ))  # fmt: skip
+    return rows
+
+
+def _bias_rows(bias: AttentionBiasStudy | None) -> list[dict[str, Any]]:
+    """The attention-bias slope per unit of mass moved onto the first key, at b = 0."""
+    rows: list[dict[str, Any]] = []
     if bias is not None:
         try:
             slope = bias.slope_at_zero("homogenization", -1)
@@ -279,6 +322,12 @@ def summary_rows(
                 f"(C2, attention reading; SESOI {slope.sesoi:.3g} per unit of mass)",
                 verdict=slope.verdict() if math.isfinite(slope.per_mass) else "",
             ))  # fmt: skip
+    return rows
+
+
+def _sink_rows(sinks: SinkAnalysis | None) -> list[dict[str, Any]]:
+    """The sink rate (Gu et al. 2024)."""
+    rows: list[dict[str, Any]] = []
     if sinks is not None:
         from homoglens.results.figures import sink_rate_label
 
@@ -289,6 +338,14 @@ def summary_rows(
             f"share of (window, layer, head) whose importance on key {scores.key} exceeds "
             f"{scores.eps:g} (Gu et al. 2024)",
         ))  # fmt: skip
+    return rows
+
+
+def _massive_rows(massive: PositionAblationStudy | None) -> list[dict[str, Any]]:
+    """The loss with the massive activations set to zero, minus intact (Sun et al. 2024)."""
+    from homoglens.results.studies import paired_bootstrap
+
+    rows: list[dict[str, Any]] = []
     if massive is not None and massive.loss.shape[1] >= 2:
         opts = {"n_boot": massive.n_boot, "ci": massive.ci, "seed": massive.seed}
         where = (

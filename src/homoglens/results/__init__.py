@@ -9,17 +9,12 @@ counts) and derives every reported value from them, so profiles of any split of 
 merge by addition (:meth:`HomogenizationProfile.merge`) into exactly the one-pass result.
 """
 
-from homoglens.results.base import (
-    Provenance,
-    SavedResult,
-    load_result,
-    prepare_folder,
-    read_saved,
-    save_result,
-    validate_result,
-)
+from homoglens.results.base import SavedResult, load_result, save_result
 from homoglens.results.profile import HomogenizationProfile
+from homoglens.results.provenance import Provenance
+from homoglens.results.storage import prepare_folder, read_saved
 from homoglens.results.studies import PositionAblationStudy, paired_bootstrap
+from homoglens.results.validation import validate_result
 
 __all__ = [
     "HomogenizationProfile",

@@ -11,15 +11,9 @@ import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import (
-    COSINE,
-    FINITE_OR_NAN,
-    NON_NEGATIVE,
-    Bounds,
-    FieldError,
-    Provenance,
-    SavedResult,
-)
+from homoglens.results.base import SavedResult
+from homoglens.results.provenance import Provenance
+from homoglens.results.validation import COSINE, FINITE_OR_NAN, NON_NEGATIVE, Bounds, FieldError
 from homoglens.similarity_math import SIMILARITY_STATISTICS, edge_groups
 from homoglens.stats import as_block, default_sesoi, estimate, verdict
 from homoglens.types import ATTENTION_BIAS_KINDS, Verdict

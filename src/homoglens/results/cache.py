@@ -15,7 +15,7 @@ from jaxtyping import Float, Int
 from homoglens.architectures import family_of, resid_hook_name
 from homoglens.assets import package_version
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import Provenance
+from homoglens.results.provenance import Provenance
 from homoglens.validate import check_attention_mask, check_layers
 
 __all__ = ["CachedResiduals", "cached_residuals"]

@@ -14,7 +14,11 @@ import torch
 from homoglens.claims import claims_table
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import PositionAblationStudy, prepare_folder, read_saved
-from homoglens.results.base import (
+from homoglens.results.base import checked_result
+from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
+from homoglens.results.sinks import SinkScores
+from homoglens.results.storage import folder_path, save_folder, write_pair
+from homoglens.results.validation import (
     COSINE,
     FINITE_OR_NAN,
     NON_NEGATIVE,
@@ -22,12 +26,7 @@ from homoglens.results.base import (
     Bounds,
     FieldError,
     check_bounds,
-    checked_result,
-    save_folder,
-    write_pair,
 )
-from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
-from homoglens.results.sinks import SinkScores
 from homoglens.stats import as_block, estimate
 from homoglens.types import POSITION_ABLATIONS
 from homoglens.validate import as_float
@@ -581,7 +580,7 @@ class ModelComparison:
                 that does not match the sha256 recorded in ``comparison.json`` (saved
                 incompletely or edited).
         """
-        folder = Path(path).expanduser()
+        folder = folder_path(path, "load")
         meta, tensors = read_saved(folder, "comparison", parts=_model_parts)
         if not isinstance(meta, dict) or meta.get("format") != "homoglens.ModelComparison/2":
             raise IncompatibleResultsError(f"{folder} does not hold a ModelComparison/2")

@@ -22,19 +22,16 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
     from homoglens.plotting_plotly import Panel
-    from homoglens.results.base import Provenance
+    from homoglens.results.attribution import SinkAttribution
     from homoglens.results.bias import AttentionBiasStudy
     from homoglens.results.comparison import ModelComparison
     from homoglens.results.lengths import LengthStudy
+    from homoglens.results.massive import MassiveActivations
     from homoglens.results.patching import PositionalPatchingResult
     from homoglens.results.profile import HomogenizationProfile
+    from homoglens.results.provenance import Provenance
     from homoglens.results.similarity import PositionalSimilarity
-    from homoglens.results.sinks import (
-        AttentionReceived,
-        MassiveActivations,
-        SinkAttribution,
-        SinkScores,
-    )
+    from homoglens.results.sinks import AttentionReceived, SinkScores
     from homoglens.results.studies import PositionAblationStudy
 
 LAYER_AXIS = "layer (0 = embeddings, l = output of block l-1)"

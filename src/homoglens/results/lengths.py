@@ -10,15 +10,15 @@ import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import (
+from homoglens.results.base import SavedResult
+from homoglens.results.provenance import Provenance
+from homoglens.results.validation import (
     COSINE_OR_NAN,
     NON_NEGATIVE,
     UNIT,
     UNIT_OR_NAN,
     Bounds,
     FieldError,
-    Provenance,
-    SavedResult,
 )
 from homoglens.similarity_math import SIMILARITY_STATISTICS
 from homoglens.stats import estimate

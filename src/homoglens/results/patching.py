@@ -13,7 +13,7 @@ from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
 from homoglens.results import Provenance, SavedResult
-from homoglens.results.base import NON_NEGATIVE, Bounds, FieldError
+from homoglens.results.validation import NON_NEGATIVE, Bounds, FieldError
 from homoglens.types import PATCH_COMPONENTS, POSITION_ABLATIONS
 
 if TYPE_CHECKING:

@@ -5,6 +5,7 @@ value derived from them.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
@@ -15,24 +16,16 @@ from jaxtyping import Float, Int
 
 from homoglens.errors import IncompatibleResultsError, InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import (
-    RANK_FIELDS,
     homogenization_sums,
     nan_div,
     positions_from_mask,
 )
-from homoglens.results.base import (
-    COSINE_OR_NAN,
-    Bounds,
-    FieldError,
-    Provenance,
-    check_mergeable,
-    checked_result,
-    merge_parts,
-    read_saved,
-    save_folder,
-    write_pair,
-)
+from homoglens.rank_metrics import RANK_FIELDS
+from homoglens.results.base import checked_result, selected_layers
 from homoglens.results.cache import cached_residuals
+from homoglens.results.provenance import Provenance, check_mergeable, merge_parts
+from homoglens.results.storage import folder_path, read_saved, save_folder, write_pair
+from homoglens.results.validation import COSINE_OR_NAN, Bounds, FieldError
 from homoglens.validate import as_int
 
 if TYPE_CHECKING:  # plotting stays a lazy import
@@ -430,7 +423,8 @@ class HomogenizationProfile:
             *profiles: Profiles over the same layers, model, weights and ``exclude_first``.
 
         Returns:
-            The merged profile; its position axis is the longest of the inputs.
+            The merged profile; its position axis is the longest of the inputs. The rank
+            metrics are kept only when every part measured them (else dropped, with a warning).
 
         Raises:
             IncompatibleResultsError: no profiles; they differ in layers, width, or a
@@ -460,6 +454,15 @@ class HomogenizationProfile:
 
         has_rank = all(p.effective_rank_sum is not None for p in profiles)
         has_unit = all(p.unit_effective_rank_sum is not None for p in profiles)
+        some = any(p.effective_rank_sum is not None for p in profiles)
+        if some and not (has_rank and has_unit):
+            warnings.warn(
+                "homoglens: only some of the merged profiles measured the rank metrics "
+                "(effective_rank=True); the merged profile has none. Measure every part with "
+                "effective_rank=True to keep them",
+                UserWarning,
+                stacklevel=2,
+            )
         datas = list(dict.fromkeys(p.provenance.data for p in profiles))
         bos_values = {p.provenance.bos for p in profiles}
         return HomogenizationProfile(
@@ -496,19 +499,10 @@ class HomogenizationProfile:
                 result holds them in ascending order, as a measurement's ``layers=`` does.
 
         Raises:
+            InvalidInputError: not integers, empty, or a layer given twice.
             IncompatibleResultsError: a requested layer is not in this profile.
         """
-        if isinstance(layers, int):
-            layers = [layers]
-        layers = list(layers)
-        if not layers:
-            raise InvalidInputError("sel() needs at least one layer")
-        layers = sorted(layers)  # ascending, as every measurement returns its layers
-        missing = [layer for layer in layers if layer not in self.layers]
-        if missing:
-            raise IncompatibleResultsError(
-                f"layers {missing} are not in this profile (it has {list(self.layers)})"
-            )
+        layers = selected_layers(layers, self.layers, "this profile")
         idx = torch.tensor([self.layers.index(layer) for layer in layers], device="cpu")
         per_layer = {
             f.name: getattr(self, f.name).index_select(0, idx)
@@ -699,7 +693,7 @@ class HomogenizationProfile:
                 that do not fit together (:meth:`_check_values`), or a safetensors file that
                 does not match the sha256 recorded in the JSON (saved incompletely or edited).
         """
-        folder = Path(path).expanduser()
+        folder = folder_path(path, "load")
         meta, tensors = read_saved(folder, "profile")
         if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
             got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__

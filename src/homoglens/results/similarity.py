@@ -21,14 +21,10 @@ from jaxtyping import Float, Int
 from homoglens.assets import package_version
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import Provenance, SavedResult
-from homoglens.results.base import (
-    NON_NEGATIVE,
-    Bounds,
-    FieldError,
-    check_mergeable,
-    merge_parts,
-)
+from homoglens.results.base import selected_layers
 from homoglens.results.cache import cached_residuals
+from homoglens.results.provenance import check_mergeable, merge_parts
+from homoglens.results.validation import NON_NEGATIVE, Bounds, FieldError
 from homoglens.similarity_math import (
     SIMILARITY_STATISTICS,
     activation_fields,
@@ -813,14 +809,10 @@ class PositionalSimilarity(SavedResult):
         in ascending order, as a measurement's ``layers=`` returns them.
 
         Raises:
+            InvalidInputError: not integers, empty, or a layer given twice.
             IncompatibleResultsError: a requested layer is not in this result.
         """
-        chosen = sorted([layers] if isinstance(layers, int) else list(layers))
-        missing = [layer for layer in chosen if layer not in self.layers]
-        if missing or not chosen:
-            raise IncompatibleResultsError(
-                f"layers {missing or chosen} are not in this result (it has {list(self.layers)})"
-            )
+        chosen = selected_layers(layers, self.layers, "this result")
         idx = torch.tensor([self.layers.index(layer) for layer in chosen], device="cpu")
         hooks = self.provenance.hook_points
 

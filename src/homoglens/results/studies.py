@@ -13,19 +13,17 @@ import torch
 from jaxtyping import Float
 
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
-from homoglens.results.base import (
+from homoglens.results.base import checked_result
+from homoglens.results.profile import HomogenizationProfile
+from homoglens.results.storage import folder_path, read_saved, save_folder, write_pair
+from homoglens.results.validation import (
     COSINE,
     COSINE_OR_NAN,
     FINITE_OR_NAN,
     NON_NEGATIVE,
     Bounds,
     FieldError,
-    checked_result,
-    read_saved,
-    save_folder,
-    write_pair,
 )
-from homoglens.results.profile import HomogenizationProfile
 from homoglens.types import POSITION_ABLATIONS
 
 if TYPE_CHECKING:  # plotting stays a lazy import
@@ -453,7 +451,7 @@ class PositionAblationStudy:
                 fit the profiles; a file that does not match the sha256 recorded in
                 ``study.json`` (saved incompletely or edited).
         """
-        folder = Path(path).expanduser()
+        folder = folder_path(path, "load")
         meta, tensors = read_saved(folder, "study", parts=_profile_parts)
         if not isinstance(meta, dict) or meta.get("format") != "homoglens.PositionAblationStudy/1":
             raise IncompatibleResultsError(f"{folder} does not hold a PositionAblationStudy")

@@ -10,14 +10,9 @@ import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import (
-    FINITE_OR_NAN,
-    NON_NEGATIVE,
-    Bounds,
-    FieldError,
-    Provenance,
-    SavedResult,
-)
+from homoglens.results.base import SavedResult
+from homoglens.results.provenance import Provenance
+from homoglens.results.validation import FINITE_OR_NAN, NON_NEGATIVE, Bounds, FieldError
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -16,13 +16,9 @@ References:
     Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
 """
 
-from homoglens.results.sinks import (
-    AttentionReceived,
-    MassiveActivations,
-    SinkAnalysis,
-    SinkAttribution,
-    SinkScores,
-)
+from homoglens.results.attribution import SinkAttribution
+from homoglens.results.massive import MassiveActivations
+from homoglens.results.sinks import AttentionReceived, SinkAnalysis, SinkScores
 from homoglens.sinks.analysis import attention_view, sink_analysis
 from homoglens.sinks.attribution import sink_attribution
 from homoglens.sinks.massive import (

@@ -15,9 +15,10 @@ from homoglens.architectures import block_hook_name, pattern_hook_name, z_hook_n
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, run_through, stream
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
-from homoglens.homogenization import edge_totals, nan_div, scalar_metric_weights, token_to_others
+from homoglens.homogenization import nan_div
 from homoglens.models import model_info
-from homoglens.results.sinks import SinkAttribution
+from homoglens.results.attribution import SinkAttribution
+from homoglens.sink_math import edge_totals, scalar_metric_weights, token_to_others
 from homoglens.sinks.scores import check_edge, sink_scores
 from homoglens.types import (
     ATTRIBUTION_METRICS,

@@ -26,10 +26,10 @@ from homoglens.architectures import resid_hook_name
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError
-from homoglens.homogenization import massive_sums
 from homoglens.interventions import massive_activation_sites
 from homoglens.models import model_info
-from homoglens.results.sinks import MassiveActivations
+from homoglens.results.massive import MassiveActivations
+from homoglens.sink_math import massive_sums
 from homoglens.types import MASSIVE_MEDIANS, BosPolicy, HookedModel, HookFn, MassiveMedian
 from homoglens.validate import as_bool, as_float, positive_int, require_finite
 
