@@ -349,9 +349,13 @@ def calibrated_readings(
                 f"the causal null reads the windows after a prefix of offset={offset}{whose} "
                 f"tokens, which leaves {width - offset} of their {width} positions; the edges "
                 f"of edge_k={edge_k} need {2 * edge_k + 2}: use longer windows (at least "
-                f"{2 * (2 * edge_k + 2) + int(bool(batch.bos))} tokens at the default offset), "
-                f"a smaller edge_k (at most {max(0, (width - offset - 2) // 2)}) or a smaller "
-                "offset"
+                f"{2 * (2 * edge_k + 2) + int(bool(batch.bos))} tokens at the default offset)"
+                + (
+                    f", a smaller edge_k (at most {(width - offset - 2) // 2})"
+                    if (width - offset - 2) // 2 >= 1
+                    else ""
+                )
+                + " or a smaller offset"
             )
         start = positional_similarity(model, _late_copy(batch, offset), **options)
         late = positional_similarity(model, batch, offset=offset + int(bool(batch.bos)), **options)

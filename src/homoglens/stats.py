@@ -585,6 +585,16 @@ def _group_parts(
     return _GroupParts(dist, flat, value, n_seeds, seed_var, seed_df_den, seed_sd)
 
 
+def _p_values(value: float, se: float, df: float, sesoi: float) -> tuple[float, float]:
+    """Two-sided p of "no effect" and the TOST p of "|effect| >= sesoi", in [0, 1]; NaN
+    when there is no spread to judge by (one window, or identical resamples)."""
+    if not (se > 0 and math.isfinite(se)):
+        return math.nan, math.nan
+    p = 2 * (1 - _t_cdf(abs(value) / se, df))
+    p_tost = max(1 - _t_cdf((value + sesoi) / se, df), _t_cdf((value - sesoi) / se, df))
+    return min(1.0, max(0.0, p)), min(1.0, max(0.0, p_tost))
+
+
 def estimate(
     groups: Sequence[Float[torch.Tensor, "seed window"]],
     *,
@@ -688,18 +698,14 @@ def estimate(
         den = window_var**2 / window_df + (seed_df_den if seed_var > 0 else 0.0)
         df = num / den if den > 0 else math.inf
     q = _t_quantile(1 - (1 - ci) / 2, df)
-    if se > 0 and math.isfinite(se):
-        p = 2 * (1 - _t_cdf(abs(value) / se, df))
-        p_tost = max(1 - _t_cdf((value + sesoi) / se, df), _t_cdf((value - sesoi) / se, df))
-    else:  # no spread to judge by (one window, or identical resamples): no test
-        p = p_tost = math.nan
+    p, p_tost = _p_values(value, se, df, sesoi)
     return Estimate(
         value=value,
         se=se,
         ci_low=value - q * se,
         ci_high=value + q * se,
-        p=p if math.isnan(p) else min(1.0, max(0.0, p)),
-        p_tost=p_tost if math.isnan(p_tost) else min(1.0, max(0.0, p_tost)),
+        p=p,
+        p_tost=p_tost,
         sesoi=sesoi,
         df=df,
         n_windows=n_real,

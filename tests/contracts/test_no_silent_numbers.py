@@ -357,3 +357,38 @@ def test_cosine_homogenization_says_duplicated_sequences() -> None:
     x = torch.randn(1, 12, 8, generator=torch.Generator().manual_seed(0))
     with pytest.warns(UserWarning, match="exact copies"):
         cosine_homogenization(torch.cat([x, x]))
+
+
+def test_merge_refuses_a_part_measured_inside_an_intervention(get_model) -> None:
+    """Round 6, S1: a part measured inside ablated_positions merged with a clean one read as
+    clean (the merged provenance had no foreign hooks)."""
+    from homoglens import HomogenizationProfile, IncompatibleResultsError, homogenization_profile
+
+    model = get_model("gpt2", BACKENDS[-1])
+    tokens = torch.randint(0, 1000, (4, 12), generator=torch.Generator().manual_seed(0))
+    clean = homogenization_profile(model, tokens[:2], progress=False)
+    with pytest.warns(UserWarning, match="did not attach"):
+        with ablated_positions(model, "zero"):
+            ablated = homogenization_profile(model, tokens[2:], progress=False)
+    with pytest.raises(IncompatibleResultsError, match="foreign_hooks"):
+        HomogenizationProfile.merge(clean, ablated)
+
+
+@pytest.mark.parametrize("path", ["/", "/proc/homoglens-x", "a" * 300])
+def test_save_where_it_cannot_write_is_typed(path: str, tmp_path, monkeypatch) -> None:
+    """Round 6, R1/R2: pathlib's ValueError and bare OSErrors."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidInputError, match="cannot save into"):
+        _cached_profile().save(path)
+
+
+def test_save_into_the_working_directory_keeps_it(tmp_path, monkeypatch) -> None:
+    import os
+
+    from homoglens import HomogenizationProfile
+
+    (tmp_path / "mine.txt").write_text("keep")
+    monkeypatch.chdir(tmp_path)
+    _cached_profile().save(".")
+    assert os.getcwd() == str(tmp_path) and (tmp_path / "mine.txt").read_text() == "keep"
+    assert HomogenizationProfile.load(".").n_sequences == 4

@@ -17,6 +17,7 @@ from homoglens.results.validation import COSINE, FINITE_OR_NAN, NON_NEGATIVE, Bo
 from homoglens.similarity_math import SIMILARITY_STATISTICS, edge_groups
 from homoglens.stats import as_block, default_sesoi, estimate, verdict
 from homoglens.types import ATTENTION_BIAS_KINDS, Verdict
+from homoglens.validate import as_int
 
 if TYPE_CHECKING:  # plotting stays a lazy import
     import pandas as pd
@@ -409,8 +410,9 @@ class AttentionBiasStudy(SavedResult):
             if metric in ATTENTION_CHECKS:
                 return -1  # mean over the biased blocks
             raise InvalidInputError(f"{metric} needs a layer (a {what} of {list(axis)})")
-        if isinstance(layer, bool) or not isinstance(layer, int):
+        if isinstance(layer, bool) or not hasattr(layer, "__index__"):
             raise InvalidInputError(f"layer={layer!r} must be an integer {what}")
+        layer = as_int("layer", layer)  # numpy and torch integers too
         if layer < 0 and -len(axis) <= layer:
             return len(axis) + layer
         if layer in axis:

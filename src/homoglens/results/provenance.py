@@ -94,9 +94,12 @@ MERGE_PROVENANCE = (
     "model_revision",
     "hook_points",
     "exclude_first",
+    "foreign_hooks",
 )
 """Provenance fields that every part of a ``merge()`` must share (the merged result carries the
-first part's: parts of another model, checkpoint, dtype or weights would be mislabelled)."""
+first part's: parts of another model, checkpoint, dtype or weights would be mislabelled, and a
+part measured inside an intervention, ``foreign_hooks``, mixed with clean ones would read as
+clean)."""
 
 
 def check_mergeable(parts: Sequence[Any], what: str) -> None:
@@ -127,8 +130,8 @@ def check_mergeable(parts: Sequence[Any], what: str) -> None:
                 raise IncompatibleResultsError(
                     f"cannot merge {what} results with different provenance.{name}: {a!r} "
                     f"(part 0) vs {b!r} (part {i}); merge only results of the same model, "
-                    "checkpoint, weights and dtype measured the same way, and compare the "
-                    "others side by side"
+                    "checkpoint, weights and dtype measured the same way (the same hooks "
+                    "attached), and compare the others side by side"
                 )
     if len({part.provenance.bos for part in parts}) > 1:
         import warnings

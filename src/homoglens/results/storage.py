@@ -6,6 +6,7 @@ its own content, checked on every read; nothing is ever pickled.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import hashlib
 import json
@@ -141,32 +142,51 @@ def save_folder(
         The folder.
 
     Raises:
-        InvalidInputError: ``path`` is not a path (``""``, ``None``), is a file, or its parent
-            cannot be created.
+        InvalidInputError: ``path`` is not a path (``""``, ``None``, ``"/"``), is a file, its
+            parent cannot be created, or a write fails (the errno named; an older result there
+            is left as it was).
     """
     given = folder_path(path)
-    # A link to a folder (results -> /big/disk/results) is kept: the save goes where it points.
-    target = Path(os.path.realpath(given)) if given.is_symlink() else given
-    if target.exists() and not target.is_dir():
-        raise InvalidInputError(f"{str(given)!r} is a file; save() needs a folder")
+    try:
+        # A link to a folder (results -> /big/disk/results) is kept: the save goes where it
+        # points. "." or "..": the folder they name, filled entry by entry (never replaced: it
+        # may be the working directory); "/": refused.
+        target = Path(os.path.realpath(given)) if given.is_symlink() else given
+        in_place = not target.name
+        target = target.resolve() if in_place else target
+        if not target.name:
+            raise InvalidInputError(f"cannot save into {str(given)!r}; give a folder below it")
+        if target.exists() and not target.is_dir():
+            raise InvalidInputError(f"{str(given)!r} is a file; save() needs a folder")
+    except OSError as err:
+        raise InvalidInputError(
+            f"cannot save into {str(given)[:80]!r}: {err.strerror or err} (errno {err.errno})"
+        ) from None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise InvalidInputError(f"cannot create the folder {str(target)!r}: {err}") from None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
+    tmp: Path | None = None
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
         write(tmp)
         apply_umask(tmp)
         sync_folder(tmp)
         if not target.exists():
             os.rename(tmp, target)
-        elif all(_is_own(target, name, own) for name in os.listdir(target)):
+        elif not in_place and all(_is_own(target, name, own) for name in os.listdir(target)):
             _swap_folder(tmp, target)
         else:
             _swap_entries(tmp, target, manifest)
         sync_folder(target.parent)
+    except OSError as err:  # nothing of an older result was changed (see above)
+        fix = "a shorter name" if err.errno == errno.ENAMETOOLONG else "a folder you can write to"
+        raise InvalidInputError(
+            f"cannot save into {str(given)!r}: {err.strerror or err} (errno {err.errno}); "
+            f"choose {fix}"
+        ) from None
     finally:
-        if os.path.lexists(tmp):
+        if tmp is not None and os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
     return given
 
