@@ -81,6 +81,11 @@ class ResultsNotFoundError(HomoglensError, FileNotFoundError):
     """A results folder, or a file a saved result needs, does not exist."""
 
 
+class ResultWriteError(HomoglensError, OSError):
+    """A result could not be written (a full disk, no permission, a path too long): ``errno``
+    is the failed write's; an older result in the folder is left as it was."""
+
+
 class DistributedError(HomoglensError, RuntimeError):
     """A ``torch.distributed`` collective failed or the ranks disagree (another rank stopped with
     its own error, or the ranks were given different data)."""

@@ -36,6 +36,7 @@ from homoglens.results import Provenance
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity_math import (
     ACTIVATION_CACHE_BYTES,
+    ONE_WINDOW,
     SimilaritySums,
     activation_fields,
     centre_moments,
@@ -231,11 +232,7 @@ def positional_similarity(
     device = model_device(model)
     n_all = len(batch)
     if n_all == 1:
-        warnings.warn(
-            "one window: the cross-window matrix C (and so W, SP, the matched excess) is NaN; "
-            "pass several windows",
-            stacklevel=2,
-        )
+        warnings.warn(ONE_WINDOW, stacklevel=2)
     sums = SimilaritySums(len(chosen), n_pos, int(model.cfg.d_model), edge_k, device)
     to_space = _space_fn(model, space)
     names = [resid_hook_name(layer) for layer in chosen]

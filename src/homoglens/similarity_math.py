@@ -44,6 +44,13 @@ _C_STATS = (2, 3, 4)
 homogenization); the naive ones read ``M`` only."""
 
 
+ONE_WINDOW = (
+    "one window: the cross-window matrix C (and so W, SP, the matched excess) is NaN; pass "
+    "several windows"
+)
+"""The warning of a similarity measured on one window."""
+
+
 def unit_rows(x: Float[torch.Tensor, "batch pos d_model"]) -> tuple[torch.Tensor, torch.Tensor]:
     """Unit vectors of ``x`` (0 for zero vectors) and ``[batch pos 1]`` their norms.
 
@@ -568,6 +575,8 @@ def activation_fields(
     length = int(lengths[0])
     n_pos = length - first
     edge_groups(n_pos, edge_k)
+    if n_seq == 1:
+        warnings.warn(ONE_WINDOW, stacklevel=3)
     keep = mask.bool()
     work = torch.float64 if x_all.dtype == torch.float64 else torch.float32
     if not bool(torch.isfinite(x_all[:, keep]).all()):

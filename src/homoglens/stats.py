@@ -739,7 +739,7 @@ def holm(p: Sequence[float]) -> list[float]:
         >>> [round(p, 3) for p in holm([0.01, 0.04, 0.03, 0.005])]
         [0.03, 0.06, 0.06, 0.02]
     """
-    if isinstance(p, (str, bytes)) or not hasattr(p, "__iter__"):
+    if isinstance(p, (str, bytes)) or not hasattr(p, "__iter__") or getattr(p, "ndim", 1) == 0:
         raise InvalidInputError(f"p must be a sequence of p-values, got {p!r}")
     values = [_real("p-value", x) for x in p]
     bad = [v for v in values if not (math.isnan(v) or 0.0 <= v <= 1.0)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -158,6 +159,13 @@ def position_ablation_study(
             f"positions {beyond} lie beyond every window of the data (longest: {longest} "
             "tokens), so ablating them would change nothing; give positions below the windows' "
             "length, or longer windows"
+        )
+    if "shift" in chosen_modes and shift == 0:
+        warnings.warn(
+            "homoglens: shift=0 moves no position; the 'shift' row equals 'none' (give a "
+            "nonzero shift=)",
+            UserWarning,
+            stacklevel=2,
         )
     if "shift" in chosen_modes and positions is None:
         last = longest - 1

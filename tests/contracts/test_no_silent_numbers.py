@@ -377,9 +377,13 @@ def test_merge_refuses_a_part_measured_inside_an_intervention(get_model) -> None
 @pytest.mark.parametrize("path", ["/", "/proc/homoglens-x", "a" * 300])
 def test_save_where_it_cannot_write_is_typed(path: str, tmp_path, monkeypatch) -> None:
     """Round 6, R1/R2: pathlib's ValueError and bare OSErrors."""
+    from homoglens import HomoglensError, ResultWriteError
+
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(InvalidInputError, match="cannot save into"):
+    with pytest.raises(HomoglensError, match="cannot save into") as caught:
         _cached_profile().save(path)
+    if path != "/":  # a failed write: an OSError with its errno, and a homoglens error
+        assert isinstance(caught.value, ResultWriteError) and caught.value.errno
 
 
 def test_save_into_the_working_directory_keeps_it(tmp_path, monkeypatch) -> None:
@@ -392,3 +396,18 @@ def test_save_into_the_working_directory_keeps_it(tmp_path, monkeypatch) -> None
     _cached_profile().save(".")
     assert os.getcwd() == str(tmp_path) and (tmp_path / "mine.txt").read_text() == "keep"
     assert HomogenizationProfile.load(".").n_sequences == 4
+
+
+def test_round_7_edges() -> None:
+    """Round 7: holm of a 0-d array typed; one window of given activations said."""
+    with pytest.raises(InvalidInputError, match="sequence of p-values"):
+        holm(np.array(0.2))  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match="one window"):
+        similarity_from_activations(torch.randn(1, 10, 8), edge_k=2)
+
+
+def test_a_shift_of_zero_is_said(get_model) -> None:
+    model = get_model("gpt2", BACKENDS[-1])
+    tokens = torch.randint(0, 1000, (4, 12), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="shift=0 moves no position"):
+        position_ablation_study(model, tokens, modes=["shift"], shift=0, n_boot=200, progress=False)

@@ -21,7 +21,12 @@ from typing import Any
 import torch
 
 from homoglens.assets import apply_umask, sync_folder
-from homoglens.errors import IncompatibleResultsError, InvalidInputError, ResultsNotFoundError
+from homoglens.errors import (
+    IncompatibleResultsError,
+    InvalidInputError,
+    ResultsNotFoundError,
+    ResultWriteError,
+)
 
 HASHES = "sha256"
 """Key of the JSON of a saved result (written last) that records the sha256 of its files:
@@ -142,9 +147,10 @@ def save_folder(
         The folder.
 
     Raises:
-        InvalidInputError: ``path`` is not a path (``""``, ``None``, ``"/"``), is a file, its
-            parent cannot be created, or a write fails (the errno named; an older result there
-            is left as it was).
+        InvalidInputError: ``path`` is not a path (``""``, ``None``, ``"/"``), is a file, or
+            its parent cannot be created.
+        ResultWriteError: a write fails (an ``OSError`` with its ``errno``; an older result
+            there is left as it was).
     """
     given = folder_path(path)
     try:
@@ -159,8 +165,8 @@ def save_folder(
         if target.exists() and not target.is_dir():
             raise InvalidInputError(f"{str(given)!r} is a file; save() needs a folder")
     except OSError as err:
-        raise InvalidInputError(
-            f"cannot save into {str(given)[:80]!r}: {err.strerror or err} (errno {err.errno})"
+        raise ResultWriteError(
+            err.errno, f"cannot save into {str(given)[:80]!r}: {err.strerror or err}"
         ) from None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -181,9 +187,8 @@ def save_folder(
         sync_folder(target.parent)
     except OSError as err:  # nothing of an older result was changed (see above)
         fix = "a shorter name" if err.errno == errno.ENAMETOOLONG else "a folder you can write to"
-        raise InvalidInputError(
-            f"cannot save into {str(given)!r}: {err.strerror or err} (errno {err.errno}); "
-            f"choose {fix}"
+        raise ResultWriteError(
+            err.errno, f"cannot save into {str(given)!r}: {err.strerror or err}; choose {fix}"
         ) from None
     finally:
         if tmp is not None and os.path.lexists(tmp):
