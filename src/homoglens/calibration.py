@@ -319,9 +319,9 @@ def calibrated_readings(
         A :class:`CalibratedReadings`.
 
     Raises:
-        InvalidInputError: windows of unequal length or with padding, an ``offset`` that
-            leaves fewer than ``2 * edge_k + 2`` positions, a reference of another depth,
-            ``reference_positions`` without a reference model.
+        InvalidInputError: fewer than 2 windows, windows of unequal length or with padding, an
+            ``offset`` that leaves fewer than ``2 * edge_k + 2`` positions, a reference of
+            another depth, ``reference_positions`` without a reference model.
 
     References:
         Yusupov et al. 2025, arXiv 2508.17126; Wu et al. 2025, arXiv 2502.01951.
@@ -332,6 +332,11 @@ def calibrated_readings(
         raise InvalidInputError(
             "calibrated_readings needs windows without padding; cut text into equal windows "
             "with corpus_windows(model, ..., seq_len=T)"
+        )
+    if len(batch) < 2:
+        raise InvalidInputError(
+            f"calibrated_readings needs at least 2 windows (got {len(batch)}): each reading is "
+            "paired over windows, and the cross-window terms need two; pass more windows"
         )
     options = {"layers": layers, "edge_k": edge_k, "centre": None, "pseudo_values": True,
                "batch_size": batch_size, "progress": progress}  # fmt: skip

@@ -411,3 +411,13 @@ def test_a_shift_of_zero_is_said(get_model) -> None:
     tokens = torch.randint(0, 1000, (4, 12), generator=torch.Generator().manual_seed(0))
     with pytest.warns(UserWarning, match="shift=0 moves no position"):
         position_ablation_study(model, tokens, modes=["shift"], shift=0, n_boot=200, progress=False)
+
+
+def test_calibrated_readings_of_one_window_names_the_fix(get_model) -> None:
+    """Round 7, U2: one window was refused in terms of seeds and groups."""
+    from homoglens import calibrated_readings
+
+    model = get_model("gpt2", BACKENDS[-1])
+    one = torch.randint(0, 1000, (1, 40), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(InvalidInputError, match="at least 2 windows"):
+        calibrated_readings(model, one, edge_k=2, progress=False)
