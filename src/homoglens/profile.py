@@ -530,7 +530,12 @@ def cosine_homogenization(
         resid.device
     )  # same checks as the model path
     pos_index = positions_from_mask(mask, exclude_first=exclude_first)
-    said_copies(resid.detach().masked_fill(pos_index[..., None] < 0, 0.0))
+    uncounted = pos_index < 0  # pads (and an excluded first token) do not tell copies apart
+    said_copies(
+        resid.detach().masked_fill(uncounted[..., None], 0.0)
+        if bool(uncounted.any())
+        else resid.detach()
+    )
     n_pos = int(mask.sum(1).max())
     sums = homogenization_sums(resid, pos_index, n_pos, effective_rank=effective_rank)
     acc = ProfileSums(1, n_pos, int(resid.shape[-1]), resid.device, effective_rank)
