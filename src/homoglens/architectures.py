@@ -26,6 +26,8 @@ __all__ = [
     "supported_families",
     "resid_hook_name",
     "block_hook_name",
+    "component_hook_name",
+    "BLOCK_POINTS",
     "pattern_hook_name",
     "z_hook_name",
 ]
@@ -85,6 +87,14 @@ class ArchitectureSpec:
     nope_layers: str | None = None
     sliding_window: bool = False
     caveats: str = ""
+
+    def position_hook_names(self, block: int, *, bridge: bool) -> tuple[str, ...]:
+        """The hook names where position enters block ``block`` (or the embedding, for a
+        learned table), on ``TransformerBridge`` (``bridge``) or ``HookedTransformer``: this
+        row's ``bridge_position_hooks`` / ``hooked_position_hooks`` with ``{i}`` = ``block``, in
+        the order the table lists them (rotary: queries then keys, or cos then sin)."""
+        table = self.bridge_position_hooks if bridge else self.hooked_position_hooks
+        return tuple(name.format(i=as_int("block", block, low=0)) for name in table)
 
 
 _HOOKED_ROTARY = ("blocks.{i}.attn.hook_rot_q", "blocks.{i}.attn.hook_rot_k")
@@ -383,9 +393,9 @@ def resid_hook_name(layer: int) -> str:
     """
     layer = as_int("layer", layer, low=0)
     return (
-        block_hook_name(0, "hook_resid_pre")
+        component_hook_name(0, "resid_pre")
         if layer == 0
-        else block_hook_name(layer - 1, "hook_resid_post")
+        else component_hook_name(layer - 1, "resid_post")
     )
 
 
@@ -400,6 +410,32 @@ def pattern_hook_name(layer: int) -> str:
     """``blocks.{layer}.attn.hook_pattern``: the attention pattern ``[batch head_index
     query_pos key_pos]`` of block ``layer``."""
     return block_hook_name(layer, "attn.hook_pattern")
+
+
+BLOCK_POINTS: dict[str, str] = {
+    "resid_pre": "hook_resid_pre",
+    "resid_mid": "hook_resid_mid",
+    "resid_post": "hook_resid_post",
+    "attn_out": "hook_attn_out",
+    "mlp_out": "hook_mlp_out",
+    "head": "attn.hook_z",
+    "z": "attn.hook_z",
+    "pattern": "attn.hook_pattern",
+}
+"""The block hook point of each component that homoglens reads or writes (patching's
+components, the residual sites of :func:`homoglens.interventions.residual_write_hooks`)."""
+
+ATTENTION_SPEAKING_POINTS = ("hook_in", "hook_out")
+"""Hook points of a bridge attention component that its delegating forward fires."""
+
+ATTENTION_POSITION_POINTS = ("hook_cos", "hook_sin")
+"""Hook points of a bridge attention component that carry the rotary tables."""
+
+
+def component_hook_name(layer: int, component: str) -> str:
+    """TransformerLens hook name of ``component`` (a key of :data:`BLOCK_POINTS`) in block
+    ``layer``: ``component_hook_name(2, "attn_out") == "blocks.2.hook_attn_out"``."""
+    return block_hook_name(layer, BLOCK_POINTS[component])
 
 
 def z_hook_name(layer: int) -> str:

@@ -4,46 +4,27 @@ the same windows, with the slope at zero by central difference and by forward-mo
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import warnings
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import torch
-import torch.autograd.forward_ad as fwad
-from jaxtyping import Float, Int
+from jaxtyping import Int
 
-from homoglens.architectures import resid_hook_name
-from homoglens.bias_hooks import AttentionBiasPlan, bias_pattern
 from homoglens.bias_interventions import attention_bias_plan
-from homoglens.blocked_attention import AttentionJob
+from homoglens.bias_passes import BiasReadouts, BiasRun, run_passes
 from homoglens.data import DataInput, to_token_batch
-from homoglens.distributed import all_reduce_sum, gather_rows, shard_bounds, world
-from homoglens.engine import (
-    LossHead,
-    model_device,
-    next_token_loss,
-    provenance_of,
-    run_logits,
-    stream,
-)
+from homoglens.distributed import shard_bounds, world
+from homoglens.engine import model_device, provenance_of
 from homoglens.errors import InvalidInputError
 from homoglens.fast_attention import serves_jobs
 from homoglens.models import check_writable, model_info
-from homoglens.results.bias import ATTENTION_CHECKS, AttentionBiasStudy
-from homoglens.similarity_math import (
-    ACTIVATION_CACHE_BYTES,
-    SIMILARITY_STATISTICS,
-    WindowSums,
-    edge_groups,
-    first_counted,
-    on_cpu_rows,
-    similarity_coefficients,
-)
+from homoglens.results.bias import AttentionBiasStudy
+from homoglens.similarity_math import ACTIVATION_CACHE_BYTES, edge_groups, first_counted
 from homoglens.stats import MIN_WINDOWS, as_block
-from homoglens.types import AttentionBiasKind, BosPolicy, HookedModel, HookSpec
+from homoglens.types import AttentionBiasKind, BosPolicy, HookedModel
 from homoglens.validate import as_bool, as_float, as_int, at_most
 
 __all__ = ["DEFAULT_STRENGTHS", "attention_bias_study"]
@@ -54,8 +35,6 @@ DEFAULT_STRENGTHS: dict[str, tuple[float, ...]] = {
 }
 """Default strengths: b for every kind but temperature (nats per unit of phi), beta for it; each
 holds a small symmetric pair around the baseline for :meth:`AttentionBiasStudy.slope_at_zero`."""
-
-_C_STATS = [e for e, name in enumerate(SIMILARITY_STATISTICS) if not name.startswith("naive")]
 
 
 def _strengths(kind: str, strengths: Any) -> tuple[float, ...]:
@@ -81,184 +60,6 @@ def _strengths(kind: str, strengths: Any) -> tuple[float, ...]:
     if len(set(values)) != len(values):
         raise InvalidInputError(f"strengths={values} repeats a value")
     return tuple(sorted({*values, baseline}))
-
-
-class _GradientSums(NamedTuple):
-    within: torch.Tensor  # [layer pos pos] Gram matrices of the unit vectors
-    units: torch.Tensor  # [layer pos d_model] their sums
-    d_within: torch.Tensor  # the derivatives of both
-    d_units: torch.Tensor
-    coef: torch.Tensor  # [stat pos pos] similarity_coefficients
-
-
-class _Gradient:
-    """Float64 sums of the first-order derivative at zero (forward-mode tangents) on the
-    differentiated windows: their unit vectors, Gram matrices and derivatives."""
-
-    def __init__(self, n_layer: int, n_pos: int, d: int, edge_k: int, device: torch.device):
-        self.shape, self.edge_k, self.device = (n_layer, n_pos, d), edge_k, device
-        self.rows: list[torch.Tensor] = []  # [g layer stat] d stat(U_s U_s^T)
-        self.attention: list[torch.Tensor] = []  # [g block check]
-        self.loss: list[torch.Tensor] = []  # [g]
-
-    @functools.cached_property
-    def sums(self) -> _GradientSums:
-        """The float64 sums, made on first use only (they are ``[layer pos pos]``: the
-        cross-check is for windows of moderate T)."""
-        n_layer, n_pos, d = self.shape
-        f64 = {"dtype": torch.float64, "device": self.device}
-        return _GradientSums(
-            torch.zeros(n_layer, n_pos, n_pos, **f64),
-            torch.zeros(n_layer, n_pos, d, **f64),
-            torch.zeros(n_layer, n_pos, n_pos, **f64),
-            torch.zeros(n_layer, n_pos, d, **f64),
-            similarity_coefficients(n_pos, self.edge_k).to(self.device),
-        )
-
-    def add(self, i: int, u: torch.Tensor, norms: torch.Tensor, dx: torch.Tensor) -> None:
-        """Layer ``i``: unit vectors ``u``, their norms and the tangent ``dx`` of the vectors."""
-        u, dx = u.double(), dx.double()
-        n = norms.double()
-        safe = torch.where(n > 0, n, torch.ones_like(n))
-        du = torch.where(n > 0, (dx - u * (u * dx).sum(-1, keepdim=True)) / safe, 0.0)
-        gram = u @ u.transpose(1, 2)
-        d_gram = du @ u.transpose(1, 2)
-        d_gram = d_gram + d_gram.transpose(1, 2)
-        self.sums.within[i] += gram.sum(0)
-        self.sums.units[i] += u.sum(0)
-        self.sums.d_within[i] += d_gram.sum(0)
-        self.sums.d_units[i] += du.sum(0)
-        if i == 0:
-            self.rows.append(
-                torch.zeros(
-                    u.shape[0],
-                    self.sums.within.shape[0],
-                    self.sums.coef.shape[0],
-                    dtype=torch.float64,
-                    device=u.device,
-                )
-            )
-        self.rows[-1][:, i] = torch.einsum("bij,eij->be", d_gram, self.sums.coef)
-
-    def finish(
-        self, n: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``([g layer stat] per-window derivatives, [layer stat] their mean, [layer pos] dSP)``
-        with C and its derivative from the differentiated windows."""
-        rows = torch.cat(
-            [
-                torch.empty(
-                    0,
-                    *self.sums.within.shape[:1],
-                    self.sums.coef.shape[0],
-                    dtype=torch.float64,
-                    device="cpu",
-                ),
-                *(r.cpu() for r in self.rows),
-            ]
-        )
-        rows = gather_rows(rows, n, device).cpu() if world()[1] > 1 else rows
-        ub, dub = self.sums.units.cpu(), self.sums.d_units.cpu()
-        d_cross = dub @ ub.transpose(1, 2)
-        d_cross = (d_cross + d_cross.transpose(1, 2) - self.sums.d_within.cpu()) / (n * (n - 1))
-        d_stat = torch.einsum("lij,eij->le", d_cross, self.sums.coef.cpu())
-        rows[..., _C_STATS] -= d_stat[None, :, _C_STATS]
-        return rows, rows.mean(0), torch.diagonal(d_cross, dim1=1, dim2=2).clone()
-
-
-def _unchanged(q0: int, scores: torch.Tensor) -> None:
-    """An attention job's ``edit`` that leaves the rows as they are (their softmax)."""
-    return None
-
-
-def _biased_rows(
-    plan: AttentionBiasPlan,
-    bi: int,
-    checks: dict[int, torch.Tensor],
-    tangents: dict[int, torch.Tensor],
-    *,
-    value_zero_first: bool,
-    dual: bool,
-) -> Any:
-    """The ``edit`` of one biased block's :class:`~homoglens.blocked_attention.AttentionJob`:
-    from a block of query rows' masked scores s, the chosen heads' rows
-    A' = softmax(beta * s + b * phi) (the others softmax(s)), and each window's sums over the
-    block's chosen heads and queries of the checks (E_{A'}[phi], the entropy of A', KL(A' || A),
-    nats) into ``checks[bi]`` ``[batch 3]``. With ``dual``, b (beta for ``"temperature"``)
-    enters as a forward-mode dual number at the plan's value, so every readout downstream
-    carries its derivative, and the checks' derivatives go to ``tangents[bi]``. With
-    ``value_zero_first``, the chosen heads' first ``first_k`` columns are zeroed after the
-    checks, without renormalising (what the first keys write is gone)."""
-    heads = None if plan.heads is None else list(plan.heads)
-    temperature = plan.kind == "temperature"
-
-    def edit(q0: int, s: torch.Tensor) -> torch.Tensor | None:
-        if not dual:
-            return closed_form(q0, s)
-        n, n_key = int(s.shape[-2]), int(s.shape[-1])
-        chosen = s if heads is None else s[:, heads]
-        phi = plan.phi(n, n_key, q0, s.device).to(s.dtype)
-        strength = plan.beta if temperature else plan.bias
-        value: Any = strength
-        if dual:
-            value = fwad.make_dual(
-                torch.tensor(strength, dtype=phi.dtype, device=s.device),
-                torch.ones((), dtype=phi.dtype, device=s.device),
-            )
-        logits = chosen * value if temperature else chosen + value * phi
-        log_a = torch.log_softmax(chosen, -1)
-        log_b = torch.log_softmax(logits, -1)
-        biased = log_b.exp()
-        some = biased > 0
-        found = torch.stack(
-            [
-                (biased * phi).sum(-1),
-                -torch.where(some, biased * log_b, 0.0).sum(-1),
-                torch.where(some, biased * (log_b - log_a), 0.0).sum(-1),
-            ],
-            -1,
-        ).sum((1, 2))  # [batch 3], summed over the chosen heads and the block's queries
-        primal, tangent = fwad.unpack_dual(found) if dual else (found, None)
-        primal = primal.double()
-        if temperature:
-            primal[:, 0] = math.nan
-        checks[bi] = primal if q0 == 0 else checks[bi] + primal
-        if dual:
-            t = torch.zeros_like(primal) if tangent is None else tangent.double()
-            if temperature:
-                t[:, 0] = math.nan
-            t[:, 2] = 0.0  # KL is flat at the baseline
-            tangents[bi] = t if q0 == 0 else tangents[bi] + t
-        if value_zero_first:
-            keep = torch.ones(n_key, dtype=biased.dtype, device=biased.device)
-            keep[: plan.first_k] = 0.0
-            biased = biased * keep
-        if heads is None:
-            return biased
-        rows = torch.softmax(s, -1)
-        rows[:, heads] = biased
-        return rows
-
-    def closed_form(q0: int, s: torch.Tensor) -> torch.Tensor | None:
-        """The same without tangents, in probability space (:func:`homoglens.bias_hooks.
-        bias_pattern`'s closed form: the checks from a few row sums, cache-sized chunks)."""
-        rows = torch.softmax(s, -1)
-        chosen = rows if heads is None else rows[:, heads]
-        biased, found = bias_pattern(chosen, plan, checks=True, q_offset=q0)
-        assert found is not None
-        block = found.sum((1, 2))  # [batch 3], summed over the chosen heads and the queries
-        checks[bi] = block if q0 == 0 else checks[bi] + block
-        if plan.identity and not value_zero_first:
-            return None  # rows unchanged (the eager pattern: bit for bit)
-        if value_zero_first:
-            biased = biased.clone() if biased is chosen else biased
-            biased[..., : plan.first_k] = 0.0
-        if heads is None:
-            return biased
-        rows[:, heads] = biased
-        return rows
-
-    return edit
 
 
 def attention_bias_study(
@@ -314,7 +115,7 @@ def attention_bias_study(
 
     Cost: one forward pass per strength, plus the tangent pass's overhead on the differentiated
     windows (docs/performance.md). The passes compute no ``[batch pos d_vocab]`` logits: the
-    loss is read from the unembedding's input (:class:`homoglens.engine.LossHead`, checked bit
+    loss is read from the unembedding's input (:class:`homoglens.losses.LossHead`, checked bit
     for bit against the model's logits on the first pass).
 
     Args:
@@ -378,6 +179,35 @@ def attention_bias_study(
         >>> study.curve("homogenization").shape
         (3, 15)
     """
+    run = _checked(**locals())  # every parameter above, by name
+    return _assembled(run, run_passes(run))
+
+
+def _checked(
+    *,
+    model: HookedModel,
+    data: DataInput,
+    kind: AttentionBiasKind,
+    strengths: Sequence[float] | None,
+    first_k: int,
+    window: int,
+    layers: Sequence[int] | int | None,
+    heads: Sequence[int] | int | None,
+    value_zero_first: bool,
+    edge_k: int,
+    exclude_first: bool | Literal["auto"],
+    gradient_windows: int,
+    pseudo_values: bool,
+    ci: float,
+    block: int | Literal["auto"],
+    seed: int,
+    batch_size: int,
+    attention_mask: Int[torch.Tensor, "batch pos"] | None,
+    bos: BosPolicy | bool,
+    progress: bool,
+) -> BiasRun:
+    """:func:`attention_bias_study`'s arguments checked, its plans made (one per strength) and
+    its windows laid out: what its passes run on (raising and warning as documented there)."""
     info = model_info(model)
     values = _strengths(kind, strengths) if isinstance(kind, str) else ()
     options = {"first_k": first_k, "window": window, "layers": layers, "heads": heads}
@@ -411,7 +241,7 @@ def attention_bias_study(
             f"homoglens: block={block} makes fewer than 4 blocks of the {n_windows} windows; the "
             f"intervals use (and the result records) block={lowered}",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         block = lowered
     plan0 = plans[0]
@@ -426,13 +256,12 @@ def attention_bias_study(
     base = values.index(1.0 if kind == "temperature" else 0.0)
     changes = value_zero_first or any(not p.identity for p in plans) or gradient_windows
     if changes and not serves_jobs(model):  # the jobs will write the eager pattern
-        check_writable(model, "attn.hook_pattern", "an attention bias")
+        check_writable(model, "pattern", "an attention bias")
     device = model_device(model)
     n_all = len(batch)
     gradient_windows = at_most("gradient_windows", gradient_windows, n_all, "windows given")
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
     entries = tuple(range(n_layers + 1))
-    sums = [WindowSums(len(entries), n_pos, d_model, edge_k, device) for _ in plans]
     rank, size = world()
     offset, stop = shard_bounds(n_all, size)[rank]
     # The pseudo-values' second pass reads every window's unit vectors again: kept from the
@@ -441,232 +270,67 @@ def attention_bias_study(
     width = 8 if work is not None else 4
     kept = len(plans) * (stop - offset) * len(entries) * n_pos * d_model * width
     replay = pseudo_values and kept <= ACTIVATION_CACHE_BYTES
-    if replay:
-        for s_sums in sums:
-            s_sums.keep_units(stop - offset, work or torch.float32)
-    grad = _Gradient(len(entries), n_pos, d_model, edge_k, device)
-    attention: list[list[torch.Tensor]] = [[] for _ in plans]
-    losses: list[list[torch.Tensor]] = [[] for _ in plans]
-    head = LossHead(model)  # the loss without [batch pos d_vocab] logits
-    seen = 0
-
-    def jobs_of(plan: AttentionBiasPlan, out: list[torch.Tensor], g: int) -> dict[int, Any]:
-        """Each chosen block's attention, biased (or, at the baseline, only read) a block of
-        queries at a time; its checks into ``out``; with ``g`` windows differentiated, b (or
-        beta) enters as a dual number and the checks' derivatives go to ``grad.attention``."""
-        checks: dict[int, torch.Tensor] = {}
-        tangents: dict[int, torch.Tensor] = {}
-        jobs = {
-            block: AttentionJob(
-                edit=_biased_rows(
-                    plan, bi, checks, tangents, value_zero_first=value_zero_first, dual=g > 0
-                )
-            )
-            for bi, block in enumerate(plan.blocks)
-        }
-        if g:  # dual numbers run through every block's attention in the blocks' own arithmetic
-            # (forward-mode autograd has no rule for the fused SDPA kernels of a GPU)
-            for block in range(n_layers):
-                jobs.setdefault(block, AttentionJob(edit=_unchanged))
-
-        def collect(n_query: int) -> None:
-            """After the pass: the mean checks per window ``[batch block check]``."""
-            n_heads = len(plan.heads) if plan.heads is not None else int(model.cfg.n_heads)
-            scale = 1.0 / (n_heads * n_query)
-            out.append(
-                (torch.stack([checks[bi] for bi in range(len(plan.blocks))], 1) * scale).cpu()
-            )
-            if g:
-                found = torch.stack([tangents[bi] for bi in range(len(plan.blocks))], 1)
-                grad.attention.append((found * scale)[:g].cpu())
-            checks.clear()
-            tangents.clear()
-
-        jobs_collect[id(jobs)] = collect
-        return jobs
-
-    def resid_hooks(si: int, g: int) -> list[HookSpec]:
-        feed = on_cpu_rows(sums[si], len(entries))
-
-        def make(i: int) -> Any:
-            def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
-                x, dx = fwad.unpack_dual(resid) if g else (resid, None)
-                work = torch.float64 if x.dtype == torch.float64 else torch.float32
-                x = x.detach().to(work)
-                feed(i, x, first)
-                if g and dx is not None:
-                    u, norms = sums[si].units_of(i, x[:g, first:])
-                    grad.add(i, u, norms, dx[:g, first:].to(work))
-                elif g:
-                    u, norms = sums[si].units_of(i, x[:g, first:])
-                    grad.add(i, u, norms, torch.zeros_like(u))
-
-            return hook
-
-        return [(resid_hook_name(layer), make(i)) for i, layer in enumerate(entries)]
-
-    jobs_collect: dict[int, Any] = {}
-
-    def step(tokens: torch.Tensor, mask: torch.Tensor) -> None:
-        nonlocal seen
-        b = int(tokens.shape[0])
-        here = max(0, min(b, gradient_windows - (offset + seen)))
-        seen += b
-        for si, plan in enumerate(plans):
-            g = here if si == base else 0
-            hooks = resid_hooks(si, g)
-            if not g:
-                jobs = jobs_of(plan, attention[si], 0)
-                losses[si].append(head.loss(tokens, hooks, mask, jobs=jobs).double().cpu())
-                jobs_collect.pop(id(jobs))(int(tokens.shape[1]))
-                continue
-            with torch.inference_mode(False), torch.no_grad(), fwad.dual_level():
-                jobs = jobs_of(plan, attention[si], g)
-                dual = run_logits(
-                    model, tokens.clone(), hooks, jobs=jobs, attention_mask=mask.clone()
-                )
-                logits, d_logits = fwad.unpack_dual(dual)
-                losses[si].append(next_token_loss(logits, tokens, mask).double().cpu())
-                grad.loss.append(_loss_tangent(logits[:g], d_logits, tokens[:g], mask[:g]))
-                jobs_collect.pop(id(jobs))(int(tokens.shape[1]))
-            del dual, logits, d_logits
-
-    stream(
-        model,
-        batch,
-        [],
-        batch_size=batch_size,
-        desc=f"attention bias ({kind})",
-        progress=progress,
-        step=step,
-    )
-    provenance = provenance_of(info, batch, entries, bool(first))
-    if size > 1:
-        for s_sums in sums:
-            s_sums.all_reduce()
-    if replay:
-        for s_sums in sums:
-            s_sums.cross_from_kept()
-    elif pseudo_values:
-
-        def cross_step(tokens: torch.Tensor, mask: torch.Tensor) -> None:
-            for si, plan in enumerate(plans):
-                hooks = [
-                    (resid_hook_name(layer), _cross_hook(sums[si], i, first))
-                    for i, layer in enumerate(entries)
-                ]
-                jobs = jobs_of(plan, [], 0)
-                head.loss(tokens, hooks, mask, jobs=jobs)
-                jobs_collect.pop(id(jobs))(int(tokens.shape[1]))
-
-        stream(
-            model,
-            batch,
-            [],
-            batch_size=batch_size,
-            desc=f"attention bias ({kind}, pseudo-values)",
-            progress=progress,
-            step=cross_step,
-        )
-
-    def rows(parts: list[torch.Tensor], shape: tuple[int, ...], n: int) -> torch.Tensor:
-        empty = torch.empty(0, *shape, dtype=torch.float64, device="cpu")
-        local = torch.cat([empty, *(part.cpu() for part in parts)])
-        return gather_rows(local, n, device).cpu() if size > 1 else local
-
-    window_stats, sp, to_first, window_sp = [], [], [], []
-    n_stat = len(SIMILARITY_STATISTICS)
-    for s_sums in sums:
-        per_window = rows(s_sums.rows, (len(entries), n_stat), n_all)
-        cross = same = None
-        if pseudo_values:
-            cross = rows(s_sums.cross_rows, (len(entries), n_stat), n_all)
-            same = rows(s_sums.same_rows, (len(entries), n_pos), n_all)
-        stats, s_sp, s_first, s_edges = s_sums.finish(per_window, cross, same)
-        window_stats.append(stats)
-        sp.append(s_sp)
-        to_first.append(s_first)
-        window_sp.append(s_edges)
-
-    n_blocks, n_checks = len(plan0.blocks), len(ATTENTION_CHECKS)
-    f64 = torch.float64
-    if gradient_windows:
-        if size > 1:
-            all_reduce_sum(
-                [grad.sums.within, grad.sums.units, grad.sums.d_within, grad.sums.d_units]
-            )
-        g_rows, g_stats, g_sp = grad.finish(gradient_windows, device)
-        g_attention = rows(grad.attention, (n_blocks, n_checks), gradient_windows)
-        g_loss = rows(grad.loss, (), gradient_windows)
-    else:
-        g_rows = torch.zeros(0, len(entries), len(SIMILARITY_STATISTICS), dtype=f64, device="cpu")
-        g_stats = torch.full(
-            (len(entries), len(SIMILARITY_STATISTICS)), math.nan, dtype=f64, device="cpu"
-        )
-        g_sp = torch.full((len(entries), n_pos), math.nan, dtype=f64, device="cpu")
-        g_attention = torch.zeros(0, n_blocks, n_checks, dtype=f64, device="cpu")
-        g_loss = torch.zeros(0, dtype=f64, device="cpu")
-    stacked = torch.stack(window_stats)  # [strength seq layer stat]
-    return AttentionBiasStudy(
+    return BiasRun(
+        model=model,
+        batch=batch,
         kind=kind,
-        strengths=values,
+        values=values,
+        plans=plans,
+        base=base,
+        entries=entries,
+        first=first,
+        n_pos=n_pos,
+        edge_k=edge_k,
+        value_zero_first=value_zero_first,
+        gradient_windows=gradient_windows,
+        pseudo_values=pseudo_values,
+        replay=replay,
+        work=work,
+        shard=(offset, stop),
+        device=device,
+        batch_size=batch_size,
+        progress=progress,
+        ci=ci,
+        block=block,
+        seed=seed,
+        info=info,
+    )
+
+
+def _assembled(run: BiasRun, read: BiasReadouts) -> AttentionBiasStudy:
+    """The study's result: its checked arguments and every window's readouts."""
+    plan0 = run.plans[0]
+    provenance = provenance_of(run.info, run.batch, run.entries, bool(run.first))
+    g_rows, g_stats, g_sp, g_attention, g_loss = read.gradient
+    stacked = read.window_statistics  # [strength batch layer stat]
+    return AttentionBiasStudy(
+        kind=run.kind,
+        strengths=run.values,
         first_k=plan0.first_k,
         window=plan0.window,
         blocks=plan0.blocks,
         heads=() if plan0.heads is None else plan0.heads,
-        value_zero_first=value_zero_first,
-        layers=entries,
-        edge_k=edge_k,
-        first_position=first,
-        n_sequences=n_all,
+        value_zero_first=run.value_zero_first,
+        layers=run.entries,
+        edge_k=run.edge_k,
+        first_position=run.first,
+        n_sequences=len(run.batch),
         statistics=stacked.mean(1),
         window_statistics=stacked,
-        pseudo_values=pseudo_values,
-        window_sp=torch.stack(window_sp) if pseudo_values else None,
-        sp=torch.stack(sp),
-        to_first=torch.stack(to_first),
-        window_attention=torch.stack([rows(a, (n_blocks, n_checks), n_all) for a in attention]),
-        window_loss=torch.stack([rows(loss, (), n_all) for loss in losses]),
-        gradient_windows=gradient_windows,
+        pseudo_values=run.pseudo_values,
+        window_sp=read.window_sp,
+        sp=read.sp,
+        to_first=read.to_first,
+        window_attention=read.window_attention,
+        window_loss=read.window_loss,
+        gradient_windows=run.gradient_windows,
         gradient_statistics=g_stats,
         window_gradient_statistics=g_rows,
         gradient_sp=g_sp,
         window_gradient_attention=g_attention,
         window_gradient_loss=g_loss,
-        ci=ci,
-        block=block,
-        seed=seed,
+        ci=run.ci,
+        block=run.block,
+        seed=run.seed,
         provenance=provenance,
     )
-
-
-def _cross_hook(sums: WindowSums, i: int, first: int) -> Any:
-    """The pseudo-values' second forward pass: entry ``i``'s vectors into ``sums``."""
-
-    def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
-        work = torch.float64 if resid.dtype == torch.float64 else torch.float32
-        sums.add_cross(i, resid.detach()[:, first:].to(work))
-
-    return hook
-
-
-def _loss_tangent(
-    logits: Float[torch.Tensor, "batch pos d_vocab"],
-    d_logits: Float[torch.Tensor, "batch pos d_vocab"] | None,
-    tokens: Int[torch.Tensor, "batch pos"],
-    mask: Int[torch.Tensor, "batch pos"],
-) -> Float[torch.Tensor, " batch"]:
-    """D (mean next-token loss) / db per sequence from the logits' tangent: d nll =
-    E_softmax(z)[dz] - dz[target], averaged over the real targets (float64, CPU)."""
-    n = int(logits.shape[0])
-    if d_logits is None:
-        return torch.zeros(n, dtype=torch.float64, device="cpu")
-    target = tokens[:, 1:]
-    parts = []
-    for z, dz, tgt in zip(logits.split(2), d_logits[:n].split(2), target.split(2), strict=True):
-        p = torch.softmax(z[:, :-1].double(), -1)
-        dzz = dz[:, :-1].double()
-        parts.append((p * dzz).sum(-1) - dzz.gather(-1, tgt[..., None]).squeeze(-1))
-    d_nll = torch.cat(parts)
-    valid = (mask[:, 1:] * mask[:, :-1]).to(d_nll.dtype)
-    return ((d_nll * valid).sum(1) / valid.sum(1).clamp_min(1)).cpu()

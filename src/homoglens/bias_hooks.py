@@ -132,8 +132,8 @@ class AttentionBiasPlan:
 
 
 _CACHED_ENTRIES = 1 << 18
-"""Largest ``[query key]`` table of phi / the bias weights kept in a cache (2 MiB of float64):
-short windows reuse theirs over every block and pass; the blocks of rows of a long one are
+"""Largest ``[query_pos key_pos]`` table of phi / the bias weights kept in a cache (2 MiB of
+float64): short windows reuse theirs over every block and pass; the blocks of rows of a long one are
 made where they are used (a cache of them would hold O(T^2))."""
 
 
@@ -203,14 +203,14 @@ diagonal, exactly 0) is never read or written."""
 
 
 def bias_pattern(
-    chosen: Float[torch.Tensor, "batch head query_pos key_pos"],
+    chosen: Float[torch.Tensor, "batch head_index query_pos key_pos"],
     plan: AttentionBiasPlan,
     *,
     checks: bool = False,
     out: torch.Tensor | None = None,
     scratch: torch.Tensor | None = None,
     q_offset: int | None = None,
-) -> tuple[torch.Tensor, Float[torch.Tensor, "batch head query_pos 3"] | None]:
+) -> tuple[torch.Tensor, Float[torch.Tensor, "batch head_index query_pos 3"] | None]:
     """A' = softmax_k(beta log A + b phi) of the chosen heads' pattern, and optionally the
     manipulation checks of each row: (E_{A'}[phi], entropy of A', KL(A' || A)), nats, float64.
 
@@ -227,7 +227,7 @@ def bias_pattern(
     no key after its own), the keys above the diagonal, all 0, are neither read nor written.
 
     Args:
-        chosen: ``[batch head query_pos key_pos]`` attention probabilities.
+        chosen: ``[batch head_index query_pos key_pos]`` attention probabilities.
         plan: The bias (:class:`AttentionBiasPlan`).
         checks: Also return the checks.
         out: A float32/float64 tensor of ``chosen``'s shape and dtype to write the biased
@@ -240,7 +240,7 @@ def bias_pattern(
             whole pattern.
 
     Returns:
-        ``(biased pattern in chosen's dtype, [batch head query_pos 3] checks or None)``; the
+        ``(biased pattern in chosen's dtype, [batch head_index query_pos 3] checks or None)``; the
         mass is NaN for ``"temperature"`` (phi = 0).
     """
     work = chosen if chosen.dtype in (torch.float32, torch.float64) else chosen.float()
@@ -405,12 +405,22 @@ def _closed_form(
     if not checks:
         return biased, None
     s64 = sums.to(f64).view(4, *work.shape[:-1])
+    return biased, _checks_of_sums(s64, first, identity, (hi, lo, log_hi, log_lo))
+
+
+def _checks_of_sums(
+    s64: torch.Tensor, first: bool, identity: bool, weights: tuple[float, float, float, float]
+) -> torch.Tensor:
+    """The checks ``[... 3]`` (E_{A'}[phi], the entropy of A', KL(A' || A)) in float64 from
+    :func:`_closed_form`'s per-row sums ``s64`` ``[4 ...]`` (their meaning depends on
+    ``first`` and ``identity``, as there); ``weights`` are its ``(hi, lo, log hi, log lo)``."""
+    hi, lo, log_hi, log_lo = weights
     if identity:
         if first:
             mass, entropy = s64[0], -(s64[2] + s64[3])
         else:
             mass, entropy = s64[1], -s64[3]
-        return biased, torch.stack([mass, entropy, torch.zeros_like(mass)], -1)
+        return torch.stack([mass, entropy, torch.zeros_like(mass)], -1)
     if first:
         z = s64[0] * hi + s64[1] * lo
         mass, other = s64[0] * (hi / z), s64[1] * (lo / z)
@@ -421,7 +431,7 @@ def _closed_form(
         mass = s64[1] / z
         kl = s64[2] / z - torch.log(z)
         cross = s64[3] / z
-    return biased, torch.stack([mass, -cross - kl, kl.clamp_min(0.0)], -1)
+    return torch.stack([mass, -cross - kl, kl.clamp_min(0.0)], -1)
 
 
 def _log_space(
@@ -466,7 +476,7 @@ def attention_bias_hook(plan: AttentionBiasPlan) -> HookFn:
     """
     heads = None if plan.heads is None else list(plan.heads)
 
-    def hook(pattern: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> Any:
+    def hook(pattern: Float[torch.Tensor, "batch head_index query_pos key_pos"], hook: Any) -> Any:
         chosen = pattern if heads is None else pattern[:, heads]
         biased, _ = bias_pattern(chosen, plan)
         if heads is None:

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from homoglens.architectures import block_hook_name
+from homoglens.architectures import pattern_hook_name
 from homoglens.bias_hooks import AttentionBiasPlan, attention_bias_hook
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import chosen_indices
@@ -27,7 +27,7 @@ from homoglens.types import (
     HookedModel,
     signature_of,
 )
-from homoglens.validate import as_float, as_int
+from homoglens.validate import as_float, as_int, check_layers
 
 __all__ = [
     "ATTENTION_BIAS_KINDS",
@@ -63,7 +63,7 @@ def attention_bias_plan(
     first_k = as_int("first_k", first_k, low=1)
     window = as_int("window", window, low=1)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    blocks = chosen_indices("layers", layers, n_layers, "the block indices")
+    blocks = check_layers(layers, n_layers, blocks=True)
     chosen_heads = (
         None if heads is None else chosen_indices("heads", heads, n_heads, "head indices")
     )
@@ -134,9 +134,9 @@ def attention_bias_hooks(
     plan = attention_bias_plan(model, kind, strength, **options)
     if plan.identity:
         return []
-    check_writable(model, "attn.hook_pattern", "an attention bias")
+    check_writable(model, "pattern", "an attention bias")
     hook = attention_bias_hook(plan)
-    return [(block_hook_name(i, "attn.hook_pattern"), hook) for i in plan.blocks]
+    return [(pattern_hook_name(i), hook) for i in plan.blocks]
 
 
 @contextlib.contextmanager

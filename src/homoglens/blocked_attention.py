@@ -32,7 +32,7 @@ References:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -49,6 +49,7 @@ __all__ = [
     "BLOCK_BYTES",
     "PatternRows",
     "active_jobs",
+    "merged_jobs",
     "pattern_hook",
     "query_blocks",
 ]
@@ -102,13 +103,13 @@ class PatternRows:
     device: torch.device
     row_tolerance: float = 1e-3
 
-    def scores(self, q0: int, q1: int) -> Float[torch.Tensor, "batch head_index query key_pos"]:
+    def scores(self, q0: int, q1: int) -> Float[torch.Tensor, "batch head_index query_pos key_pos"]:
         """Rows ``q0 .. q1 - 1`` as logits: the attention scores (scaled, soft-capped where the
         model caps them), masked keys at the dtype's lowest finite value, so that their softmax
         is the pattern and masked keys get exactly 0."""
         raise NotImplementedError
 
-    def rows(self, q0: int, q1: int) -> Float[torch.Tensor, "batch head_index query key_pos"]:
+    def rows(self, q0: int, q1: int) -> Float[torch.Tensor, "batch head_index query_pos key_pos"]:
         """Rows ``q0 .. q1 - 1`` of the pattern (probabilities, masked keys exactly 0)."""
         return torch.softmax(self.scores(q0, q1), dim=-1)
 
@@ -367,3 +368,31 @@ def _register() -> None:
 
 
 _register()
+
+
+def merged_jobs(parts: Sequence[Mapping[int, AttentionJob]]) -> dict[int, AttentionJob]:
+    """The reading jobs of several reducers, one per block (a block read by several reducers
+    gets one job that hands its rows to each in turn).
+
+    Raises:
+        ValueError: a reducer's job changes attention (only a ``step`` may run such passes).
+    """
+    grouped: dict[int, list[AttentionJob]] = {}
+    for part in parts:
+        for layer, job in part.items():
+            if job.edit is not None:
+                raise ValueError("stream: a reducer's attention job changes attention")
+            grouped.setdefault(layer, []).append(job)
+    out = {}
+    for layer, group in sorted(grouped.items()):
+        if len(group) == 1:
+            out[layer] = group[0]
+            continue
+        reads = [job.read for job in group if job.read is not None]
+
+        def read(rows: Any, reads: list[Any] = reads) -> None:
+            for fn in reads:
+                fn(rows)
+
+        out[layer] = AttentionJob(read=read)
+    return out

@@ -122,7 +122,7 @@ class CalibratedReadings:
             )
 
     def values(self, statistic: str, layer: int | None = None) -> tuple[torch.Tensor, ...]:
-        """``([seq] model, [seq] reference)`` per-window values of one reading's statistic at
+        """``([batch] model, [batch] reference)`` per-window values of one reading's statistic at
         ``layer`` (default: the last entry read); ``sp_mean`` is the change from the first
         entry read (reading (c))."""
         li = self._layer_index(layer)

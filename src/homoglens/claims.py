@@ -106,7 +106,7 @@ CLAIM_COLUMNS: tuple[str, ...] = (
 )
 """Columns of the claims table (see :func:`claims_table`)."""
 
-Stats = Mapping[str, Mapping[str, torch.Tensor]]  # mode -> statistic -> [seq] or [seq layer]
+Stats = Mapping[str, Mapping[str, torch.Tensor]]  # mode -> statistic -> [batch] or [batch layer]
 
 
 @dataclass(frozen=True)
@@ -334,8 +334,8 @@ def claims_table(
 
     Args:
         entities: ``{model or variant: [per seed: {mode: {statistic: values}}]}``, the
-            per-window statistics of :class:`~homoglens.comparison.ModelComparison` (``[seq]``,
-            or ``[seq layer]`` on ``layers``); every seed reads the same windows. The SP
+            per-window statistics of :class:`~homoglens.comparison.ModelComparison` (``[batch]``,
+            or ``[batch layer]`` on ``layers``); every seed reads the same windows. The SP
             readings (``sp_first``, ``sp_last``, ``sp_mean``) must come from uncentred vectors;
             their rows use the seeds that hold them (the test names how many).
         layers: The layer axis of the per-layer statistics (entry 0 first).

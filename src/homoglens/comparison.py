@@ -8,20 +8,20 @@ variant (``group_by="variant"``) from a hierarchical bootstrap over seeds, then 
 (:mod:`homoglens.stats`). :meth:`ModelComparison.claims` turns the readings of claims C1-C3 into
 pre-declared, Holm-adjusted tests with a smallest effect size of interest (:mod:`homoglens.claims`).
 
-Per-window statistics (:data:`STATISTICS`; ``[seq]``, or ``[seq layer]`` over the layer axis):
+Per-window statistics (:data:`STATISTICS`; ``[batch]``, or ``[batch layer]`` over the layer axis):
 
 * ``loss``: mean next-token cross-entropy (nats/token);
 * ``icl``: in-context-learning score, loss of the last eighth of the window minus the second
   eighth (nats; models measured here; the induction loss, on repeated random tokens rather than
   on the windows, is in :meth:`ModelComparison.context_table`);
-* ``mean_pairwise`` ``[seq layer]``: mean pairwise cosine of the window (raw);
+* ``mean_pairwise`` ``[batch layer]``: mean pairwise cosine of the window (raw);
 * ``adjusted_last``: ``mean_pairwise`` at the last layer minus that layer's anisotropy baseline;
-* ``homogenization`` ``[seq layer]``: mean off-diagonal ``W = M - C`` (centred: what a window's
+* ``homogenization`` ``[batch layer]``: mean off-diagonal ``W = M - C`` (centred: what a window's
   tokens share beyond what every window shares at those positions);
-* ``matched_first`` / ``matched_last`` ``[seq layer]``: the distance-matched edge excess;
-* ``naive_first`` / ``naive_last`` ``[seq layer]``: the naive edge excess (biased by distance);
-* ``sp_first`` / ``sp_last`` ``[seq layer]``: same-position cross-input similarity of an edge
-  minus the middle's; ``sp_mean`` ``[seq layer]``: SP averaged over positions (intact model
+* ``matched_first`` / ``matched_last`` ``[batch layer]``: the distance-matched edge excess;
+* ``naive_first`` / ``naive_last`` ``[batch layer]``: the naive edge excess (biased by distance);
+* ``sp_first`` / ``sp_last`` ``[batch layer]``: same-position cross-input similarity of an edge
+  minus the middle's; ``sp_mean`` ``[batch layer]``: SP averaged over positions (intact model
   only, always measured on uncentred vectors: centred by position SP is -1/(n-1) everywhere
   by construction, so ``centre`` applies to the other statistics only);
 * ``sink_rate``: percentage of (layer, head) whose Gu et al. importance on key 0 exceeds eps
@@ -46,11 +46,17 @@ import os
 from collections.abc import Mapping, Sequence
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 import torch
 
 from homoglens.assets import SHIPPED_MODELS, shipped_model_folder
+from homoglens.comparison_options import (
+    ComparisonNumbers,
+    check_numbers,
+    named_models,
+    resolve_grouping,
+)
 from homoglens.data import TokenBatch, corpus_windows, to_token_batch
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import ablated_positions
@@ -58,13 +64,13 @@ from homoglens.models import load_model, model_info, model_lock
 from homoglens.results import PositionAblationStudy
 from homoglens.results.comparison import LAYER_STATISTICS, STATISTICS, ModelComparison
 from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
+from homoglens.results.sinks import SinkScores
 from homoglens.results.storage import read_saved
 from homoglens.similarity import positional_similarity
 from homoglens.sinks import sink_pass
-from homoglens.stats import as_block
 from homoglens.studies import position_ablation_study
 from homoglens.types import Backend, Centring, GroupBy, HookedModel, PositionAblation
-from homoglens.validate import as_bool, as_float, as_int, check_key_eps, check_model
+from homoglens.validate import as_bool, check_key_eps
 
 if TYPE_CHECKING:
     pass
@@ -96,12 +102,6 @@ def _training_record(name: str) -> dict[str, Any]:
     config = record.get("config", {})
     out.update(variant=config.get("variant"), seed=config.get("seed"), bos=config.get("bos", False))
     return out
-
-
-def _variant(label: str, record: Mapping[str, Any]) -> str:
-    if not record.get("variant"):
-        return label
-    return str(record["variant"]) + ("-bos" if record.get("bos") else "")
 
 
 def _window_statistics(
@@ -284,33 +284,49 @@ def compare_models(
         >>> result.claims()[["claim", "model", "primary", "verdict"]]  # doctest: +SKIP
     """
     progress = as_bool("progress", progress)
-    if isinstance(models, str) or not isinstance(models, Mapping | Sequence):
-        raise InvalidInputError(
-            "models must be a list of names or a {label: model} mapping, "
-            f"not {type(models).__name__}"
-        )
-    named = dict(models) if isinstance(models, Mapping) else {str(m): m for m in models}
-    if not named or (not isinstance(models, Mapping) and len(named) != len(models)):
-        raise InvalidInputError(f"models {list(models)} must be non-empty and unique")
-    for m in named.values():
-        if not isinstance(m, str | os.PathLike):
-            check_model(m)
-    if no_positions not in (None, "auto") and not isinstance(no_positions, str):
-        raise InvalidInputError(f"no_positions={no_positions!r} must be a model label or None")
-    if group_by not in (None, "auto", "variant"):
-        raise InvalidInputError(f"group_by={group_by!r} must be None, 'auto' or 'variant'")
-    if centre not in (None, "global", "position"):
-        raise InvalidInputError(f"centre={centre!r} must be None, 'global' or 'position'")
-    n_seq = None if n_seq is None else as_int("n_seq", n_seq, low=1)
-    edge_k = as_int("edge_k", edge_k, low=1)
-    seq_len = None if seq_len is None else as_int("seq_len", seq_len, low=2 * edge_k + 2)
-    batch_size = as_int("batch_size", batch_size, low=1)
-    n_boot = as_int("n_boot", n_boot, low=1)
-    block = as_block(block)
-    ci = as_float("ci", ci, low=0.0, high=1.0)
-    sesoi = None if sesoi is None else as_float("sesoi", sesoi, low=0.0, high=1e9)
-    loss_sesoi = as_float("loss_sesoi", loss_sesoi, low=0.0, high=1e9)
-    seed = as_int("seed", seed, low=0, high=2**63 - 1)
+    named = named_models(models, no_positions, group_by, centre)
+    numbers = check_numbers(
+        n_seq=n_seq, seq_len=seq_len, edge_k=edge_k, batch_size=batch_size, n_boot=n_boot,
+        block=block, ci=ci, sesoi=sesoi, loss_sesoi=loss_sesoi, seed=seed,
+    )  # fmt: skip
+    shipped_only, loaded, eps, records, bos = _load_models(named, backend, eps)
+    batch, window_index = _comparison_windows(loaded, data, numbers, bos)
+    measured = _measure_models(
+        loaded, batch, numbers, modes=modes, centre=centre, eps=eps, progress=progress
+    )
+    heldout = dict(records)
+    run_modes = list(measured.studies[next(iter(loaded))].modes)
+    shipped, shipped_heldout = _shipped_rows(
+        named, shipped_only, measured.layers, numbers, modes=run_modes,
+        window_index=window_index, bos=bos, centre=centre,
+    )  # fmt: skip
+    statistics = {**measured.statistics, **shipped}
+    heldout.update(shipped_heldout)
+    order = list(named)
+    variants, group_by, no_positions = resolve_grouping(order, heldout, group_by, no_positions)
+    return ModelComparison(
+        labels=tuple(order), statistics={label: statistics[label] for label in order},
+        layers=tuple(measured.layers or ()), variants=variants,
+        computed=tuple(label for label in order if label in loaded), studies=measured.studies,
+        similarity=measured.similarity, sinks=measured.sinks, heldout=heldout,
+        no_positions=no_positions, group_by=group_by, edge_k=numbers.edge_k, eps=eps,
+        n_boot=numbers.n_boot, ci=numbers.ci, seed=numbers.seed, block=numbers.block,
+        sesoi=numbers.sesoi, loss_sesoi=numbers.loss_sesoi,
+        settings=_settings(batch, window_index, run_modes, centre, loaded, shipped_only),
+    )  # fmt: skip
+
+
+def _load_models(
+    named: dict[str, HookedModel | str], backend: Backend, eps: Any
+) -> tuple[list[str], dict[str, HookedModel], float, dict[str, dict[str, Any]], bool]:
+    """The labels that ship only statistics, the other models loaded, ``eps`` checked, what
+    each loaded model's ``training.json`` records, and whether the models were trained with a
+    BOS at every window.
+
+    Raises:
+        InvalidInputError: no model with weights, models trained with and without BOS
+            together, or models with different tokenizers.
+    """
     shipped_only = [label for label, m in named.items() if _is_statistics_only(m)]
     loaded = {
         label: load_model(m, backend=backend) if isinstance(m, str | os.PathLike) else m
@@ -339,6 +355,21 @@ def compare_models(
                 f"model {label!r} has no tokenizer or another one than {first_label!r}; compare "
                 "models that share a tokenizer, so that every model reads the same token ids"
             )
+    return shipped_only, loaded, eps, records, bos
+
+
+def _comparison_windows(
+    loaded: dict[str, HookedModel], data: Any, numbers: ComparisonNumbers, bos: bool
+) -> tuple[TokenBatch, list[int] | None]:
+    """The windows every model reads (``data`` as :func:`compare_models` takes it, read with
+    the first model's tokenizer) and, for the default held-out windows of 128 tokens, their
+    indices among all of them (what shipped statistics are selected by; else ``None``).
+
+    Raises:
+        InvalidInputError: windows too short for ``edge_k``.
+    """
+    n_seq, seq_len, edge_k = numbers.n_seq, numbers.seq_len, numbers.edge_k
+    first = next(iter(loaded.values()))
     width = seq_len or min(int(m.cfg.n_ctx) for m in loaded.values())
     window_index: list[int] | None = None
     if isinstance(data, TokenBatch):
@@ -360,6 +391,40 @@ def compare_models(
             f"windows of {int(batch.lengths.min())} tokens are too short for edge_k={edge_k}; "
             "use longer windows or a smaller edge_k"
         )
+    return batch, window_index
+
+
+class _Measured(NamedTuple):
+    """What :func:`compare_models` measured on the loaded models, by label: per-window
+    statistics, studies, intact similarity (last layer), sink scores; and the layer axis."""
+
+    statistics: dict[str, dict[str, dict[str, torch.Tensor]]]
+    studies: dict[str, PositionAblationStudy]
+    similarity: dict[str, PositionalSimilarity]
+    sinks: dict[str, SinkScores]
+    layers: tuple[int, ...] | None
+
+
+def _measure_models(
+    loaded: dict[str, HookedModel],
+    batch: TokenBatch,
+    numbers: ComparisonNumbers,
+    *,
+    modes: Sequence[str],
+    centre: Centring | None,
+    eps: float,
+    progress: bool,
+) -> _Measured:
+    """Measure every loaded model on ``batch``: a position-ablation study, a positional
+    similarity per mode (and one on uncentred vectors for the cross-input readings when
+    ``centre`` is set) and the sink scores on key 0.
+
+    Raises:
+        InvalidInputError: models of different depth.
+    """
+    seed, batch_size, edge_k = numbers.seed, numbers.batch_size, numbers.edge_k
+    n_boot, ci = numbers.n_boot, numbers.ci
+    first_label = next(iter(loaded))
     statistics, studies, similarity, sinks = {}, {}, {}, {}
     layers: tuple[int, ...] | None = None
     for label, m in loaded.items():
@@ -394,66 +459,54 @@ def compare_models(
                 f"{len(layers)}; per-layer statistics need the same depth"
             )
         layers = study.layers
-    heldout = dict(records)
-    run_modes = list(studies[first_label].modes)
+    return _Measured(statistics, studies, similarity, sinks, layers)
+
+
+def _shipped_rows(
+    named: dict[str, HookedModel | str],
+    shipped_only: list[str],
+    layers: tuple[int, ...] | None,
+    numbers: ComparisonNumbers,
+    *,
+    modes: list[str],
+    window_index: list[int] | None,
+    bos: bool,
+    centre: Centring | None,
+) -> tuple[dict[str, dict[str, dict[str, torch.Tensor]]], dict[str, Any]]:
+    """The shipped per-window statistics of the labels in ``shipped_only`` and what they
+    record of held-out training, by label.
+
+    Raises:
+        InvalidInputError: shipped statistics asked for other settings, or with other layers.
+    """
+    statistics, heldout = {}, {}
     for label in shipped_only:
         stats, meta = _shipped_statistics(
-            str(named[label]), modes=run_modes, edge_k=edge_k, seed=seed,
+            str(named[label]), modes=modes, edge_k=numbers.edge_k, seed=numbers.seed,
             window_index=window_index, bos=bos, centre=centre,
         )  # fmt: skip
         if tuple(meta["layers"]) != layers:
             raise InvalidInputError(f"{label}'s shipped statistics have other layers")
         statistics[label], heldout[label] = stats, meta["heldout"]
-    order = list(named)
-    variants = {label: _variant(label, heldout.get(label, {})) for label in order}
-    if group_by == "auto":
-        counts: dict[str, int] = {}
-        for v in variants.values():
-            counts[v] = counts.get(v, 0) + 1
-        group_by = "variant" if any(c > 1 for c in counts.values()) else None
-    if no_positions == "auto":
-        nope = [label for label in order if heldout.get(label, {}).get("variant") == "none"]
-        if group_by == "variant":
-            names = {variants[label] for label in nope}
-            no_positions = names.pop() if len(names) == 1 else None
-        else:
-            no_positions = nope[0] if len(nope) == 1 else None
-    elif no_positions is not None:
-        allowed = set(variants.values()) if group_by == "variant" else set(order)
-        if no_positions not in allowed:
-            raise InvalidInputError(
-                f"no_positions={no_positions!r} is not a model"
-                + (" variant" if group_by == "variant" else " label")
-                + f"; choose from {sorted(allowed)}"
-            )
-    return ModelComparison(
-        labels=tuple(order),
-        statistics={label: statistics[label] for label in order},
-        layers=tuple(layers or ()),
-        variants=variants,
-        computed=tuple(label for label in order if label in loaded),
-        studies=studies,
-        similarity=similarity,
-        sinks=sinks,
-        heldout=heldout,
-        no_positions=no_positions,
-        group_by=group_by,
-        edge_k=edge_k,
-        eps=eps,
-        n_boot=n_boot,
-        ci=ci,
-        seed=seed,
-        block=block,
-        sesoi=sesoi,
-        loss_sesoi=loss_sesoi,
-        settings={
-            "data": batch.description,
-            "window_index": window_index,
-            "modes": run_modes,
-            "centre": centre,
-            "sp_uncentred": True,
-            "backends": {label: model_info(m).backend for label, m in loaded.items()},
-            "weights": {label: model_info(m).weights for label, m in loaded.items()},
-            "shipped_statistics": shipped_only,
-        },
-    )
+    return statistics, heldout
+
+
+def _settings(
+    batch: TokenBatch,
+    window_index: list[int] | None,
+    run_modes: list[str],
+    centre: Centring | None,
+    loaded: dict[str, HookedModel],
+    shipped_only: list[str],
+) -> dict[str, Any]:
+    """How :func:`compare_models` ran: the ``settings`` of its :class:`ModelComparison`."""
+    return {
+        "data": batch.description,
+        "window_index": window_index,
+        "modes": run_modes,
+        "centre": centre,
+        "sp_uncentred": True,
+        "backends": {label: model_info(m).backend for label, m in loaded.items()},
+        "weights": {label: model_info(m).weights for label, m in loaded.items()},
+        "shipped_statistics": shipped_only,
+    }

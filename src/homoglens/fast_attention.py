@@ -2,8 +2,8 @@
 
 TransformerLens' ``TransformerBridge`` forces eager attention on every pass, and for most
 families it re-implements attention step by step, so that ``hook_attn_scores`` and
-``hook_pattern`` can fire: every pass materialises ``[batch head query_pos key_pos]`` scores and
-patterns, even when nothing reads them. A profile, a position-resolved similarity, a
+``hook_pattern`` can fire: every pass materialises ``[batch head_index query_pos key_pos]``
+scores and patterns, even when nothing reads them. A profile, a position-resolved similarity, a
 massive-activation scan or a residual-stream patching pass reads only the residual stream.
 For such a pass :func:`fast_attention` hands each block's attention back to the wrapped Hugging
 Face module (``AttentionBridge``'s plain delegating forward, which still fires ``attn.hook_in``
@@ -73,7 +73,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from homoglens.architectures import pattern_hook_name
+from homoglens.architectures import (
+    ATTENTION_POSITION_POINTS,
+    ATTENTION_SPEAKING_POINTS,
+    pattern_hook_name,
+)
 from homoglens.blocked_attention import ATTENTION_NAME, AttentionJob, active_jobs, pattern_hook
 from homoglens.types import HookedModel, HookSpec
 
@@ -82,8 +86,8 @@ __all__ = ["ENABLED", "fast_attention", "fast_attention_status", "serves_jobs"]
 ENABLED: bool = os.environ.get("HOMOGLENS_EAGER", "") not in ("1", "true", "yes")
 """Whether residual-only passes may run SDPA attention (see the module's docstring)."""
 
-_SPEAKING = ("hook_in", "hook_out")  # attention hook points the delegating forward fires
-_POSITIONS = ("hook_cos", "hook_sin")  # fired too, where the module is handed the tables
+_SPEAKING = ATTENTION_SPEAKING_POINTS  # attention hook points the delegating forward fires
+_POSITIONS = ATTENTION_POSITION_POINTS  # fired too, where the module is handed the tables
 _STATUS: weakref.WeakKeyDictionary[Any, _Status] = weakref.WeakKeyDictionary()
 _TOLD: weakref.WeakSet[Any] = weakref.WeakSet()
 _NORMS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()

@@ -260,7 +260,9 @@ def rerotate_hook(
                 )
         return tables["c"], tables["s"]
 
-    def hook(rotated: Float[torch.Tensor, "batch pos head d_head"], hook: Any) -> torch.Tensor:
+    def hook(
+        rotated: Float[torch.Tensor, "batch pos head_index d_head"], hook: Any
+    ) -> torch.Tensor:
         source, changed = _source(plan, rotated.shape[1])
         c, s = rows(source, rotated.device, rotated.dtype)
         if rotary_dim == rotated.shape[-1]:
@@ -295,7 +297,7 @@ def alibi_score_hook(slopes: Float[torch.Tensor, " head_index"], plan: PositionP
         A TransformerLens hook function returning the changed scores.
     """
 
-    def hook(scores: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> Any:
+    def hook(scores: Float[torch.Tensor, "batch head_index query_pos key_pos"], hook: Any) -> Any:
         source, _ = _source(plan, scores.shape[-1])
         moved = (source - torch.arange(len(source))).to(scores.device, torch.float64)
         delta = slopes.to(scores.device, torch.float64)[:, None] * moved[None, :]
@@ -334,7 +336,7 @@ def remove_sink_hook(heads: list[int], key: int, *, scale: float = 1.0) -> HookF
     """
     index = list(heads)
 
-    def hook(pattern: Float[torch.Tensor, "batch head query_pos key_pos"], hook: Any) -> Any:
+    def hook(pattern: Float[torch.Tensor, "batch head_index query_pos key_pos"], hook: Any) -> Any:
         out = pattern.clone()
         out[:, index] = out[:, index] + scale * sink_removal_delta(out[:, index], key)
         return out

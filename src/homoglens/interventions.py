@@ -37,7 +37,7 @@ import torch
 from homoglens.architectures import (
     ArchitectureSpec,
     architecture_of,
-    block_hook_name,
+    component_hook_name,
     find_architecture,
     hf_architecture_of,
 )
@@ -62,7 +62,7 @@ from homoglens.types import (
     PositionAblation,
     signature_of,
 )
-from homoglens.validate import as_int, int_list
+from homoglens.validate import as_int, block_index, check_layers, int_list, written_entry
 
 __all__ = [
     "POSITION_ABLATIONS",
@@ -150,7 +150,7 @@ def _blocks(model: HookedModel, layers: Any, spec: ArchitectureSpec) -> list[int
             f"model ({spec.family}) position enters once, at hook_pos_embed. Use positions= "
             "instead."
         )
-    return list(chosen_indices("layers", layers, n_layers, "the block indices"))
+    return list(check_layers(layers, n_layers, blocks=True))
 
 
 def _hf_module(model: HookedModel, path: str) -> Any:
@@ -253,7 +253,8 @@ def position_ablation_hooks(
         positions: Only these positions (counted from the first token, each in
             ``[0, n_ctx)``) change; others keep their own signal. Positions beyond a sequence's
             length are ignored for that sequence.
-        layers: Rotary and ALiBi models only: block indices (0..n_layers-1) whose rotation or
+        layers: Rotary and ALiBi models only: the blocks (0..n_layers-1; block l reads residual
+            entry l, see "The layer axis" in the docs) whose rotation or
             bias changes; other blocks keep theirs.
         perm: For ``"permute"``: a permutation of 0..T-1, T being the length you will run.
         shift: For ``"shift"``: offset k, token i gets the signal of i + k (must stay in
@@ -293,17 +294,19 @@ def position_ablation_hooks(
     blocks = _blocks(model, layers, spec)
     if how == "none":
         return []
-    if spec.positional == "learned_absolute":
-        return [("hook_pos_embed", learned_position_hook(_learned_table(model, spec), plan))]
+    bridge = not is_hooked_transformer(model)
+    if spec.positional == "learned_absolute":  # one table, at the embedding
+        (name,) = spec.position_hook_names(0, bridge=bridge)
+        return [(name, learned_position_hook(_learned_table(model, spec), plan))]
     hooks: FwdHooks = []
     if spec.positional == "alibi":
         hook = alibi_score_hook(_alibi_slopes(model, spec), plan)
-        return [(block_hook_name(i, "attn.hook_attn_scores"), hook) for i in blocks]
-    if is_hooked_transformer(model):
+        return [(name, hook) for i in blocks for name in spec.position_hook_names(i, bridge=bridge)]
+    if not bridge:  # the rotated queries and keys, rotated once more
         for i in blocks:
             attn = model.blocks[i].attn
             hook = rerotate_hook(attn.rotary_cos, attn.rotary_sin, attn.rotate_every_two, plan)
-            hooks += [(block_hook_name(i, f"attn.hook_rot_{part}"), hook) for part in ("q", "k")]
+            hooks += [(name, hook) for name in spec.position_hook_names(i, bridge=False)]
         return hooks
     if not spec.bridge_position_hooks:
         raise UnsupportedArchitectureError(
@@ -311,10 +314,11 @@ def position_ablation_hooks(
             "Load the model with backend='hooked' (TransformerLens 3.9)"
         )
     caches: dict[Any, Any] = {}
-    for i in blocks:
+    for i in blocks:  # the rotary tables, recomputed at the new positions
         rotary = _bridge_rotary(model, spec, i, caches)
-        hooks.append((block_hook_name(i, "attn.hook_cos"), rotary_table_hook(rotary, "cos", plan)))
-        hooks.append((block_hook_name(i, "attn.hook_sin"), rotary_table_hook(rotary, "sin", plan)))
+        cos, sin = spec.position_hook_names(i, bridge=True)
+        hooks.append((cos, rotary_table_hook(rotary, "cos", plan)))
+        hooks.append((sin, rotary_table_hook(rotary, "sin", plan)))
     return hooks
 
 
@@ -382,7 +386,7 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
         site: One of :data:`RESIDUAL_SITES`.
-        layer: Block index in ``[0, n_layers)``.
+        layer: The block, in ``[0, n_layers)`` (block l reads residual entry l).
         write: ``f(activation [batch pos d_model], hook) -> activation`` (the new stream).
 
     Returns:
@@ -394,8 +398,8 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
     """
     if site not in RESIDUAL_SITES:
         raise InvalidInputError(f"site={site!r} must be one of {RESIDUAL_SITES}")
-    layer = as_int("layer", layer, low=0, high=int(model.cfg.n_layers) - 1)
-    name = block_hook_name(layer, f"hook_{site}")
+    layer = block_index("layer", layer, int(model.cfg.n_layers))
+    name = component_hook_name(layer, site)
     if name not in model.hook_dict:
         raise InvalidInputError(
             f"{name} does not exist in this model (GPT-NeoX runs attention and MLP in "
@@ -418,7 +422,7 @@ def residual_write_hooks(model: HookedModel, site: str, layer: int, write: HookF
     def out_of_block(activation: torch.Tensor, hook: Any) -> torch.Tensor:
         return activation + change.pop("delta")
 
-    return [(alias, into_mlp), (block_hook_name(layer, "hook_resid_post"), out_of_block)]
+    return [(alias, into_mlp), (component_hook_name(layer, "resid_post"), out_of_block)]
 
 
 def chosen_indices(name: str, values: Any, high: int, what: str) -> tuple[int, ...]:
@@ -456,7 +460,7 @@ def massive_activation_sites(
             repeated, not integers, or outside [0, d_model) / [0, n_ctx).
     """
     n_layers = int(model.cfg.n_layers)
-    layer = as_int("layer", layer, low=1, high=n_layers)
+    layer = written_entry("layer", layer, n_layers)
     chosen_dims = chosen_indices("dims", dims, int(model.cfg.d_model), "the residual dimensions")
     chosen_pos = chosen_indices(
         "positions", positions, int(model.cfg.n_ctx), "the model's positions"
@@ -491,7 +495,9 @@ def massive_activation_hooks(
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
         how: ``"zero"`` (``set_zero``) or ``"mean"`` (``set_mean``).
-        layer: Decoder layer in [1, n_layers] whose output is changed.
+        layer: Residual entry in [1, n_layers] that is changed: the output of block
+            ``layer - 1``, which block ``layer`` reads (Sun et al.'s 1-indexed decoder layer
+            ``layer``; one layer base everywhere: "The layer axis" in the docs).
         dims: Residual dimensions to set (one int or a list; in [0, d_model), distinct).
         positions: Positions to set (one int or a list; in [0, n_ctx), distinct).
         means: For ``"mean"``: ``[len(positions) len(dims)]``, the value of each (position,

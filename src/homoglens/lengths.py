@@ -4,7 +4,7 @@ prefix (causal models), for end-of-sequence effects that only show over lengths.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -12,9 +12,9 @@ from jaxtyping import Float, Int
 
 from homoglens.architectures import resid_hook_name
 from homoglens.blocked_attention import AttentionJob, PatternRows
-from homoglens.data import DataInput, to_token_batch
-from homoglens.distributed import all_reduce_sum, gather_rows, shard_bounds, world
-from homoglens.engine import Sums, model_device, provenance_of, stream
+from homoglens.data import DataInput, TokenBatch, to_token_batch
+from homoglens.distributed import shard_bounds, world
+from homoglens.engine import Sums, merge, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError, SequenceTooLongError, UnsupportedArchitectureError
 from homoglens.models import model_info
 from homoglens.results.lengths import LengthStudy
@@ -28,7 +28,7 @@ from homoglens.similarity_math import (
     first_counted,
     similarity_coefficients,
 )
-from homoglens.types import BosPolicy, HookedModel
+from homoglens.types import BosPolicy, HookedModel, HookFn
 from homoglens.validate import as_bool, as_int
 
 __all__ = ["length_study"]
@@ -149,18 +149,61 @@ def length_study(
     batch_size = as_int("batch_size", batch_size, low=1)
     progress = as_bool("progress", progress)
     pseudo_values = as_bool("pseudo_values", pseudo_values)
-    given: Any = lags
-    if getattr(given, "ndim", 1) == 1 and hasattr(given, "tolist"):
-        given = given.tolist()  # a 1-d numpy array or tensor
-    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-        raise InvalidInputError(f"lags={lags!r} must be a list of integers >= 1")
-    lag_list = tuple(as_int("lags", v, low=1) for v in given)
+    lag_list = _lags(lags)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     first = first_counted(exclude_first, batch.bos)
     chosen = _lengths(lengths, int(model.cfg.n_ctx), 2 * edge_k + 2 + first)
     long = chosen[-1]
     if len(lag_list) == 0 or max(lag_list) >= long:
         raise InvalidInputError(f"lags={list(lag_list)} must be 1..{long - 1}")
+    batch = _equal_windows(model, batch, long)
+    device = model_device(model)
+    n_layers = int(model.cfg.n_layers)
+    n_entries = n_layers + 1
+    n_pos = long - first
+    sums = SimilaritySums(n_entries, n_pos, int(model.cfg.d_model), edge_k, device)
+    coefs = [similarity_coefficients(t - first, edge_k).to(device) for t in chosen]
+    for t in chosen:
+        edge_groups(t - first, edge_k)
+    attn = torch.zeros(2, n_layers, long, dtype=torch.float64, device=device)  # entropy, key-0
+    kept = _kept_block(model, len(batch), n_entries, n_pos, pseudo_values, device)
+    main, n_kept = _main_pass(
+        model, batch, sums, attn, coefs, chosen, first, kept,
+        batch_size=batch_size, progress=progress, device=device,
+    )  # fmt: skip
+    cross = None
+    if pseudo_values:
+        cross = _pseudo_value_rows(
+            model, batch, sums, kept, n_kept, chosen, first, edge_k,
+            batch_size=batch_size, progress=progress, device=device,
+        )  # fmt: skip
+    del kept
+    return _study(info, batch, sums, attn, main, cross, chosen, lag_list, first, edge_k,
+                  n_heads=int(model.cfg.n_heads))  # fmt: skip
+
+
+def _lags(lags: Sequence[int]) -> tuple[int, ...]:
+    """``lags`` as a tuple of integers >= 1 (a 1-d numpy array or tensor is accepted).
+
+    Raises:
+        InvalidInputError: not a sequence, or an entry that is not an integer >= 1.
+    """
+    given: Any = lags
+    if getattr(given, "ndim", 1) == 1 and hasattr(given, "tolist"):
+        given = given.tolist()  # a 1-d numpy array or tensor
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+        raise InvalidInputError(f"lags={lags!r} must be a list of integers >= 1")
+    return tuple(as_int("lags", v, low=1) for v in given)
+
+
+def _equal_windows(model: HookedModel, batch: TokenBatch, long: int) -> TokenBatch:
+    """``batch`` checked to hold at least 2 windows of one length >= ``long``, cut to their
+    first ``long`` tokens.
+
+    Raises:
+        InvalidInputError: fewer than 2 windows, windows of unequal lengths, or shorter than
+            ``long``.
+    """
     lens = batch.lengths
     if int(lens.min()) != int(lens.max()) or len(batch) < 2:
         raise InvalidInputError(
@@ -174,133 +217,238 @@ def length_study(
         )
     if int(lens[0]) > long:  # keep the first `long` tokens of each window
         batch = to_token_batch(model, batch.tokens[:, :long])
-    device = model_device(model)
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    entries = tuple(range(n_layers + 1))
-    n_pos = long - first
-    sums = SimilaritySums(len(entries), n_pos, int(model.cfg.d_model), edge_k, device)
-    coefs = [similarity_coefficients(t - first, edge_k).to(device) for t in chosen]
-    for t in chosen:
-        edge_groups(t - first, edge_k)
-    f64 = torch.float64
-    attn = torch.zeros(2, n_layers, long, dtype=f64, device=device)  # entropy, key-0 mass
-    rows: list[torch.Tensor] = []  # [batch length layer stat]
-    norm = torch.log(torch.arange(1, long + 1, dtype=f64, device=device))
-    norm[0] = math.nan
+    return batch
+
+
+def _kept_block(
+    model: HookedModel,
+    n_windows: int,
+    n_entries: int,
+    n_pos: int,
+    pseudo_values: bool,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """The block ``[layer window pos d]`` that keeps this rank's unit vectors for the
+    pseudo-value pass, when ``pseudo_values`` and it fits in
+    :data:`~homoglens.similarity_math.ACTIVATION_CACHE_BYTES`; else ``None``."""
     d_model = int(model.cfg.d_model)
-    start, stop = shard_bounds(len(batch), world()[1])[world()[0]]
+    start, stop = shard_bounds(n_windows, world()[1])[world()[0]]
     f64_model = next(iter(model.parameters())).dtype == torch.float64
     work = torch.float64 if f64_model else torch.float32
-    size = len(entries) * (stop - start) * n_pos * d_model * (8 if f64_model else 4)
-    kept = None  # every window's unit vectors [layer window pos d] for the second pass
+    size = n_entries * (stop - start) * n_pos * d_model * (8 if f64_model else 4)
     if pseudo_values and size <= ACTIVATION_CACHE_BYTES:
-        kept = torch.empty(len(entries), stop - start, n_pos, d_model, dtype=work, device=device)
-    filled = [0] * len(entries)
+        return torch.empty(n_entries, stop - start, n_pos, d_model, dtype=work, device=device)
+    return None
 
-    def resid(i: int) -> Any:
+
+def _main_pass(
+    model: HookedModel,
+    batch: TokenBatch,
+    sums: SimilaritySums,
+    attn: torch.Tensor,
+    coefs: list[torch.Tensor],
+    chosen: tuple[int, ...],
+    first: int,
+    kept: torch.Tensor | None,
+    *,
+    batch_size: int,
+    progress: bool,
+    device: torch.device,
+) -> tuple[Sums, int]:
+    """The one pass of the longest windows: the similarity sums of every entry (``sums``),
+    the attention entropy and key-0 mass of every block (``attn``), each window's statistics
+    at every length (rows ``"window"`` of the returned reducer), and the unit vectors in
+    ``kept``; the engine merges them over ranks. Returns the reducer and the number of
+    windows kept."""
+    n_layers = int(attn.shape[1])
+    shape = (len(chosen), sums.n_layer, len(SIMILARITY_STATISTICS))
+    red = Sums(
+        sums={"within": sums.within, "units": sums.units, "n": sums.n, "attn": attn},
+        rows={"window": shape},
+    )
+    filled = [0] * sums.n_layer
+    red.add_hooks(
+        [
+            (resid_hook_name(e), _resid_hook(e, red, sums, coefs, chosen, first, kept, filled))
+            for e in range(sums.n_layer)
+        ]
+    )
+    red.add_jobs({b: AttentionJob(read=_pattern_reader(b, attn, device)) for b in range(n_layers)})
+    stream(model, batch, [red], batch_size=batch_size, desc="length sweep", progress=progress)
+    return red, filled[0]
+
+
+def _resid_hook(
+    i: int,
+    red: Sums,
+    sums: SimilaritySums,
+    coefs: list[torch.Tensor],
+    chosen: tuple[int, ...],
+    first: int,
+    kept: torch.Tensor | None,
+    filled: list[int],
+) -> HookFn:
+    """The main pass's hook on residual entry ``i``: adds its unit vectors' Gram sums into
+    ``sums``, each window's statistics at every length into the batch's row of ``red``, and
+    keeps the vectors in ``kept`` (``filled``: windows kept per entry)."""
+    f64 = torch.float64
+    n_entries = sums.n_layer
+
+    def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+        rows = red.rows["window"]
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        x = x.detach().to(work)
+        if i == 0:
+            rows.append(
+                torch.zeros(
+                    x.shape[0],
+                    len(chosen),
+                    n_entries,
+                    len(SIMILARITY_STATISTICS),
+                    dtype=f64,
+                    device=x.device,
+                )
+            )
+            sums.n += x.shape[0]
+        u, _ = sums.units_of(i, x[:, first:])
+        if kept is not None:
+            kept[i, filled[i] : filled[i] + u.shape[0]] = u.to(kept.device, kept.dtype)
+            filled[i] += int(u.shape[0])
+        gram = u @ u.transpose(1, 2)
+        sums.within[i] += gram.sum(0, dtype=f64).to(sums.within.device)
+        sums.units[i] += u.sum(0, dtype=f64).to(sums.units.device)
+        g64 = gram.double()
+        for t, coef in enumerate(coefs):
+            n = chosen[t] - first
+            rows[-1][:, t, i] = torch.einsum("bij,eij->be", g64[:, :n, :n], coef)
+        if i == n_entries - 1:
+            rows[-1] = rows[-1].cpu()
+
+    return hook
+
+
+def _pattern_reader(
+    layer: int, attn: torch.Tensor, device: torch.device
+) -> Callable[[PatternRows], None]:
+    """The attention job of block ``layer``: adds each query's attention entropy and mass on
+    key 0, summed over windows and heads, into ``attn[:, layer]``."""
+    f64 = torch.float64
+
+    def read(rows: PatternRows) -> None:
+        for q0, q1 in rows.blocks():
+            a = rows.rows(q0, q1)
+            entropy = -torch.special.xlogy(a, a).sum(-1).to(f64)  # [batch head_index query_pos]
+            attn[0, layer, q0:q1] += entropy.sum((0, 1)).to(device)
+            attn[1, layer, q0:q1] += a[..., 0].sum((0, 1)).to(f64).to(device)
+
+    return read
+
+
+def _pseudo_value_rows(
+    model: HookedModel,
+    batch: TokenBatch,
+    sums: SimilaritySums,
+    kept: torch.Tensor | None,
+    n_kept: int,
+    chosen: tuple[int, ...],
+    first: int,
+    edge_k: int,
+    *,
+    batch_size: int,
+    progress: bool,
+    device: torch.device,
+) -> Sums:
+    """The second pass: each window's share of the cross-window terms at every length (rows
+    ``"cross"`` and ``"same"`` of the returned reducer), from the merged ``sums``; replayed
+    from ``kept`` (its first ``n_kept`` windows) when it holds the vectors, else by a second
+    forward pass. Both ways the rows are merged over ranks by the engine."""
+    n_entries = sums.n_layer
+    n_stat = len(SIMILARITY_STATISTICS)
+    red = Sums(rows={"cross": (len(chosen), n_entries, n_stat), "same": (n_entries, sums.n_pos)})
+    if kept is not None:
+        for a in range(0, n_kept, batch_size):
+            for i in range(n_entries):
+                _add_cross(red, i, kept[i, a : a + batch_size], sums, chosen, first, edge_k)
+        merge([red], len(batch), device)  # no pass ran: the engine's merge, as stream's
+        return red
+
+    def again(i: int) -> HookFn:
         def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
             work = torch.float64 if x.dtype == torch.float64 else torch.float32
-            x = x.detach().to(work)
-            if i == 0:
-                rows.append(
-                    torch.zeros(
-                        x.shape[0],
-                        len(chosen),
-                        len(entries),
-                        len(SIMILARITY_STATISTICS),
-                        dtype=f64,
-                        device=x.device,
-                    )
-                )
-                sums.n += x.shape[0]
-            u, _ = sums.units_of(i, x[:, first:])
-            if kept is not None:
-                kept[i, filled[i] : filled[i] + u.shape[0]] = u.to(kept.device, kept.dtype)
-                filled[i] += int(u.shape[0])
-            gram = u @ u.transpose(1, 2)
-            sums.within[i] += gram.sum(0, dtype=f64).to(sums.within.device)
-            sums.units[i] += u.sum(0, dtype=f64).to(sums.units.device)
-            g64 = gram.double()
-            for t, coef in enumerate(coefs):
-                n = chosen[t] - first
-                rows[-1][:, t, i] = torch.einsum("bij,eij->be", g64[:, :n, :n], coef)
-            if i == len(entries) - 1:
-                rows[-1] = rows[-1].cpu()
+            u = sums.units_of(i, x.detach()[:, first:].to(work))[0]
+            _add_cross(red, i, u, sums, chosen, first, edge_k)
 
         return hook
 
-    def pattern(layer: int) -> Any:
-        def read(rows: PatternRows) -> None:
-            for q0, q1 in rows.blocks():
-                a = rows.rows(q0, q1)
-                entropy = -torch.special.xlogy(a, a).sum(-1).to(f64)  # [batch head query]
-                attn[0, layer, q0:q1] += entropy.sum((0, 1)).to(device)
-                attn[1, layer, q0:q1] += a[..., 0].sum((0, 1)).to(f64).to(device)
-
-        return read
-
-    hooks = [(resid_hook_name(e), resid(i)) for i, e in enumerate(entries)]
-    jobs = {b: AttentionJob(read=pattern(b)) for b in range(n_layers)}
+    red.add_hooks([(resid_hook_name(e), again(e)) for e in range(n_entries)])
     stream(
         model,
         batch,
-        [Sums(hooks, jobs=jobs)],
+        [red],
         batch_size=batch_size,
-        desc="length sweep",
+        desc="length sweep (pseudo-values)",
         progress=progress,
     )
+    return red
+
+
+def _add_cross(
+    red: Sums,
+    i: int,
+    u: torch.Tensor,
+    sums: SimilaritySums,
+    chosen: tuple[int, ...],
+    first: int,
+    edge_k: int,
+) -> None:
+    """Each window's share of the cross-window terms of entry ``i`` (unit vectors ``u``), at
+    every length, into the batch's rows ``"cross"`` and ``"same"`` of ``red`` (``i == 0``
+    starts the batch's rows)."""
+    f64 = torch.float64
+    n_pos = sums.n_pos
+    if i == 0:
+        b = int(u.shape[0])
+        n_stat = len(SIMILARITY_STATISTICS)
+        cpu = {"dtype": f64, "device": "cpu"}
+        red.rows["cross"].append(torch.zeros(b, len(chosen), sums.n_layer, n_stat, **cpu))
+        red.rows["same"].append(torch.zeros(b, sums.n_layer, n_pos, **cpu))
+    for t, length in enumerate(chosen):
+        n = length - first
+        shares, same = cross_shares(u[:, :n], sums.units[i, :n], edge_k)
+        red.rows["cross"][-1][:, t, i] = shares.cpu()
+        if n == n_pos:
+            red.rows["same"][-1][:, i] = same.cpu()
+
+
+def _study(
+    info: Any,
+    batch: TokenBatch,
+    sums: SimilaritySums,
+    attn: torch.Tensor,
+    main: Sums,
+    cross: Sums | None,
+    chosen: tuple[int, ...],
+    lag_list: tuple[int, ...],
+    first: int,
+    edge_k: int,
+    *,
+    n_heads: int,
+) -> LengthStudy:
+    """The :class:`~homoglens.results.lengths.LengthStudy` of the merged sums and rows: per
+    length T the statistics of the first T positions, the curves of the longest length
+    (``cross``: the pseudo-value rows, ``None`` without them)."""
+    f64 = torch.float64
     n_all = len(batch)
-    if world()[1] > 1:
-        all_reduce_sum([sums.within, sums.units, sums.n, attn])
-    cross_rows: list[torch.Tensor] = []  # [batch length layer stat]
-    same_rows: list[torch.Tensor] = []  # [batch layer pos]
-
-    def cross(i: int, u: torch.Tensor) -> None:
-        """The second pass: each window's share of the cross-window terms, at every length."""
-        if i == 0:
-            b = int(u.shape[0])
-            n_stat = len(SIMILARITY_STATISTICS)
-            cpu = {"dtype": f64, "device": "cpu"}
-            cross_rows.append(torch.zeros(b, len(chosen), len(entries), n_stat, **cpu))
-            same_rows.append(torch.zeros(b, len(entries), n_pos, **cpu))
-        for t, length in enumerate(chosen):
-            n = length - first
-            shares, same = cross_shares(u[:, :n], sums.units[i, :n], edge_k)
-            cross_rows[-1][:, t, i] = shares.cpu()
-            if n == n_pos:
-                same_rows[-1][:, i] = same.cpu()
-
-    if kept is not None:
-        for a in range(0, filled[0], batch_size):
-            for i in range(len(entries)):
-                cross(i, kept[i, a : a + batch_size])
-        del kept
-    elif pseudo_values:
-
-        def again(i: int) -> Any:
-            def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
-                work = torch.float64 if x.dtype == torch.float64 else torch.float32
-                cross(i, sums.units_of(i, x.detach()[:, first:].to(work))[0])
-
-            return hook
-
-        stream(
-            model,
-            batch,
-            [Sums([(resid_hook_name(e), again(i)) for i, e in enumerate(entries)])],
-            batch_size=batch_size,
-            desc="length sweep (pseudo-values)",
-            progress=progress,
-        )
-
-    def gathered(parts: list[torch.Tensor], *shape: int) -> torch.Tensor:
-        local = torch.cat([torch.empty(0, *shape, dtype=f64, device="cpu"), *parts])
-        return gather_rows(local, n_all, device).cpu() if world()[1] > 1 else local
-
-    n_stat = len(SIMILARITY_STATISTICS)
-    per_window = gathered(rows, len(chosen), len(entries), n_stat)
-    window_cross = gathered(cross_rows, len(chosen), len(entries), n_stat)
-    window_same = gathered(same_rows, len(entries), n_pos)
+    n_layers = int(attn.shape[1])
+    entries = tuple(range(n_layers + 1))
+    long = chosen[-1]
+    n_pos = long - first
+    pseudo_values = cross is not None
+    norm = torch.log(torch.arange(1, long + 1, dtype=f64, device=attn.device))
+    norm[0] = math.nan
+    per_window = main.row_values("window")
+    window_cross = cross.row_values("cross") if cross is not None else None
+    window_same = cross.row_values("same") if cross is not None else None
     provenance = provenance_of(info, batch, entries, bool(first))
     stats, window_stats = [], []
     full: PositionalSimilarity | None = None
@@ -312,8 +460,8 @@ def length_study(
             unit_sum=sums.units[:, :n].cpu(),
             n_sequences=n_all,
             window_within=per_window[:, t],
-            window_cross=window_cross[:, t] if pseudo_values else None,
-            window_same_position=window_same[..., :n] if pseudo_values else None,
+            window_cross=window_cross[:, t] if window_cross is not None else None,
+            window_same_position=window_same[..., :n] if window_same is not None else None,
             first_position=first,
             edge_k=edge_k,
             provenance=provenance,

@@ -19,45 +19,44 @@ References:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 
-from homoglens.architectures import architecture_of, block_hook_name, family_of, resid_hook_name
-from homoglens.data import DataInput, to_token_batch
+from homoglens.architectures import (
+    BLOCK_POINTS,
+    architecture_of,
+    component_hook_name,
+    family_of,
+)
+from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import (
     Sums,
-    next_token_loss,
     provenance_of,
-    run_logits,
-    run_through,
     stream,
 )
 from homoglens.errors import InvalidInputError
-from homoglens.homogenization import homogenization_sums, positions_from_mask
-from homoglens.interventions import position_ablation_hooks, residual_write_hooks
+from homoglens.interventions import position_ablation_hooks
 from homoglens.models import model_info
+from homoglens.patching_passes import PatchPasses, PatchRunner
 from homoglens.results.patching import PositionalPatchingResult
-from homoglens.sink_math import edge_totals, scalar_metric_weights
+from homoglens.sink_math import edge_totals
 from homoglens.types import (
     PATCH_COMPONENTS,
     PATCH_METRICS,
     POSITION_ABLATIONS,
-    RESIDUAL_SITES,
     BosPolicy,
-    FwdHooks,
     HookedModel,
-    HookFn,
     HookSpec,
     PatchComponent,
     PatchDirection,
     PatchMetric,
     PositionAblation,
 )
-from homoglens.validate import as_bool, as_int, require_finite
+from homoglens.validate import as_bool, as_int, block_index
 
 if TYPE_CHECKING:
     pass
@@ -71,14 +70,6 @@ __all__ = [
 
 
 MetricFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | float]
-
-_HOOK_POINTS = {  # the block hook point each component is read and written at
-    "resid_pre": "hook_resid_pre",
-    "resid_mid": "hook_resid_mid",
-    "attn_out": "hook_attn_out",
-    "mlp_out": "hook_mlp_out",
-    "head": "attn.hook_z",
-}
 
 
 def _check_metrics(metric: Any) -> tuple[list[str | MetricFn], tuple[str, ...]]:
@@ -196,12 +187,93 @@ def positional_patching(
     """
     progress = as_bool("progress", progress)
     info = model_info(model)
+    request = _check_request(model, how, component, metric, direction, layers, metric_layer)
+    batch_size = as_int("batch_size", batch_size, low=1)
+    cell_batch = as_int("cell_batch", cell_batch, low=1)
+    edge_k = as_int("edge_k", edge_k, low=1)
+    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    _check_lengths(batch, request, edge_k)
+    n_pos = int(batch.lengths.max())
+    if component == "positions":
+        cells, cell_axis = ((0, n_pos),), "pos"
+    else:
+        cells, cell_axis = _check_cells(component, bins, n_pos, int(model.cfg.n_heads))
+    options: dict[str, Any] = {"permute": {"seed": seed}, "shift": {"shift": shift}}.get(how, {})
+    ablation = position_ablation_hooks(model, how, **options)
+    order = torch.sort(batch.lengths, stable=True).indices  # uniform-length batches
+    batch = batch[order]
+    passes = _patch_passes(
+        model, info, request, batch, component=component, direction=direction, how=how,
+        options=options, ablation=ablation, cells=cells, cell_axis=cell_axis,
+        cell_batch=cell_batch, edge_k=edge_k,
+    )  # fmt: skip
+    stream(
+        model,
+        batch,
+        [passes.red],
+        batch_size=batch_size,
+        desc="patching",
+        progress=progress,
+        step=passes.step,
+        uniform_length=True,
+    )
+    blocks_run = float(passes.red.sums["blocks_run"])
+    full = int(model.cfg.n_layers) * len(batch)
+    batching = _batching(
+        component, cell_batch, batch_size, info.backend == "hooked", request.needs_logits,
+        request.measured,
+    )  # fmt: skip
+    return PositionalPatchingResult(
+        component=component,
+        how=how,
+        direction=direction,
+        metrics=request.names,
+        metric_layer=request.measured,
+        layers=request.layers,
+        cells=cells,
+        cell_axis=cell_axis,
+        patched=passes.patched,
+        normal=passes.normal,
+        ablated=passes.ablated,
+        n_sequences=len(batch),
+        forward_equivalents=blocks_run / full,
+        batching=batching,
+        provenance=provenance_of(info, batch, (request.measured,), False),
+    )
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The checked choices of one :func:`positional_patching` call: the metrics (and their
+    names), the residual entry they are read at, whether any needs the logits, the indices of
+    the homogenization metrics, whether positions are learned-absolute, and the blocks patched."""
+
+    metrics: list[str | MetricFn]
+    names: tuple[str, ...]
+    measured: int
+    needs_logits: bool
+    homog: list[int]
+    learned: bool
+    layers: tuple[int, ...]
+
+
+def _check_request(
+    model: HookedModel,
+    how: Any,
+    component: Any,
+    metric: Any,
+    direction: Any,
+    layers: Any,
+    metric_layer: Any,
+) -> _Request:
+    """Check ``component``, ``direction``, ``how``, ``metric``, ``metric_layer`` and ``layers``
+    of :func:`positional_patching` in that order, and resolve the metrics and the blocks."""
     # only component="positions" needs to know where position enters (a table row)
     spec = architecture_of(model) if component == "positions" else None
-    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    n_layers = int(model.cfg.n_layers)
     if component not in PATCH_COMPONENTS:
         raise InvalidInputError(f"component={component!r} must be one of {PATCH_COMPONENTS}")
-    if component == "resid_mid" and "blocks.0.hook_resid_mid" not in model.hook_dict:
+    if component == "resid_mid" and component_hook_name(0, "resid_mid") not in model.hook_dict:
         raise InvalidInputError(  # e.g. GPT-NeoX / Pythia with parallel attention and MLP
             f"component='resid_mid' does not exist in this {family_of(model)} model (attention and "
             "MLP run in parallel); patch 'attn_out' or 'mlp_out' instead"
@@ -217,6 +289,21 @@ def positional_patching(
     needs_logits = any(m == "loss" or callable(m) for m in chosen_metrics)
     homog = [i for i, m in enumerate(chosen_metrics) if isinstance(m, str) and m != "loss"]
     learned = spec is not None and spec.positional == "learned_absolute"
+    chosen_layers = _choose_layers(model, layers, component, measured, needs_logits, learned)
+    return _Request(chosen_metrics, names, measured, needs_logits, homog, learned, chosen_layers)
+
+
+def _choose_layers(
+    model: HookedModel,
+    layers: Any,
+    component: str,
+    measured: int,
+    needs_logits: bool,
+    learned: bool,
+) -> tuple[int, ...]:
+    """The blocks to patch: ``layers`` checked (distinct blocks that can change the metrics
+    read at residual entry ``measured``), or by default every block that can change them."""
+    n_layers = int(model.cfg.n_layers)
     if layers is None and component == "positions" and learned:
         chosen_layers: tuple[int, ...] = (0,)
     elif layers is None:  # every block that can change the metrics
@@ -227,7 +314,7 @@ def positional_patching(
         )
         if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
             raise InvalidInputError(f"layers={layers!r} must be a list of block indices")
-        chosen_layers = tuple(as_int("layer", x, low=0, high=n_layers - 1) for x in given)
+        chosen_layers = tuple(block_index("layers", x, n_layers) for x in given)
         if not chosen_layers or len(set(chosen_layers)) != len(chosen_layers):
             raise InvalidInputError(f"layers={layers!r} must be distinct blocks")
         # resid_pre of block l is residual entry l itself (where the metric is read); every
@@ -250,10 +337,13 @@ def positional_patching(
         raise InvalidInputError(
             f"no block before metric_layer={measured} can change the metric; raise metric_layer"
         )
-    batch_size = as_int("batch_size", batch_size, low=1)
-    cell_batch = as_int("cell_batch", cell_batch, low=1)
-    edge_k = as_int("edge_k", edge_k, low=1)
-    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    return chosen_layers
+
+
+def _check_lengths(batch: TokenBatch, request: _Request, edge_k: int) -> None:
+    """Reject sequences too short for the edge metrics (``2 * edge_k + 2`` tokens) or, when a
+    metric needs the logits, for a next-token loss (2 tokens)."""
+    chosen_metrics, homog = request.metrics, request.homog
     if any(chosen_metrics[i] in ("first_excess", "last_excess") for i in homog):
         short = torch.nonzero(batch.lengths < 2 * edge_k + 2).flatten().tolist()
         if short:
@@ -261,27 +351,42 @@ def positional_patching(
                 f"sequences {short[:10]} have fewer than 2 * edge_k + 2 = {2 * edge_k + 2} "
                 "tokens; use a smaller edge_k or longer sequences"
             )
-    if needs_logits and bool((batch.lengths < 2).any()):
+    if request.needs_logits and bool((batch.lengths < 2).any()):
         short = torch.nonzero(batch.lengths < 2).flatten().tolist()
         raise InvalidInputError(
             f"sequences {short[:10]} have a single token, so no next-token loss; drop them or "
             "use a homogenization metric"
         )
-    n_pos = int(batch.lengths.max())
-    if component == "positions":
-        cells, cell_axis = ((0, n_pos),), "pos"
-    else:
-        cells, cell_axis = _check_cells(component, bins, n_pos, n_heads)
-    options: dict[str, Any] = {"permute": {"seed": seed}, "shift": {"shift": shift}}.get(how, {})
-    ablation = position_ablation_hooks(model, how, **options)
-    order = torch.sort(batch.lengths, stable=True).indices  # uniform-length batches
-    batch = batch[order]
+
+
+def _patch_passes(
+    model: HookedModel,
+    info: Any,
+    request: _Request,
+    batch: TokenBatch,
+    *,
+    component: str,
+    direction: str,
+    how: PositionAblation,
+    options: dict[str, Any],
+    ablation: list[HookSpec],
+    cells: tuple[tuple[int, int], ...],
+    cell_axis: str,
+    cell_batch: int,
+    edge_k: int,
+) -> PatchPasses:
+    """The per-batch passes of :func:`positional_patching` over the length-sorted ``batch``:
+    the metric runner, the zeroed sums, the hooks of every cell and the blocks each pass
+    starts at (HookedTransformer: the patched block) and ends at."""
+    n_layers = int(model.cfg.n_layers)
+    chosen_metrics, homog, measured = request.metrics, request.homog, request.measured
+    needs_logits, chosen_layers = request.needs_logits, request.layers
     totals = edge_totals(batch.lengths, 0, edge_k) if homog else None
     skip = info.backend == "hooked"
-    runner = _Runner(
+    runner = PatchRunner(
         model, chosen_metrics, homog, measured, needs_logits, totals, edge_k, len(batch)
     )
-    n_m, n_l, n_c = len(names), len(chosen_layers), len(cells)
+    n_m, n_l, n_c = len(request.names), len(chosen_layers), len(cells)
     cpu = {"dtype": torch.float64, "device": "cpu"}
     patched = torch.zeros(n_m, n_l, n_c, **cpu)
     normal = torch.zeros(n_m, **cpu)
@@ -290,13 +395,15 @@ def positional_patching(
     # blocks.{l}.hook_resid_pre, before block l), so blocks 0 .. l - 1 run.
     end = n_layers if needs_logits else measured
     hook_names = (
-        [block_hook_name(layer, _HOOK_POINTS[component]) for layer in chosen_layers]
-        if component in _HOOK_POINTS
+        [component_hook_name(layer, component) for layer in chosen_layers]
+        if component in BLOCK_POINTS
         else []
     )
     ablation_of: list[list[HookSpec]] = []
     if component == "positions":  # the ablation's own hooks, one set per cell
-        ablation_of = _positions_cells(model, how, options, chosen_layers, direction, learned)
+        ablation_of = _positions_cells(
+            model, how, options, chosen_layers, direction, request.learned
+        )
     source_run = "normal" if direction == "restore" else "ablated"
     receiving_hooks = ablation if direction == "restore" else []
     starts = {
@@ -311,55 +418,39 @@ def positional_patching(
             "blocks_run": torch.zeros((), dtype=torch.float64, device="cpu"),
         }
     )
-
-    def step(tokens: torch.Tensor, mask: torch.Tensor) -> None:
-        stores: dict[str, dict[str, torch.Tensor]] = {"normal": {}, "ablated": {}}
-        for run, hooks, out in (("normal", [], normal), ("ablated", ablation, ablated)):
-            wanted = hook_names if run == source_run and component != "positions" else []
-            if run != source_run:  # the receiving run: its resid_pre, to start passes from
-                wanted = [block_hook_name(x, "hook_resid_pre") for x in chosen_layers if starts[x]]
-                wanted = wanted if component != "positions" else []
-            grab = [(name, _keep(stores[run], name)) for name in dict.fromkeys(wanted)]
-            out += runner.run(tokens, mask, [*hooks, *grab], copies=1, start=None)[:, 0]
-        red.sums["blocks_run"] += 2 * end * len(tokens)
-        if component == "positions":
-            for i, hooks in enumerate(ablation_of):
-                values = runner.run(tokens, mask, hooks, copies=1, start=None)
-                patched[:, i, 0] += values[:, 0]
-                red.sums["blocks_run"] += end * len(tokens)
-            return
-        for i, (layer, name) in enumerate(zip(chosen_layers, hook_names, strict=True)):
-            source = stores[source_run][name]
-            receiving = stores["ablated" if direction == "restore" else "normal"]
-            for lo in range(0, n_c, cell_batch):
-                chunk = cells[lo : lo + cell_batch]
-                patch = _patch_hook(source, chunk, cell_axis)
-                values = runner.run(
-                    tokens,
-                    mask,
-                    [*receiving_hooks, *_write(model, component, layer, name, patch)],
-                    copies=len(chunk),
-                    start=receiving[block_hook_name(layer, "hook_resid_pre")]
-                    if starts[layer]
-                    else None,
-                    start_layer=layer if starts[layer] else None,
-                )
-                patched[:, i, lo : lo + len(chunk)] += values
-                begin = layer if starts[layer] else 0
-                red.sums["blocks_run"] += max(end - begin, 0) * len(tokens) * len(chunk)
-
-    stream(
-        model,
-        batch,
-        [red],
-        batch_size=batch_size,
-        desc="patching",
-        progress=progress,
-        step=step,
-        uniform_length=True,
+    return PatchPasses(
+        model=model,
+        runner=runner,
+        component=component,
+        direction=direction,
+        layers=chosen_layers,
+        cells=cells,
+        cell_axis=cell_axis,
+        cell_batch=cell_batch,
+        hook_names=hook_names,
+        ablation=ablation,
+        ablation_of=ablation_of,
+        source_run=source_run,
+        receiving_hooks=receiving_hooks,
+        starts=starts,
+        end=end,
+        patched=patched,
+        normal=normal,
+        ablated=ablated,
+        red=red,
     )
-    blocks_run = float(red.sums["blocks_run"])
-    full = n_layers * len(batch)
+
+
+def _batching(
+    component: str,
+    cell_batch: int,
+    batch_size: int,
+    skip: bool,
+    needs_logits: bool,
+    measured: int,
+) -> str:
+    """How :func:`positional_patching` batched its passes, in words (``skip``: passes start at
+    the patched block)."""
     if component == "positions":
         batching = "one forward pass per block (each cell changes which blocks are ablated)"
     else:
@@ -374,23 +465,7 @@ def positional_patching(
             )
         )
     batching += "" if needs_logits else f"; passes end at residual entry {measured}"
-    return PositionalPatchingResult(
-        component=component,
-        how=how,
-        direction=direction,
-        metrics=names,
-        metric_layer=measured,
-        layers=chosen_layers,
-        cells=cells,
-        cell_axis=cell_axis,
-        patched=patched,
-        normal=normal,
-        ablated=ablated,
-        n_sequences=len(batch),
-        forward_equivalents=blocks_run / full,
-        batching=batching,
-        provenance=provenance_of(info, batch, (measured,), False),
-    )
+    return batching
 
 
 def _positions_cells(
@@ -416,156 +491,3 @@ def _positions_cells(
             position_ablation_hooks(model, how, layers=blocks, **options) if blocks else []
         )
     return cells
-
-
-def _write(model: HookedModel, component: str, layer: int, name: str, patch: HookFn) -> FwdHooks:
-    """Hooks that write ``patch`` at ``component`` of block ``layer``: the residual stream itself
-    for ``resid_*`` (:func:`~homoglens.interventions.residual_write_hooks`), else the hook."""
-    if component in RESIDUAL_SITES:
-        return residual_write_hooks(model, component, layer, patch)
-    return [(name, patch)]
-
-
-def _keep(store: dict[str, torch.Tensor], name: str) -> Callable[[torch.Tensor, Any], None]:
-    def hook(activation: torch.Tensor, hook: Any) -> None:
-        store[name] = activation.detach().clone()
-
-    return hook
-
-
-def _patch_hook(
-    source: torch.Tensor, cells: tuple[tuple[int, int], ...], cell_axis: str
-) -> Callable[[torch.Tensor, Any], torch.Tensor]:
-    """Hook patching ``source`` into copy j of the batch at cell j (positions or a head)."""
-    b, width = source.shape[0], source.shape[1]
-    n = len(cells)
-    if cell_axis == "pos":
-        where = torch.zeros(n, 1, width, dtype=torch.bool, device="cpu")
-        for j, (start, stop) in enumerate(cells):
-            where[j, 0, start:stop] = True
-        where = where.view(n, 1, width, *([1] * (source.ndim - 2)))
-    else:  # one head per copy: source is [batch pos head_index d_head]
-        where = torch.zeros(n, 1, 1, source.shape[2], 1, dtype=torch.bool, device="cpu")
-        for j, (head, _) in enumerate(cells):
-            where[j, 0, 0, head, 0] = True
-    where = where.to(source.device)
-
-    def hook(activation: torch.Tensor, hook: Any) -> torch.Tensor:
-        view = activation.view(n, b, *activation.shape[1:])
-        return torch.where(where, source[None], view).view_as(activation)
-
-    return hook
-
-
-class _Runner:
-    """Runs (copies of) a batch with hooks and returns each metric summed per copy."""
-
-    def __init__(
-        self,
-        model: HookedModel,
-        metrics: list[Any],
-        homog: list[int],
-        measured: int,
-        needs_logits: bool,
-        totals: torch.Tensor | None,
-        edge_k: int,
-        n_sequences: int,
-    ) -> None:
-        self.model, self.metrics, self.homog = model, metrics, homog
-        self.measured, self.needs_logits = measured, needs_logits
-        self.totals, self.edge_k, self.n = totals, edge_k, n_sequences
-
-    def run(
-        self,
-        tokens: torch.Tensor,
-        mask: torch.Tensor,
-        hooks: list[tuple[str, Any]],
-        *,
-        copies: int,
-        start: torch.Tensor | None,
-        start_layer: int | None = None,
-    ) -> Float[torch.Tensor, "metric copy"]:
-        """Metric contributions (already divided by the corpus size) of each copy."""
-        b = tokens.shape[0]
-        out = torch.zeros(len(self.metrics), copies, dtype=torch.float64, device="cpu")
-        rows_mask = mask.repeat(copies, 1)
-        captured: dict[str, torch.Tensor] = {}
-
-        def measure(resid: torch.Tensor, hook: Any) -> None:
-            captured["resid"] = resid
-
-        fwd_hooks = list(hooks)
-        measured = ""
-        if self.homog:
-            # Entry l of the residual axis is read at blocks.{l}.hook_resid_pre (the same vector
-            # as blocks.{l-1}.hook_resid_post), so a patch of resid_pre at block l reaches it.
-            n_layers = int(self.model.cfg.n_layers)
-            measured = (
-                block_hook_name(self.measured, "hook_resid_pre")
-                if 0 < self.measured < n_layers
-                else resid_hook_name(self.measured)
-            )
-            fwd_hooks.append((measured, measure))
-        kwargs: dict[str, Any] = {"attention_mask": rows_mask}
-        if start is not None:
-            inputs = start.repeat(copies, *([1] * (start.ndim - 1)))
-            kwargs["start_at_layer"] = start_layer
-        else:
-            inputs = tokens.repeat(copies, 1)
-        logits = torch.empty(0, device=tokens.device)
-        if self.needs_logits or not self.homog:
-            logits = run_logits(self.model, inputs, fwd_hooks, **kwargs)
-        else:  # end the pass at the measured entry: no later block, no unembedding
-            run_through(self.model, inputs, measured, fwd_hooks, **kwargs)
-        if self.homog:
-            lengths = rows_mask.sum(1)
-            sums = homogenization_sums(
-                captured.pop("resid"),
-                positions_from_mask(rows_mask),
-                tokens.shape[1],
-                per_sequence=True,
-            )
-            assert self.totals is not None
-            w = scalar_metric_weights(lengths, tokens.shape[1], 0, self.edge_k, self.totals)
-            per_row = (w * sums["seq_to_others"].nan_to_num(0.0).cpu()).sum(-1)  # [3 rows]
-            index = {"mean_pairwise": 0, "first_excess": 1, "last_excess": 2}
-            for m in self.homog:
-                out[m] = per_row[index[self.metrics[m]]].view(copies, b).sum(1)
-        if self.needs_logits:
-            rows_tokens = tokens.repeat(copies, 1)
-            for m, metric in enumerate(self.metrics):
-                if metric == "loss":
-                    loss = next_token_loss(logits, rows_tokens, rows_mask).double().cpu()
-                    # NaN/inf logits make a sequence's loss non-finite: checked there, without
-                    # a copy of [rows pos d_vocab]
-                    require_finite(loss, "logits (unembed.hook_out)", "per-sequence losses")
-                    out[m] = loss.view(copies, b).sum(1) / self.n
-                elif callable(metric):
-                    for j in range(copies):
-                        rows = slice(j * b, (j + 1) * b)
-                        try:  # a copy: a metric that edits its input cannot touch the others
-                            value = metric(logits[rows].clone(), rows_tokens[rows], rows_mask[rows])
-                        except TypeError as err:
-                            name = getattr(metric, "__name__", "metric")
-                            raise InvalidInputError(
-                                f"metric {name} failed: {err}; it must accept (logits [batch pos "
-                                "d_vocab], tokens [batch pos], attention_mask [batch pos])"
-                            ) from err
-                        out[m, j] = _scalar(value, metric) * b / self.n
-        return out
-
-
-def _scalar(value: Any, metric: Any) -> float:
-    name = getattr(metric, "__name__", "metric")
-    if hasattr(value, "shape") and not isinstance(value, torch.Tensor):  # numpy scalar/array
-        value = torch.as_tensor(value)
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.is_complex():
-            raise InvalidInputError(
-                f"metric {name} returned a tensor of shape {tuple(value.shape)}; it must return "
-                "a scalar (the mean over the given sequences)"
-            )
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidInputError(f"metric {name} returned {value!r}; it must return a finite scalar")
-    return float(value)

@@ -27,16 +27,9 @@ from homoglens.data import (
     require_min_tokens,
     to_token_batch,
 )
-from homoglens.distributed import (
-    all_reduce_sum,
-    gather_rows,
-    world,
-)
+from homoglens.distributed import world
 from homoglens.engine import (
-    Reducer,
-    icl_score,
-    mean_nll,
-    next_token_nll,
+    Sums,
     provenance_of,
     said_copies,
     stream,
@@ -57,6 +50,7 @@ from homoglens.homogenization import (
     unsynced,
     work_dtype,
 )
+from homoglens.losses import icl_score, mean_nll, next_token_nll
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
 from homoglens.results.profile import ProfileSums
@@ -162,29 +156,11 @@ def homogenization_profile(
     exclude_first = as_bool("exclude_first", exclude_first)
     effective_rank = as_bool("effective_rank", effective_rank)
     if dataset_kind(data) is not None:
-        if attention_mask is not None:
-            raise InvalidInputError(
-                "attention_mask is only for token input; text is padded and masked by homoglens"
-            )
-        # every rank reads the whole stream and takes its shard of each part
-        stream = DatasetStream(
-            model,
-            data,
-            rows=batch_size * world()[1],
-            n_seq=n_seq,
-            bos=bos,
-            text_column=text_column,
-        )
+        stream = _dataset_stream(model, data, attention_mask, bos, text_column, n_seq, batch_size)
         return _streamed_profile(
-            model,
-            info,
-            stream,
-            chosen,
-            batch_size=batch_size,
-            exclude_first=exclude_first,
-            effective_rank=effective_rank,
-            progress=progress,
-        )
+            model, info, stream, chosen, batch_size=batch_size, exclude_first=exclude_first,
+            effective_rank=effective_rank, progress=progress,
+        )  # fmt: skip
     batch = to_token_batch(
         model, data, attention_mask=attention_mask, bos=bos, text_column=text_column, n_seq=n_seq
     )
@@ -201,6 +177,37 @@ def homogenization_profile(
         progress=progress,
     )
     return run.accumulator.profile(chosen, provenance_of(info, batch, chosen, exclude_first))
+
+
+def _dataset_stream(
+    model: HookedModel,
+    data: DataInput,
+    attention_mask: torch.Tensor | None,
+    bos: BosPolicy | bool,
+    text_column: str,
+    n_seq: int | None,
+    batch_size: int,
+) -> DatasetStream:
+    """The :class:`~homoglens.data.DatasetStream` of the Hugging Face dataset ``data``, read
+    ``batch_size`` rows per rank at a time (every rank reads the whole stream and takes its
+    shard of each part).
+
+    Raises:
+        InvalidInputError: an ``attention_mask`` was given (text is padded by homoglens).
+    """
+    if attention_mask is not None:
+        raise InvalidInputError(
+            "attention_mask is only for token input; text is padded and masked by homoglens"
+        )
+    # every rank reads the whole stream and takes its shard of each part
+    return DatasetStream(
+        model,
+        data,
+        rows=batch_size * world()[1],
+        n_seq=n_seq,
+        bos=bos,
+        text_column=text_column,
+    )
 
 
 def _warn_one_sequence(stacklevel: int = 3) -> None:
@@ -284,10 +291,12 @@ GROUP_BYTES = 256 << 20
 """Bytes of scaled vectors a profile reads at once on a GPU (entries of one batch grouped)."""
 
 
-class ProfileReducer(Reducer):
+class ProfileReducer(Sums):
     """The profile's share of a streamed pass: the residual stream at the chosen entries,
     reduced inside hooks to mergeable sums (and, on request, per-sequence values and the
-    next-token loss, for the paired ablation study)."""
+    next-token loss, for the paired ablation study). The sums of its
+    :class:`~homoglens.results.profile.ProfileSums` and the per-sequence rows are declared
+    to :class:`~homoglens.engine.Sums`, which merges them over ranks."""
 
     def __init__(
         self,
@@ -303,15 +312,42 @@ class ProfileReducer(Reducer):
         self.device = next(iter(model.parameters())).device  # stream() checks the model
         self.n_pos, self.chosen = n_pos, chosen
         self.exclude_first, self.effective_rank = exclude_first, effective_rank
-        self.per_sequence, self.needs_logits = per_sequence, loss
-        self.accumulator = ProfileSums(
+        self.per_sequence = per_sequence
+        self.accumulator = acc = ProfileSums(
             len(chosen), n_pos, int(model.cfg.d_model), self.device, effective_rank
         )
-        self.seq_to_others: list[torch.Tensor] = []  # [batch layer pos] float32, CPU
-        self.seq_mean_pairwise: list[torch.Tensor] = []  # [batch layer]
-        self.seq_loss: list[torch.Tensor] = []  # [batch] mean next-token loss, nats
-        self.seq_icl: list[torch.Tensor] = []  # [batch] in-context-learning score, nats
+        rows: dict[str, tuple[int, ...]] = {}
+        if per_sequence:
+            rows["seq_to_others"] = (len(chosen), n_pos)  # [batch layer pos] float32, CPU
+            rows["seq_mean_pairwise"] = (len(chosen),)  # [batch layer]
+        if loss:
+            rows["seq_loss"] = ()  # [batch] mean next-token loss, nats
+            rows["seq_icl"] = ()  # [batch] in-context-learning score, nats
+        sums = {**acc.layer_pos, **acc.layer, "unit_sum": acc.unit_sum, **acc.pos, **acc.scalars}
+        super().__init__(sums=sums, rows=rows)
+        self.needs_logits = loss
         self.state: dict[str, Any] = {}
+
+    @property
+    def seq_to_others(self) -> list[torch.Tensor]:
+        """``[batch layer pos]`` float32 CPU parts: each sequence's mean cosine of a token to
+        the other tokens, per entry and position (``per_sequence``; NaN where not counted)."""
+        return [part.float() for part in self.rows.get("seq_to_others", [])]
+
+    @property
+    def seq_mean_pairwise(self) -> list[torch.Tensor]:
+        """``[batch layer]`` float32 CPU parts: each sequence's mean pairwise cosine."""
+        return [part.float() for part in self.rows.get("seq_mean_pairwise", [])]
+
+    @property
+    def seq_loss(self) -> list[torch.Tensor]:
+        """``[batch]`` float32 CPU parts: each sequence's mean next-token loss (nats)."""
+        return [part.float() for part in self.rows.get("seq_loss", [])]
+
+    @property
+    def seq_icl(self) -> list[torch.Tensor]:
+        """``[batch]`` float64 CPU parts: each sequence's in-context-learning score (nats)."""
+        return list(self.rows.get("seq_icl", []))
 
     def hooks(self) -> list[HookSpec]:
         names = [resid_hook_name(layer) for layer in self.chosen]
@@ -409,31 +445,14 @@ class ProfileReducer(Reducer):
                 )
                 seq = sums["seq_to_others"].transpose(0, 1)
                 others[..., : seq.shape[-1]] = seq
-                self.seq_to_others.append(others.float().cpu())
-                self.seq_mean_pairwise.append(sums["seq_mean_pairwise"].T.float().cpu())
+                self.rows["seq_to_others"].append(others.float().cpu())
+                self.rows["seq_mean_pairwise"].append(sums["seq_mean_pairwise"].T.float().cpu())
         self.state.clear()
 
     def logits(self, logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> None:
         nll = next_token_nll(logits, tokens)
-        self.seq_loss.append(mean_nll(nll, mask).cpu())
-        self.seq_icl.append(icl_score(nll, mask).cpu())
-
-    def all_reduce(self, n_all: int, device: torch.device) -> None:
-        """Sum the statistics over all ranks and gather per-sequence values in input order."""
-        acc = self.accumulator
-        tensors = [*acc.layer_pos.values(), *acc.layer.values(), acc.unit_sum, *acc.pos.values()]
-        all_reduce_sum([*tensors, *acc.scalars.values()])
-        n_layer, n_pos = len(self.chosen), self.n_pos
-        if self.per_sequence:
-            others = torch.cat([torch.empty(0, n_layer, n_pos, device="cpu"), *self.seq_to_others])
-            pairwise = torch.cat([torch.empty(0, n_layer, device="cpu"), *self.seq_mean_pairwise])
-            self.seq_to_others = [gather_rows(others, n_all, device)]
-            self.seq_mean_pairwise = [gather_rows(pairwise, n_all, device)]
-        if self.needs_logits:
-            losses = torch.cat([torch.empty(0, device="cpu"), *self.seq_loss])
-            self.seq_loss = [gather_rows(losses, n_all, device)]
-            icl = torch.cat([torch.empty(0, dtype=torch.float64, device="cpu"), *self.seq_icl])
-            self.seq_icl = [gather_rows(icl, n_all, device)]
+        self.rows["seq_loss"].append(mean_nll(nll, mask).cpu())
+        self.rows["seq_icl"].append(icl_score(nll, mask).cpu())
 
 
 def profile_pass(

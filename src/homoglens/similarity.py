@@ -18,7 +18,6 @@ pass for jackknife pseudo-values (``pseudo_values=True``). Sums are float64; und
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal
@@ -29,7 +28,7 @@ from jaxtyping import Float, Int
 from homoglens.architectures import resid_hook_name
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.distributed import world
-from homoglens.engine import Sums, model_device, provenance_of, stream
+from homoglens.engine import Sums, merge, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError
 from homoglens.models import model_info
 from homoglens.results import Provenance
@@ -37,16 +36,24 @@ from homoglens.results.similarity import PositionalSimilarity
 from homoglens.similarity_math import (
     ACTIVATION_CACHE_BYTES,
     ONE_WINDOW,
-    SimilaritySums,
     activation_fields,
-    centre_moments,
+    first_counted,
+)
+from homoglens.similarity_options import (
+    SimilarityOptions,
     check_drop_dims,
     check_similarity_options,
+)
+from homoglens.similarity_passes import (
+    Feed,
+    Merged,
+    SimilaritySums,
+    Take,
+    centre_moments,
     cross_pass,
     drop_dimensions,
     edge_groups,
     finish_fields,
-    first_counted,
     main_pass,
 )
 from homoglens.types import (
@@ -198,10 +205,33 @@ def positional_similarity(
         ((3, 24, 24), (3, 24))
     """
     info = model_info(model)
-    n_layers = int(model.cfg.n_layers)
-    space, centre, standardize, edge_k, massive_threshold, pseudo_values = check_similarity_options(
+    options = check_similarity_options(
         space, centre, standardize, edge_k, massive_threshold, pseudo_values
     )
+    chosen, batch_size, drop_dims, progress = _check_run(
+        model, layers, options.space, batch_size, drop_dims, progress
+    )
+    batch = to_token_batch(
+        model, data, attention_mask=attention_mask, bos=bos, text_column=text_column
+    )
+    first = _first_position(batch, exclude_first, offset, options.edge_k)
+    passes = _Passes(model, batch, chosen, first, options, drop_dims, batch_size)
+    passes.run(progress)
+    provenance = _provenance(info, batch, chosen, first, options.space)
+    return PositionalSimilarity(**passes.fields(), provenance=provenance)
+
+
+def _check_run(
+    model: HookedModel,
+    layers: Any,
+    space: SimilaritySpace,
+    batch_size: Any,
+    drop_dims: Any,
+    progress: Any,
+) -> tuple[tuple[int, ...], int, int, bool]:
+    """:func:`positional_similarity`'s run options, checked: the layer entries measured
+    (``final_norm``: the last one only), ``batch_size``, ``drop_dims`` and ``progress``."""
+    n_layers = int(model.cfg.n_layers)
     if space == "final_norm":
         if layers is not None and check_layers(layers, n_layers) != (n_layers,):
             raise InvalidInputError(
@@ -214,9 +244,12 @@ def positional_similarity(
     batch_size = as_int("batch_size", batch_size, low=1)
     drop_dims = check_drop_dims(drop_dims, int(model.cfg.d_model))
     progress = as_bool("progress", progress)
-    batch = to_token_batch(
-        model, data, attention_mask=attention_mask, bos=bos, text_column=text_column
-    )
+    return chosen, batch_size, drop_dims, progress
+
+
+def _first_position(batch: TokenBatch, exclude_first: Any, offset: Any, edge_k: int) -> int:
+    """The first counted position of windows of one length (``exclude_first``, ``offset``),
+    checked to leave room for two edges of ``edge_k`` positions and a middle."""
     lengths = batch.lengths
     if int(lengths.min()) != int(lengths.max()):
         raise InvalidInputError(
@@ -229,68 +262,38 @@ def positional_similarity(
     first = max(first_counted(exclude_first, batch.bos), offset)
     n_pos = int(lengths[0]) - first
     edge_groups(n_pos, edge_k)
-    device = model_device(model)
-    n_all = len(batch)
-    if n_all == 1:
-        warnings.warn(ONE_WINDOW, stacklevel=2)
-    sums = SimilaritySums(len(chosen), n_pos, int(model.cfg.d_model), edge_k, device)
-    to_space = _space_fn(model, space)
-    names = [resid_hook_name(layer) for layer in chosen]
+    return first
 
-    # With more than one pass (centring, pseudo-values), the passes after the first replay this
-    # rank's vectors when they fit in the budget, instead of running the model again.
-    shard = -(-n_all // world()[1])
-    width = 8 if next(iter(model.parameters())).dtype == torch.float64 else 4
-    size = shard * int(lengths[0]) * int(model.cfg.d_model) * len(chosen) * width
-    several = centre is not None or pseudo_values or drop_dims > 0
-    keep = several and size <= ACTIVATION_CACHE_BYTES
-    passes = _Passes(model, batch, names, to_space, first, (shard if keep else 0), batch_size)
-    feed = functools.partial(passes.feed, progress=progress)
 
-    if drop_dims:
-        drop_dimensions(
-            sums,
-            lambda fn: feed(fn, "similarity (dimension energy)"),
-            drop_dims,
-            device,
-            reduce=True,
-        )
-    if centre is not None:
-        centre_moments(
-            sums,
-            lambda fn: feed(fn, "similarity (centring)"),
-            centre,
-            standardize,
-            massive_threshold,
-            device,
-            reduce=True,
-        )
-    main_pass(sums, lambda fn: feed(fn, "similarity"), len(chosen), reduce=True)
-    if pseudo_values:
-        cross_pass(sums, lambda fn: feed(fn, "similarity (pseudo-values)"), len(chosen))
-    passes.cache = None
+def _provenance(
+    info: Any, batch: TokenBatch, chosen: tuple[int, ...], first: int, space: str
+) -> Provenance:
+    """The result's provenance (``final_norm``: the hook point read is the final norm's
+    output)."""
     provenance = provenance_of(info, batch, chosen, bool(first))
     if space == "final_norm":
         provenance = _with_hooks(provenance, ("ln_final (output, with its weights)",))
-    fields = finish_fields(
-        sums,
-        chosen,
-        n_all,
-        device,
-        first=first,
-        edge_k=edge_k,
-        space=space,
-        centre=centre,
-        standardize=standardize,
-        massive_threshold=massive_threshold,
-        pseudo=pseudo_values,
-    )
-    return PositionalSimilarity(**fields, provenance=provenance)
+    return provenance
+
+
+def _replay_rows(model: HookedModel, batch: TokenBatch, n_entries: int, several: bool) -> int:
+    """Windows of this rank's shard whose vectors the first pass keeps for the later ones:
+    the whole shard when there are later passes (``several``) and it fits in
+    :data:`ACTIVATION_CACHE_BYTES`, else 0 (every pass runs the model)."""
+    # With more than one pass (centring, pseudo-values), the passes after the first replay this
+    # rank's vectors when they fit in the budget, instead of running the model again.
+    shard = -(-len(batch) // world()[1])
+    width = 8 if next(iter(model.parameters())).dtype == torch.float64 else 4
+    size = shard * int(batch.lengths[0]) * int(model.cfg.d_model) * n_entries * width
+    keep = several and size <= ACTIVATION_CACHE_BYTES
+    return shard if keep else 0
 
 
 class _Passes:
-    """The passes of :func:`positional_similarity` over this rank's shard: the first runs the
-    model, the later ones replay its vectors when ``shard`` > 0 (they fit in the budget).
+    """The passes of :func:`positional_similarity` over this rank's shard into one
+    :class:`~homoglens.similarity_passes.SimilaritySums`: the first runs the model, the later
+    ones replay its vectors when ``shard`` > 0 (they fit in the budget); the engine merges each
+    pass over ranks.
 
     The vectors are kept in one preallocated block ``[layer window pos d]`` (not one tensor per
     batch and layer): freed at the end as a whole, it goes back to the operating system instead
@@ -301,42 +304,101 @@ class _Passes:
         self,
         model: HookedModel,
         batch: TokenBatch,
-        names: list[str],
-        to_space: Callable[[torch.Tensor], torch.Tensor],
+        chosen: tuple[int, ...],
         first: int,
-        shard: int,
+        options: SimilarityOptions,
+        drop_dims: int,
         batch_size: int,
     ) -> None:
-        self.model, self.batch, self.names, self.to_space = model, batch, names, to_space
-        self.first, self.shard, self.batch_size = first, shard, batch_size
+        self.model, self.batch, self.chosen, self.first = model, batch, chosen, first
+        self.options, self.drop_dims, self.batch_size = options, drop_dims, batch_size
+        self.device = model_device(model)
+        if len(batch) == 1:
+            warnings.warn(ONE_WINDOW, stacklevel=3)
+        n_pos, d_model = int(batch.lengths[0]) - first, int(model.cfg.d_model)
+        self.sums = SimilaritySums(len(chosen), n_pos, d_model, options.edge_k, self.device)
+        self.to_space = _space_fn(model, options.space)
+        self.names = [resid_hook_name(layer) for layer in chosen]
+        several = options.centre is not None or options.pseudo_values or drop_dims > 0
+        self.shard = _replay_rows(model, batch, len(chosen), several)
         self.cache: torch.Tensor | None = None
         self.bounds: list[tuple[int, int]] = []  # rows of each forward batch, in stream order
         self.replay = False
 
-    def feed(
-        self, fn: Callable[[int, torch.Tensor, int], None], desc: str, *, progress: bool
-    ) -> None:
+    def run(self, progress: bool) -> None:
+        """The passes asked for, in this order: ``drop_dims``'s dimension energy, the
+        centring, the main pass, the pseudo-values' cross-window shares; then the kept vectors
+        are freed."""
+        sums, options, n_layer = self.sums, self.options, len(self.chosen)
+
+        def feed(desc: str) -> Feed:
+            return lambda fn, merged: self.feed(fn, merged, desc, progress=progress)
+
+        if self.drop_dims:
+            drop_dimensions(
+                sums, feed("similarity (dimension energy)"), self.drop_dims, self.device
+            )
+        if options.centre is not None:
+            centre_moments(
+                sums,
+                feed("similarity (centring)"),
+                options.centre,
+                options.standardize,
+                options.massive_threshold,
+                self.device,
+            )
+        main_pass(sums, feed("similarity"), n_layer)
+        if options.pseudo_values:
+            cross_pass(sums, feed("similarity (pseudo-values)"), n_layer)
+        self.cache = None
+
+    def fields(self) -> dict[str, Any]:
+        """The result's fields but its provenance, after :meth:`run`."""
+        options = self.options
+        return finish_fields(
+            self.sums,
+            self.chosen,
+            len(self.batch),
+            first=self.first,
+            edge_k=options.edge_k,
+            space=options.space,
+            centre=options.centre,
+            standardize=options.standardize,
+            massive_threshold=options.massive_threshold,
+            pseudo=options.pseudo_values,
+        )
+
+    def feed(self, fn: Take, merged: Merged, desc: str, *, progress: bool) -> None:
         """Run this rank's shard once (or replay it); ``fn(i, x, first)`` gets layer ``i``'s
         ``[batch T d]`` vectors in the measured space (work dtype: float32, or float64 for a
-        float64 model). The passes sum into the caller's sums, all-reduced between passes."""
+        float64 model). ``merged``'s sums and rows are declared on the pass's
+        :class:`~homoglens.engine.Sums` reducer, which the engine merges over ranks after the
+        pass (a replay runs no pass: then the reducer's own merge, as :func:`stream` runs it)."""
+        shapes = {name: shape for name, (_, shape) in merged.rows.items()}
+        reducer = Sums(sums=merged.sums, rows=shapes)
+        for name, (parts, _) in merged.rows.items():
+            reducer.rows[name] = parts  # the pass appends its rows to the reducer's lists
         if self.replay and self.cache is not None:
             with torch.inference_mode():
                 for start, end in self.bounds:
                     for i in range(len(self.names)):
                         fn(i, self.cache[i, start:end], self.first)
-            return
-        hooks = [(name, self._hook(i, fn)) for i, name in enumerate(self.names)]
-        stream(
-            self.model,
-            self.batch,
-            [Sums(hooks)],
-            batch_size=self.batch_size,
-            desc=desc,
-            progress=progress,
-        )
-        self.replay = True
+            merge([reducer], len(self.batch), self.device)  # no pass: as stream merges
+        else:
+            reducer.add_hooks([(name, self._hook(i, fn)) for i, name in enumerate(self.names)])
+            stream(
+                self.model,
+                self.batch,
+                [reducer],
+                batch_size=self.batch_size,
+                desc=desc,
+                progress=progress,
+            )
+            self.replay = True
+        for name, (parts, _) in merged.rows.items():
+            parts[:] = reducer.rows[name]  # every rank's rows, in input order
 
-    def _hook(self, i: int, fn: Callable[[int, torch.Tensor, int], None]) -> Any:
+    def _hook(self, i: int, fn: Take) -> Any:
         def hook(resid: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
             x = self.to_space(resid)
             work = torch.float64 if x.dtype == torch.float64 else torch.float32

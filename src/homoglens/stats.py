@@ -32,8 +32,17 @@ import torch
 from jaxtyping import Float, Int
 
 from homoglens.errors import InvalidInputError
+from homoglens.resampling import (
+    LARGEST,
+    as_block,
+    auto_block,
+    index_table,
+    resampled_means,
+    seed_resamples,
+    window_resamples,
+)
 from homoglens.types import Verdict
-from homoglens.validate import as_float, as_int
+from homoglens.validate import as_float
 
 MIN_WINDOWS = 4
 """Fewest windows behind an interval over windows: fewer give NaN with a warning."""
@@ -100,13 +109,6 @@ class Estimate:
     seed_sd: float
 
 
-_LARGEST = 1e150
-"""Largest magnitude of a per-window value or weight: its square must not overflow float64."""
-
-_MOST_RESAMPLED = 1 << 28
-"""Most resampled indices (``n_boot * windows``) held at once: 2 GiB of int64."""
-
-
 def _real(name: str, value: object, *, nan: bool = True) -> float:
     """``value`` as a float (a Python, numpy or 0-d torch real number; NaN only if ``nan``)."""
     if isinstance(value, (bool, str, bytes, complex)) or getattr(value, "ndim", 0) != 0:
@@ -118,29 +120,6 @@ def _real(name: str, value: object, *, nan: bool = True) -> float:
     if math.isnan(number) and not nan:
         raise InvalidInputError(f"{name} is NaN; give a number")
     return number
-
-
-def _index_table(
-    name: str, table: object, high: int, width: int, what: str
-) -> Int[torch.Tensor, "boot k"]:
-    """A ``[boot k]`` integer tensor of indices in ``[0, high)`` with ``k == width``."""
-    if (
-        not isinstance(table, torch.Tensor)
-        or table.ndim != 2
-        or table.dtype not in (torch.int64, torch.int32)
-    ):
-        raise InvalidInputError(
-            f"{name} must be a [boot {what}] int64 tensor of indices (e.g. from "
-            f"window_resamples / seed_resamples), got {getattr(table, 'shape', type(table))}"
-        )
-    if int(table.shape[0]) < 1 or int(table.shape[1]) != width:
-        raise InvalidInputError(
-            f"{name} has shape {tuple(table.shape)}; it must be [boot {what}] with boot >= 1 and "
-            f"{width} {what} (one index per {what} of the values)"
-        )
-    if bool(((table < 0) | (table >= high)).any()):
-        raise InvalidInputError(f"{name} holds indices outside [0, {high}) (the {what} there are)")
-    return table
 
 
 def default_sesoi(scale: float) -> float:
@@ -167,209 +146,6 @@ def default_sesoi(scale: float) -> float:
     if math.isinf(scale):
         raise InvalidInputError("scale is infinite; give the statistic's (finite) scale, or NaN")
     return max(SESOI_FLOOR, SESOI_FRACTION * abs(scale))
-
-
-def auto_block(values: Float[torch.Tensor, "*any"]) -> int:
-    """Block length of the circular block bootstrap, chosen from the data: twice the
-    Politis-White estimate.
-
-    Politis & White's automatic choice (with Patton, Politis & White's correction) minimises the
-    mean squared error of the bootstrap variance; it is 1 for independent values and grows with
-    their autocorrelation. That choice still under-covers a 95 % Wald interval on correlated
-    values (its variance is biased down by the autocorrelations beyond the block), so homoglens
-    doubles it: on AR(1) series of windows the doubled block with Student's t over the blocks
-    covers 0.94 (n = 48, independent), 0.93 (n = 256, lag-1 correlation 0.3) and 0.925 (0.6),
-    where the plain estimate covers 0.94 / 0.92 / 0.90 and the old fixed block of 16 with the
-    normal quantile 0.85 at n = 48. NaN values are left out.
-
-    Args:
-        values: Per-window values in window order (flattened).
-
-    Returns:
-        The block length, >= 1 and at most ``min(3 sqrt(n), n / 3)`` (1 for fewer than 8
-        values or no spread).
-
-    Raises:
-        InvalidInputError: no value that is not NaN, or an infinite value.
-
-    References:
-        Politis & White 2004, "Automatic block-length selection for the dependent bootstrap",
-        doi:10.1081/ETC-120028836; Patton, Politis & White 2009 (correction),
-        doi:10.1080/07474930802459016.
-
-    Examples:
-        >>> import torch
-        >>> from homoglens.stats import auto_block
-        >>> auto_block(torch.randn(200, generator=torch.Generator().manual_seed(0)))
-        1
-    """
-    if not isinstance(values, torch.Tensor) or values.is_complex():
-        raise InvalidInputError("values must be a real tensor of per-window values")
-    x = values.double().flatten()
-    x = x[~torch.isnan(x)]
-    n = int(x.numel())
-    if n == 0:
-        raise InvalidInputError(
-            f"auto_block needs per-window values, got {values.numel()} and none that is not NaN"
-        )
-    if not bool(torch.isfinite(x).all()):
-        raise InvalidInputError("values hold inf; a block length needs finite values")
-    largest = float(x.abs().max())
-    if largest > _LARGEST:  # the autocovariances would overflow; the block is scale invariant
-        x = x / largest
-    if n < 8:
-        return 1
-    x = x - x.mean()
-    var0 = float((x * x).mean())
-    if var0 <= 0:
-        return 1
-    kn = max(5, math.ceil(math.sqrt(math.log10(n))))
-    m_max = min(n - 1, math.ceil(math.sqrt(n)) + kn)
-    acv = torch.stack([(x[k:] * x[: n - k]).sum() / n for k in range(m_max + 1)])
-    rho = acv / acv[0]
-    bound = 2.0 * math.sqrt(math.log10(n) / n)
-    insignificant = (rho[1:].abs() < bound).tolist()  # lag k at index k - 1
-    m_hat = None
-    for m in range(0, m_max - kn + 1):
-        if all(insignificant[m : m + kn]):
-            m_hat = m
-            break
-    if m_hat is None:
-        significant = [k + 1 for k, ok in enumerate(insignificant) if not ok]
-        m_hat = max(significant) if significant else 0
-    big_m = min(2 * m_hat, m_max)
-    if big_m == 0:
-        return 1
-    k = torch.arange(1, big_m + 1, dtype=torch.float64)
-    t = k / big_m
-    lam = torch.where(t <= 0.5, torch.ones_like(t), 2 * (1 - t))
-    g = 2 * float((lam * k * acv[1 : big_m + 1]).sum())
-    s = float(acv[0] + 2 * (lam * acv[1 : big_m + 1]).sum())
-    if s <= 0:
-        return 1
-    d = 4.0 / 3.0 * s * s
-    b = (2 * g * g / d) ** (1 / 3) * n ** (1 / 3)
-    cap = math.ceil(min(3 * math.sqrt(n), n / 3))
-    return int(min(max(1, round(2 * b)), cap))
-
-
-def as_block(value: object) -> int | Literal["auto"]:
-    """A bootstrap block length: ``"auto"`` (chosen from the data, :func:`auto_block`) or an
-    integer >= 1 (1: the i.i.d. bootstrap).
-
-    Raises:
-        InvalidInputError: anything else.
-    """
-    if value == "auto":
-        return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(
-            f"block={value!r} must be 'auto' (chosen from the windows' autocorrelation) or an "
-            "integer >= 1 (consecutive windows per bootstrap block; 1: i.i.d.)"
-        )
-    return int(value)
-
-
-def window_resamples(n: int, *, block: int = 16, n_boot: int = 1000, seed: int = 0) -> torch.Tensor:
-    """Window indices of a circular moving-block bootstrap.
-
-    Each resample places ``ceil(n / block)`` runs of ``block`` consecutive windows at uniform
-    random starts (wrapping around the end) and keeps the first ``n`` indices. ``block=1`` is
-    the i.i.d. bootstrap. With fewer than 4 blocks the resamples would barely vary (one block
-    of ``n`` windows only rotates them), so ``block`` is lowered to ``n // 4`` with a warning.
-
-    Args:
-        n: Number of windows (>= 1).
-        block: Run length, in windows.
-        n_boot: Resamples.
-        seed: Seed of the draws.
-
-    Returns:
-        ``[n_boot n]`` int64 indices into the windows.
-
-    Raises:
-        InvalidInputError: bad ``n``, ``block``, ``n_boot`` or ``seed``, or more than 2**28
-            indices in all (2 GiB).
-
-    References:
-        Politis & Romano 1992, "A circular block-resampling procedure for stationary data".
-
-    Examples:
-        >>> from homoglens.stats import window_resamples
-        >>> idx = window_resamples(100, block=10, n_boot=3, seed=0)
-        >>> tuple(idx.shape), bool(((idx[:, 1:10] - idx[:, :9]) % 100 == 1).all())
-        ((3, 100), True)
-    """
-    n = as_int("n", n, low=1)
-    block = as_int("block", block, low=1)
-    if block > 1 and n < 4 * block:
-        lowered = max(1, n // 4)
-        warnings.warn(
-            f"{n} windows make fewer than 4 blocks of {block}; the block bootstrap uses blocks "
-            f"of {lowered} (more windows give intervals that respect their correlation)",
-            stacklevel=3,
-        )
-        block = lowered
-    n_boot = as_int("n_boot", n_boot, low=1)
-    if n_boot * n > _MOST_RESAMPLED:
-        raise InvalidInputError(
-            f"n_boot={n_boot} resamples of {n} windows hold {8 * n_boot * n / 2**30:.0f} GiB of "
-            f"indices; use n_boot <= {_MOST_RESAMPLED // n} (1000-10000 is plenty for a 95 % "
-            "interval)"
-        )
-    gen = torch.Generator().manual_seed(as_int("seed", seed, low=0, high=2**63 - 1))
-    runs = -(-n // block)
-    starts = torch.randint(n, (n_boot, runs, 1), generator=gen, device="cpu")
-    idx = (starts + torch.arange(block, device="cpu")) % n
-    return idx.reshape(n_boot, runs * block)[:, :n]
-
-
-def seed_resamples(n_seeds: int, *, n_boot: int = 1000, seed: int = 0) -> torch.Tensor:
-    """``[n_boot n_seeds]`` indices of seeds drawn with replacement (all 0 for one seed)."""
-    n_seeds = as_int("n_seeds", n_seeds, low=1)
-    n_boot = as_int("n_boot", n_boot, low=1)
-    if n_boot * n_seeds > _MOST_RESAMPLED:
-        raise InvalidInputError(f"n_boot={n_boot} resamples of {n_seeds} seeds are too many")
-    gen = torch.Generator().manual_seed(as_int("seed", seed, low=0, high=2**63 - 1) + 7919)
-    return torch.randint(n_seeds, (n_boot, n_seeds), generator=gen, device="cpu")
-
-
-def resampled_means(
-    values: Float[torch.Tensor, "seed window"],
-    windows: Int[torch.Tensor, "boot window"],
-    seeds: Int[torch.Tensor, "boot seed"] | None = None,
-) -> Float[torch.Tensor, " boot"]:
-    """Mean over (resampled) seeds of the mean over resampled windows, per resample.
-
-    Args:
-        values: ``[seed window]`` per-window values of each seed (NaN: left out of the mean).
-        windows: ``[boot window]`` from :func:`window_resamples`, shared by every seed.
-        seeds: ``[boot seed]`` from :func:`seed_resamples`, or ``None`` to keep every seed.
-
-    Returns:
-        ``[boot]`` float64.
-
-    Raises:
-        InvalidInputError: ``values`` not ``[seed window]``; ``windows`` / ``seeds`` not
-            integer tables of the values' windows / seeds (shape or indices out of range).
-    """
-    if not isinstance(values, torch.Tensor) or values.ndim != 2 or values.is_complex():
-        raise InvalidInputError(
-            f"values must be a real [seed window] tensor, got {getattr(values, 'shape', values)}"
-        )
-    n_seed, n_window = (int(d) for d in values.shape)
-    _index_table("windows", windows, n_window, n_window, "windows")
-    if seeds is not None:
-        _index_table("seeds", seeds, n_seed, n_seed, "seeds")
-        if int(seeds.shape[0]) != int(windows.shape[0]):
-            raise InvalidInputError(
-                f"seeds has {int(seeds.shape[0])} resamples, windows {int(windows.shape[0])}"
-            )
-    x = values.double()
-    per_seed = torch.stack([row[windows].nanmean(-1) for row in x], dim=-1)  # [boot seed]
-    if seeds is not None:
-        per_seed = torch.gather(per_seed, 1, seeds)
-    return per_seed.mean(-1)
 
 
 def _t_quantile(q: float, df: float) -> float:
@@ -403,9 +179,9 @@ def _group(i: int, values: object) -> torch.Tensor:
             f"group {i} holds inf; estimate() takes finite per-window values (NaN: a window "
             "without a value)"
         )
-    if bool((values.abs() > _LARGEST).any()):
+    if bool((values.abs() > LARGEST).any()):
         raise InvalidInputError(
-            f"group {i} holds values above {_LARGEST:g} in magnitude (their squares overflow); "
+            f"group {i} holds values above {LARGEST:g} in magnitude (their squares overflow); "
             "rescale them"
         )
     empty = torch.isnan(values).all(1)
@@ -440,8 +216,8 @@ def _checked_groups(
     weights = [_real("weight", w, nan=False) for w in weights]
     if len(weights) != len(groups):
         raise InvalidInputError(f"{len(weights)} weights for {len(groups)} groups")
-    if any(abs(w) > _LARGEST for w in weights):
-        raise InvalidInputError(f"weights {weights} must be finite and below {_LARGEST:g}")
+    if any(abs(w) > LARGEST for w in weights):
+        raise InvalidInputError(f"weights {weights} must be finite and below {LARGEST:g}")
     n_window = int(groups[0].shape[1])
     if n_window == 0:
         raise InvalidInputError("the groups hold no window; estimate() needs per-window values")
@@ -451,7 +227,7 @@ def _checked_groups(
                 f"each group must be [seed window] with {n_window} windows, got {tuple(g.shape)}"
             )
     if windows is not None:
-        _index_table("windows", windows, n_window, n_window, "windows")
+        index_table("windows", windows, n_window, n_window, "windows")
     # A window counts when every seed of every group has a value for it (the seeds and groups
     # are paired by window); the others are left out of every mean and of n_windows, and said.
     present = torch.stack([~torch.isnan(g).any(0) for g in groups]).all(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 from jaxtyping import Int
@@ -12,10 +12,7 @@ from jaxtyping import Int
 from homoglens.architectures import architecture_of
 from homoglens.data import DataInput, TokenBatch, require_min_tokens, to_token_batch
 from homoglens.engine import (
-    induction_loss,
-    induction_tokens,
     model_device,
-    next_token_nll,
     provenance_of,
     run_logits,
 )
@@ -25,6 +22,7 @@ from homoglens.interventions import (
     massive_activation_sites,
     position_ablation_hooks,
 )
+from homoglens.losses import induction_loss, induction_tokens, next_token_nll
 from homoglens.models import model_info
 from homoglens.profile import profile_pass
 from homoglens.results import PositionAblationStudy
@@ -108,23 +106,12 @@ def position_ablation_study(
     """
     progress = as_bool("progress", progress)
     info = model_info(model)
-    if isinstance(modes, str):  # one mode, not its characters
-        modes = [modes]
-    chosen_modes = list(default_ablation_modes(model) if modes is None else modes)
-    unknown = [m for m in chosen_modes if m not in POSITION_ABLATIONS]
-    if unknown or not chosen_modes:
-        raise InvalidInputError(
-            f"modes {unknown or chosen_modes} must be from {list(POSITION_ABLATIONS)}"
-        )
-    chosen_modes = ["none"] + [m for m in dict.fromkeys(chosen_modes) if m != "none"]
-    ci = as_float("ci", ci, low=0.0, high=1.0)
-    n_boot = as_int("n_boot", n_boot, low=1)
-    batch_size = as_int("batch_size", batch_size, low=1)
-    seed = as_int("seed", seed, low=0, high=2**63 - 1)
-    shift = as_int("shift", shift)
-    exclude_first = as_bool("exclude_first", exclude_first)
-    effective_rank = as_bool("effective_rank", effective_rank)
-    chosen = check_layers(layers, int(model.cfg.n_layers))
+    chosen_modes = _check_modes(model, modes)
+    options = _study_options(
+        model, layers, ci=ci, n_boot=n_boot, batch_size=batch_size, seed=seed, shift=shift,
+        exclude_first=exclude_first, effective_rank=effective_rank,
+    )  # fmt: skip
+    ci, n_boot, batch_size, seed, shift, exclude_first, effective_rank, chosen = options
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     require_min_tokens(batch, exclude_first)
     # Run sequences grouped by length, so that "permute" and "mean" act on each sequence's own
@@ -134,7 +121,7 @@ def position_ablation_study(
     inverse = torch.argsort(order)
     batch = batch[order]
     # Build every mode's hooks first, so a bad option fails before any forward pass.
-    options: dict[str, dict[str, Any]] = {
+    ablation_options: dict[str, dict[str, Any]] = {
         "permute": {"seed": seed},
         "shift": {"shift": shift},
     }
@@ -143,37 +130,11 @@ def position_ablation_study(
             model,
             cast(PositionAblation, mode),  # checked against POSITION_ABLATIONS above
             positions=positions,
-            **options.get(mode, {}),
+            **ablation_options.get(mode, {}),
         )
         for mode in chosen_modes
     }
-    longest = int(batch.lengths.max())
-    given = (
-        ()
-        if positions is None
-        else int_list("positions", positions, 0, int(model.cfg.n_ctx), "the model's positions")
-    )
-    beyond = sorted(p for p in given if p >= longest)
-    if beyond:
-        raise InvalidInputError(
-            f"positions {beyond} lie beyond every window of the data (longest: {longest} "
-            "tokens), so ablating them would change nothing; give positions below the windows' "
-            "length, or longer windows"
-        )
-    if "shift" in chosen_modes and shift == 0:
-        warnings.warn(
-            "homoglens: shift=0 moves no position; the 'shift' row equals 'none' (give a "
-            "nonzero shift=)",
-            UserWarning,
-            stacklevel=2,
-        )
-    if "shift" in chosen_modes and positions is None:
-        last = longest - 1
-        if not 0 <= last + shift < int(model.cfg.n_ctx):
-            raise InvalidInputError(
-                f"shift={shift} moves position {last} to {last + shift}, outside "
-                f"n_ctx={model.cfg.n_ctx}; use shorter sequences or a smaller shift"
-            )
+    _check_reach(model, chosen_modes, positions, shift, int(batch.lengths.max()))
     tables = _paired_passes(
         model, batch, hooks, chosen, inverse, info=info, batch_size=batch_size,
         exclude_first=exclude_first, effective_rank=effective_rank, seed=seed, progress=progress,
@@ -228,7 +189,8 @@ def massive_ablation_study(
         data: The measured sequences, as for :func:`homogenization_profile`.
         reference: The corpus of the means (and of the site search); default ``data`` itself
             (in-sample means; give disjoint windows for Sun et al.'s setting).
-        layer: Decoder layer in [1, n_layers] (1-indexed, as Sun et al.); with ``dims``.
+        layer: Residual entry in [1, n_layers] (the output of block ``layer - 1``: Sun et al.'s
+            1-indexed decoder layer); with ``dims``.
         dims: Residual dimensions in [0, d_model); with ``layer``.
         positions: Column positions (default: the ones found, or 0 when ``layer`` is given).
         layers: Residual-axis entries measured (default all).
@@ -268,16 +230,149 @@ def massive_ablation_study(
         ('none', 'mean', 'zero')
     """
     progress = as_bool("progress", progress)
-    from homoglens.sinks.massive import find_massive_sites, massive_activation_means
-
     info = model_info(model)
+    options = _study_options(
+        model, layers, ci=ci, n_boot=n_boot, batch_size=batch_size, seed=seed,
+        exclude_first=exclude_first, effective_rank=effective_rank,
+    )  # fmt: skip
+    ci, n_boot, batch_size, seed, _, exclude_first, effective_rank, chosen = options
+    batch, ref = _massive_batches(
+        model, data, reference, layer, dims, attention_mask=attention_mask,
+        reference_attention_mask=reference_attention_mask, bos=bos, exclude_first=exclude_first,
+    )  # fmt: skip
+    layer, site_dims, site_pos, found = _massive_sites(
+        model, batch, ref, layer, dims, positions, batch_size=batch_size, progress=progress
+    )
+    hooks = _massive_hooks(model, ref, layer, site_dims, site_pos, batch_size, progress)
+    order = torch.sort(batch.lengths, stable=True).indices
+    tables = _paired_passes(
+        model, batch[order], hooks, chosen, torch.argsort(order), info=info,
+        batch_size=batch_size, exclude_first=exclude_first, effective_rank=effective_rank,
+        seed=seed, progress=progress,
+    )  # fmt: skip
+    settings: dict[str, Any] = {
+        "intervention": "massive activations (Sun et al. set_mean / set_zero)",
+        "layer": layer,
+        "dims": list(site_dims),
+        "positions": list(site_pos),
+        "sites": found,
+        "reference": "data" if reference is None else ref.description,
+        "data": batch.description,
+        "exclude_first": exclude_first,
+    }
+    return PositionAblationStudy(
+        modes=("none", "mean", "zero"), **tables, settings=settings, n_boot=n_boot, ci=ci,
+        seed=seed,
+    )  # fmt: skip
+
+
+class _StudyOptions(NamedTuple):
+    """The checked options shared by :func:`position_ablation_study` and
+    :func:`massive_ablation_study` (``layers``: the residual entries measured)."""
+
+    ci: float
+    n_boot: int
+    batch_size: int
+    seed: int
+    shift: int
+    exclude_first: bool
+    effective_rank: bool
+    layers: tuple[int, ...]
+
+
+def _study_options(
+    model: HookedModel,
+    layers: Sequence[int] | None,
+    *,
+    ci: float,
+    n_boot: int,
+    batch_size: int,
+    seed: int,
+    exclude_first: bool,
+    effective_rank: bool,
+    shift: int = 0,
+) -> _StudyOptions:
+    """Check the options both studies share, in this order: ``ci``, ``n_boot``,
+    ``batch_size``, ``seed``, ``shift`` (the ``"shift"`` ablation's offset; 0 for the massive
+    study, which has none), ``exclude_first``, ``effective_rank`` and ``layers``."""
     ci = as_float("ci", ci, low=0.0, high=1.0)
     n_boot = as_int("n_boot", n_boot, low=1)
     batch_size = as_int("batch_size", batch_size, low=1)
     seed = as_int("seed", seed, low=0, high=2**63 - 1)
+    shift = as_int("shift", shift)
     exclude_first = as_bool("exclude_first", exclude_first)
     effective_rank = as_bool("effective_rank", effective_rank)
     chosen = check_layers(layers, int(model.cfg.n_layers))
+    return _StudyOptions(ci, n_boot, batch_size, seed, shift, exclude_first, effective_rank, chosen)
+
+
+def _check_modes(model: HookedModel, modes: Sequence[str] | None) -> list[str]:
+    """The ablation modes of :func:`position_ablation_study`: ``modes`` (a name or names;
+    default :func:`default_ablation_modes`) checked, ``"none"`` first, without repeats."""
+    if isinstance(modes, str):  # one mode, not its characters
+        modes = [modes]
+    chosen_modes = list(default_ablation_modes(model) if modes is None else modes)
+    unknown = [m for m in chosen_modes if m not in POSITION_ABLATIONS]
+    if unknown or not chosen_modes:
+        raise InvalidInputError(
+            f"modes {unknown or chosen_modes} must be from {list(POSITION_ABLATIONS)}"
+        )
+    return ["none"] + [m for m in dict.fromkeys(chosen_modes) if m != "none"]
+
+
+def _check_reach(
+    model: HookedModel,
+    chosen_modes: list[str],
+    positions: Sequence[int] | None,
+    shift: int,
+    longest: int,
+) -> None:
+    """Reject ablated ``positions`` beyond every window (``longest`` tokens) and a ``"shift"``
+    that moves the last position outside ``n_ctx``; warn (at the study's caller) when
+    ``shift=0``."""
+    given = (
+        ()
+        if positions is None
+        else int_list("positions", positions, 0, int(model.cfg.n_ctx), "the model's positions")
+    )
+    beyond = sorted(p for p in given if p >= longest)
+    if beyond:
+        raise InvalidInputError(
+            f"positions {beyond} lie beyond every window of the data (longest: {longest} "
+            "tokens), so ablating them would change nothing; give positions below the windows' "
+            "length, or longer windows"
+        )
+    if "shift" in chosen_modes and shift == 0:
+        warnings.warn(
+            "homoglens: shift=0 moves no position; the 'shift' row equals 'none' (give a "
+            "nonzero shift=)",
+            UserWarning,
+            stacklevel=3,
+        )
+    if "shift" in chosen_modes and positions is None:
+        last = longest - 1
+        if not 0 <= last + shift < int(model.cfg.n_ctx):
+            raise InvalidInputError(
+                f"shift={shift} moves position {last} to {last + shift}, outside "
+                f"n_ctx={model.cfg.n_ctx}; use shorter sequences or a smaller shift"
+            )
+
+
+def _massive_batches(
+    model: HookedModel,
+    data: DataInput,
+    reference: DataInput | None,
+    layer: int | None,
+    dims: Sequence[int] | int | None,
+    *,
+    attention_mask: torch.Tensor | None,
+    reference_attention_mask: torch.Tensor | None,
+    bos: BosPolicy | bool,
+    exclude_first: bool,
+) -> tuple[TokenBatch, TokenBatch]:
+    """The measured windows and the reference windows of :func:`massive_ablation_study`
+    (``data`` itself when ``reference`` is ``None``), after checking that ``layer`` and
+    ``dims`` come together."""
     if (layer is None) != (dims is None):
         raise InvalidInputError(
             f"layer={layer!r} and dims={dims!r}: give both, or neither to find them with Sun et "
@@ -290,6 +385,50 @@ def massive_ablation_study(
         if reference is None
         else to_token_batch(model, reference, attention_mask=reference_attention_mask, bos=bos)
     )
+    return batch, ref
+
+
+def _massive_hooks(
+    model: HookedModel,
+    ref: TokenBatch,
+    layer: int,
+    site_dims: tuple[int, ...],
+    site_pos: tuple[int, ...],
+    batch_size: int,
+    progress: bool,
+) -> dict[str, list[HookSpec]]:
+    """The hooks of each mode of :func:`massive_ablation_study`: none, the sites set to their
+    means over ``ref``, and the sites set to zero."""
+    from homoglens.sinks.massive import massive_activation_means
+
+    means = massive_activation_means(
+        model, ref, layer=layer, dims=site_dims, positions=site_pos, batch_size=batch_size,
+        progress=progress,
+    )  # fmt: skip
+    sites_kw: dict[str, Any] = {"layer": layer, "dims": site_dims, "positions": site_pos}
+    return {
+        "none": [],
+        "mean": massive_activation_hooks(model, "mean", means=means, **sites_kw),
+        "zero": massive_activation_hooks(model, "zero", **sites_kw),
+    }
+
+
+def _massive_sites(
+    model: HookedModel,
+    batch: TokenBatch,
+    ref: TokenBatch,
+    layer: int | None,
+    dims: Sequence[int] | int | None,
+    positions: Sequence[int] | int | None,
+    *,
+    batch_size: int,
+    progress: bool,
+) -> tuple[int, tuple[int, ...], tuple[int, ...], str]:
+    """The sites of :func:`massive_ablation_study`: ``layer``, ``dims`` and ``positions``
+    checked, or found on ``ref`` by Sun et al.'s rule when ``layer`` is ``None``; with how
+    they came (``"given"`` or found) and a check that some window of ``batch`` reaches them."""
+    from homoglens.sinks.massive import find_massive_sites
+
     found = "given"
     if layer is None:
         sites = find_massive_sites(model, ref, batch_size=batch_size, progress=progress)
@@ -312,36 +451,7 @@ def massive_ablation_study(
             f"data (longest: {longest} tokens), so the ablation would change nothing; give "
             "longer windows or positions below their length"
         )
-    means = massive_activation_means(
-        model, ref, layer=layer, dims=site_dims, positions=site_pos, batch_size=batch_size,
-        progress=progress,
-    )  # fmt: skip
-    sites_kw: dict[str, Any] = {"layer": layer, "dims": site_dims, "positions": site_pos}
-    hooks = {
-        "none": [],
-        "mean": massive_activation_hooks(model, "mean", means=means, **sites_kw),
-        "zero": massive_activation_hooks(model, "zero", **sites_kw),
-    }
-    order = torch.sort(batch.lengths, stable=True).indices
-    tables = _paired_passes(
-        model, batch[order], hooks, chosen, torch.argsort(order), info=info,
-        batch_size=batch_size, exclude_first=exclude_first, effective_rank=effective_rank,
-        seed=seed, progress=progress,
-    )  # fmt: skip
-    settings: dict[str, Any] = {
-        "intervention": "massive activations (Sun et al. set_mean / set_zero)",
-        "layer": layer,
-        "dims": list(site_dims),
-        "positions": list(site_pos),
-        "sites": found,
-        "reference": "data" if reference is None else ref.description,
-        "data": batch.description,
-        "exclude_first": exclude_first,
-    }
-    return PositionAblationStudy(
-        modes=("none", "mean", "zero"), **tables, settings=settings, n_boot=n_boot, ci=ci,
-        seed=seed,
-    )  # fmt: skip
+    return layer, site_dims, site_pos, found
 
 
 def _paired_passes(

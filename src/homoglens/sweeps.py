@@ -16,10 +16,12 @@ import torch
 
 from homoglens.assets import SHIPPED_MODELS, checkpoint_folders
 from homoglens.data import DataInput, to_token_batch
-from homoglens.engine import model_device, next_token_loss, provenance_of, run_logits
+from homoglens.engine import stream
 from homoglens.errors import InvalidInputError
+from homoglens.losses import MeanLoss
 from homoglens.models import load_model, model_info
 from homoglens.profile import homogenization_profile
+from homoglens.provenance import provenance_of
 from homoglens.results.provenance import Provenance
 from homoglens.results.sweeps import CheckpointSweep
 from homoglens.sinks import sink_scores
@@ -62,18 +64,9 @@ def _sinks(model: HookedModel, batch: Any, batch_size: int) -> dict[str, Any]:
 
 
 def _loss(model: HookedModel, batch: Any, batch_size: int) -> dict[str, Any]:
-    device = model_device(model)
-    total, count = 0.0, 0
-    with torch.inference_mode():
-        for start in range(0, len(batch), batch_size):
-            tokens = batch.tokens[start : start + batch_size].to(device)
-            mask = batch.attention_mask[start : start + batch_size].to(device)
-            logits = run_logits(model, tokens, [], attention_mask=mask)
-            loss = next_token_loss(logits, tokens, mask).double()
-            del logits  # before the next pass allocates its own: two alive cost page faults
-            total += float(loss.sum())
-            count += int(loss.numel())
-    return {"loss": total / max(count, 1)}
+    reducer = MeanLoss()
+    stream(model, batch, [reducer], batch_size=batch_size, desc="loss", progress=False)
+    return {"loss": reducer.value}
 
 
 _BUILT_IN = {"homogenization": _homogenization, "sinks": _sinks, "loss": _loss}
@@ -253,6 +246,26 @@ def over_checkpoints(
         for name, value in found.items():
             _store(name, value, c, label, n_entries, scalars, per_entry)
     assert provenance is not None
+    run_name = _run_name(checkpoints, model, provenance.model)
+    return _sweep(plan, scalars, per_entry, n_entries, provenance, run_name)
+
+
+def _sweep(
+    plan: list[tuple[str, dict[str, Any], Path | None]],
+    scalars: dict[str, list[float]],
+    per_entry: dict[str, list[torch.Tensor]],
+    n_entries: int,
+    provenance: Provenance,
+    run_name: str,
+) -> CheckpointSweep:
+    """The :class:`~homoglens.results.sweeps.CheckpointSweep` of :func:`over_checkpoints`, built
+    from what its checkpoints returned (``scalars`` and the per-entry ``per_entry``, one value
+    per checkpoint of ``plan`` each), the first checkpoint's ``provenance`` (renamed
+    ``run_name``, the checkpoints' labels as its source), and ``n_entries`` residual entries.
+
+    Raises:
+        InvalidInputError: the measure returned a metric for some checkpoints only.
+    """
     labels = tuple(label for label, _, _ in plan)
     for name, got in (*scalars.items(), *per_entry.items()):
         if len(got) != len(plan):
@@ -277,7 +290,7 @@ def over_checkpoints(
         layer_values=layer_values,
         provenance=replace(
             provenance,
-            model=_run_name(checkpoints, model, provenance.model),
+            model=run_name,
             hook_points=(),
             model_source="checkpoints: " + ", ".join(labels),
         ),

@@ -109,7 +109,8 @@ def check_layers(layers: Any, n_layers: int, *, blocks: bool = False) -> tuple[i
     except TypeError as err:
         raise InvalidInputError(f"layers={layers!r} must be a list of ints") from err
     if not chosen:
-        raise InvalidInputError("layers is empty; give entries in 0..n_layers or None for all")
+        top = n_layers - 1 if blocks else n_layers
+        raise InvalidInputError(f"layers is empty; give layers in 0..{top} or None for all")
     not_int = [
         layer for layer in chosen if isinstance(layer, bool) or not hasattr(layer, "__index__")
     ]
@@ -119,10 +120,7 @@ def check_layers(layers: Any, n_layers: int, *, blocks: bool = False) -> tuple[i
     if blocks:
         bad = [layer for layer in chosen if not 0 <= layer < n_layers]
         if bad:
-            raise InvalidInputError(
-                f"layers {bad} are out of range: here layers are block indices, and this model "
-                f"has {n_layers} blocks, numbered 0..{n_layers - 1}"
-            )
+            raise InvalidInputError(not_blocks("layers", bad, n_layers))
     bad = [layer for layer in chosen if not 0 <= layer <= n_layers]
     if bad:
         raise InvalidInputError(
@@ -132,6 +130,53 @@ def check_layers(layers: Any, n_layers: int, *, blocks: bool = False) -> tuple[i
     if len(set(chosen)) != len(chosen):
         raise InvalidInputError(f"layers={chosen} has repeats")
     return tuple(sorted(chosen))
+
+
+LAYER_AXIS = "one layer base everywhere: see 'The layer axis' in the docs"
+"""Where every layer-kind message points: homoglens counts layers on one axis (docs/index.md)."""
+
+
+def not_blocks(name: str, bad: Sequence[int], n_layers: int) -> str:
+    """The message of a block index out of range, in terms of the one layer axis."""
+    return (
+        f"{name} {list(bad)[:8]} are not blocks of this model: block l is the one "
+        f"that reads residual entry l, numbered 0..{n_layers - 1} here ({n_layers} blocks); entry "
+        f"{n_layers} is the output of the last block, which no block reads ({LAYER_AXIS})"
+    )
+
+
+def block_index(name: str, value: Any, n_layers: int) -> int:
+    """One block index ``0..n_layers - 1``: the block that reads residual entry ``value``.
+
+    Raises:
+        InvalidInputError: not an integer, or out of range (the message explains the axis).
+    """
+    number = as_int(name, value)
+    if not 0 <= number < n_layers:
+        raise InvalidInputError(not_blocks(name, [number], n_layers))
+    return number
+
+
+def written_entry(name: str, value: Any, n_layers: int) -> int:
+    """One residual entry that a block writes, ``1..n_layers`` (entry l is the output of block
+    l - 1, the stream block l reads): where a massive activation is set or read.
+
+    Raises:
+        InvalidInputError: not an integer, 0 (the embeddings, which no block writes) or above
+            ``n_layers`` (the message explains the axis).
+    """
+    number = as_int(name, value)
+    if not 1 <= number <= n_layers:
+        why = (
+            "entry 0 is the embeddings, which no block writes"
+            if number == 0
+            else f"this model has {n_layers} blocks"
+        )
+        raise InvalidInputError(
+            f"{name}={number} is not a block's output: entries 1..{n_layers} are (entry l is the "
+            f"output of block l - 1, which block l reads); {why} ({LAYER_AXIS})"
+        )
+    return number
 
 
 def int_list(name: str, values: Any, low: int, high: int, what: str) -> tuple[int, ...]:

@@ -456,7 +456,7 @@ def test_blocks_out_of_range_name_the_blocks_and_a_meta_model_is_refused() -> No
     from homoglens.testing import tiny_model_folder
 
     model = load_model(tiny_model_folder("gpt2"), backend="bridge")
-    with pytest.raises(InvalidInputError, match=r"this model has 2 blocks, numbered 0\.\.1"):
+    with pytest.raises(InvalidInputError, match=r"numbered 0\.\.1 here \(2 blocks\)"):
         attention_received(model, TWO_OPENINGS, layers=[2], progress=False)
     model.to("meta")
     with pytest.raises(ModelStateError, match="'meta' device"):

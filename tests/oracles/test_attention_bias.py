@@ -293,7 +293,7 @@ def test_the_study_equals_hugging_face_with_a_4d_float_mask(arch: str, monkeypat
     split into blocks of 3 rows (the rows' offsets into phi exercised)."""
     import homoglens.blocked_attention as blocked
     from homoglens import attention_bias_study, fast_attention_status
-    from homoglens.engine import next_token_loss
+    from homoglens.losses import next_token_loss
 
     if arch in READ_ONLY and fast_attention_status(_model(arch, "bridge")) != "sdpa":
         pytest.skip(f"{arch}: no attention function to serve; the bridge only reads the pattern")

@@ -18,7 +18,7 @@ from homoglens import (
     load_model,
     positional_similarity,
 )
-from homoglens.engine import next_token_loss
+from homoglens.losses import next_token_loss
 from homoglens.similarity_math import SIMILARITY_STATISTICS
 from homoglens.testing import tiny_model_folder
 
@@ -242,14 +242,14 @@ def test_windows_must_be_equal_and_several() -> None:
 
 
 def test_an_error_inside_the_pass_leaves_no_hook(monkeypatch) -> None:
-    import homoglens.engine as engine
+    import homoglens.losses as losses_mod
 
     model = _model()
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(engine, "next_token_loss", broken)
+    monkeypatch.setattr(losses_mod, "next_token_loss", broken)
     with pytest.raises(RuntimeError, match="boom"):
         attention_bias_study(model, WINDOWS, kind="first", strengths=[0.0, 1.0], **COMMON)
     assert hook_count(model) == 0
@@ -271,7 +271,7 @@ def test_strengths_and_lengths_as_arrays() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ["gpt2", "neox", "llama"])
 def test_loss_head_is_the_loss_of_the_model_logits_bit_for_bit(arch: str, backend: str) -> None:
-    from homoglens.engine import LossHead
+    from homoglens.losses import LossHead
 
     model = _model(arch, backend)
     mask = torch.ones_like(WINDOWS)
@@ -290,32 +290,32 @@ def test_loss_head_is_the_loss_of_the_model_logits_bit_for_bit(arch: str, backen
 def test_loss_head_keeps_the_logits_where_the_unembedding_is_not_all(monkeypatch) -> None:
     # Something after W_U (here a hook on the logits; in Gemma 2 a soft-cap) fails the check:
     # every pass then reads the model's own logits, and the loss is theirs.
-    import homoglens.engine as engine
+    import homoglens.losses as losses_mod
 
     model = _model()
     mask = torch.ones_like(WINDOWS)
     doubled = [("unembed.hook_out", lambda z, hook: z * 2.0)]
     calls = []
-    monkeypatch.setattr(engine, "run_through", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(losses_mod, "run_through", lambda *a, **k: calls.append(a))
     with torch.inference_mode(), eager_attention():
         want = next_token_loss(2.0 * model(WINDOWS), WINDOWS, mask)
-        head = engine.LossHead(model)
+        head = losses_mod.LossHead(model)
         losses = [head.loss(WINDOWS, doubled, mask) for _ in range(2)]
     assert head.exact is False and not calls
     assert all(torch.equal(loss, want) for loss in losses)
 
 
 def test_the_study_reads_logits_once_only(monkeypatch) -> None:
-    import homoglens.engine as engine
+    import homoglens.losses as losses_mod
 
     calls = []
-    real = engine.run_logits
+    real = losses_mod.run_logits
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "run_logits", counted)
+    monkeypatch.setattr(losses_mod, "run_logits", counted)
     attention_bias_study(_model(), WINDOWS, kind="first", strengths=[-1.0, 0.0, 1.0], **COMMON)
     assert len(calls) == 1  # the check; 5 more passes (3 strengths x 2 batches) end at W_U
 

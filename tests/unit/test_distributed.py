@@ -12,15 +12,21 @@ import pytest
 import torch
 
 from homoglens import (
+    AttentionBiasStudy,
+    AttentionReceived,
     HomogenizationProfile,
+    LengthStudy,
     MassiveActivations,
     PositionAblationStudy,
     PositionalPatchingResult,
     PositionalSimilarity,
     SinkAttribution,
     SinkScores,
+    attention_bias_study,
+    attention_received,
     corpus_windows,
     homogenization_profile,
+    length_study,
     load_model,
     massive_activations,
     position_ablation_study,
@@ -72,6 +78,16 @@ positional_patching(
     model, batch, metric=["mean_pairwise", "loss"], layers=[0, 1], bins=2, batch_size=5,
     cell_batch=2, progress=False,
 ).save(f"{out}/patching{rank}")
+from homoglens import attention_bias_study, attention_received, length_study
+attention_received(model, batch, batch_size=5, progress=False).save(f"{out}/received{rank}")
+length_study(
+    model, equal_batch(model, n), lengths=[12, 20], lags=[1], edge_k=2, batch_size=5,
+    progress=False,
+).save(f"{out}/lengths{rank}")
+attention_bias_study(
+    model, equal_batch(model, n), kind="first", strengths=[-0.5, 0.0, 0.5], layers=[1],
+    edge_k=2, gradient_windows=6, batch_size=5, progress=False,
+).save(f"{out}/bias{rank}")
 dist.destroy_process_group()
 """
 
@@ -161,6 +177,30 @@ def test_torchrun_two_processes_equal_one(n: int, backend: str, tmp_path: Path) 
         cell_batch=2,
         progress=False,
     )
+    received = attention_received(model, batch, batch_size=5, progress=False)
+    lengths = length_study(
+        model, equal_batch(model, n), lengths=[12, 20], lags=[1], edge_k=2, batch_size=5,
+        progress=False,
+    )  # fmt: skip
+    bias = attention_bias_study(
+        model, equal_batch(model, n), kind="first", strengths=[-0.5, 0.0, 0.5], layers=[1],
+        edge_k=2, gradient_windows=6, batch_size=5, progress=False,
+    )  # fmt: skip
+    for rank in (0, 1):  # the merges the engine runs for these (issue 40)
+        got_received = AttentionReceived.load(tmp_path / f"received{rank}")
+        assert torch.equal(got_received.n_pairs, received.n_pairs)  # was added twice
+        for name in ("received", "shift", "slope", "correlation"):
+            a, b = getattr(got_received, name), getattr(received, name)
+            assert torch.allclose(a, b, atol=1e-6, equal_nan=True), name
+        got_lengths = LengthStudy.load(tmp_path / f"lengths{rank}")
+        for name in ("statistics", "window_statistics", "lag_similarity", "first_key_mass"):
+            a, b = getattr(got_lengths, name), getattr(lengths, name)
+            assert torch.allclose(a, b, atol=1e-6, equal_nan=True), name
+        got_bias = AttentionBiasStudy.load(tmp_path / f"bias{rank}")
+        for name in ("statistics", "window_statistics", "window_attention", "window_loss",
+                     "gradient_statistics", "window_gradient_statistics"):  # fmt: skip
+            a, b = getattr(got_bias, name), getattr(bias, name)
+            assert torch.allclose(a, b, atol=1e-5, equal_nan=True), name
     seen = [int((tmp_path / f"seen{rank}").read_text()) for rank in (0, 1)]
     assert seen == [stop - start for start, stop in shard_bounds(n, 2)]  # each rank its shard
     for rank in (0, 1):

@@ -169,7 +169,7 @@ def test_the_data_hash_reads_real_tokens_only() -> None:
 def test_a_hub_revision_names_the_cached_commit(tmp_path, monkeypatch) -> None:
     from huggingface_hub import constants
 
-    from homoglens.models import _hub_revision
+    from homoglens.hub_loading import _hub_revision
 
     commit = "ab" * 20
     snapshot = tmp_path / "models--gpt2" / "snapshots" / commit

@@ -156,7 +156,7 @@ BAD = [
     ("shift missing", "gpt2", {"how": "shift"}, "needs an int shift"),
     ("mean on rotary", "neox", {"how": "mean"}, "rotary"),
     ("layers on learned", "gpt2", {"how": "zero", "layers": [0]}, "positions= instead"),
-    ("layer out of range", "llama", {"how": "zero", "layers": [2]}, "outside"),
+    ("layer out of range", "llama", {"how": "zero", "layers": [2]}, "are not blocks of this model"),
     ("unknown mode", "gpt2", {"how": "scramble"}, "must be one of"),
     ("seed on zero", "gpt2", {"how": "zero", "seed": 1}, "only apply"),
 ]

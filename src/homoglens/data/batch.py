@@ -246,6 +246,19 @@ def packed(model: HookedModel, rows: list[list[int]], label: str) -> TokenBatch:
     return TokenBatch(tokens, mask, recorded, f"{label}, bos={bos_label(recorded)}")
 
 
+def full_windows(model: HookedModel, rows: list[list[int]], label: str) -> TokenBatch:
+    """``[batch pos]`` tokens of ``rows`` (all of one length, every token real: the mask is all
+    ones), with their BOS record; the description is ``label`` and the BOS record."""
+    tokens = torch.tensor(rows, dtype=torch.long, device="cpu")
+    recorded = recorded_bos(model, rows)
+    return TokenBatch(
+        tokens=tokens,
+        attention_mask=torch.ones_like(tokens),
+        bos=recorded,
+        description=f"{label}, bos={bos_label(recorded)}",
+    )
+
+
 # --------------------------------------------------------------------------- batches
 
 

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
 
 from homoglens.data.batch import (
     TokenBatch,
@@ -23,10 +22,10 @@ from homoglens.data.batch import (
     bos_prefix,
     encode,
     encode_many,
+    full_windows,
     n_ctx,
     packed,
     prefixed,
-    recorded_bos,
 )
 from homoglens.errors import InvalidInputError, MissingDependencyError, SequenceTooLongError
 from homoglens.types import BosPolicy, HookedModel
@@ -301,7 +300,7 @@ class DatasetStream:
     def sha256(self) -> str:
         """The content hash of the texts' tokens read so far: sha256 of each row's length then
         its token ids, row by row, as little-endian int64 (computed as the rows pass; the same
-        hash as :func:`homoglens.engine.token_sha256` of the same rows held as one batch)."""
+        hash as :func:`homoglens.provenance.token_sha256` of the same rows held as one batch)."""
         return self._digest.hexdigest()
 
     @property
@@ -345,12 +344,6 @@ def dataset_windows(
             f"the {label} is too small for n_seq={n_seq} windows of seq_len={seq_len} tokens "
             f"(it holds {len(rows)}); lower n_seq or seq_len"
         )
-    tokens = torch.tensor(rows, dtype=torch.long, device="cpu")
-    recorded = recorded_bos(model, rows)
-    return TokenBatch(
-        tokens=tokens,
-        attention_mask=torch.ones_like(tokens),
-        bos=recorded,
-        description=f"{label}: first {n_seq} consecutive windows x {seq_len} tokens, "
-        f"bos={bos_label(recorded)}",
+    return full_windows(
+        model, rows, f"{label}: first {n_seq} consecutive windows x {seq_len} tokens"
     )

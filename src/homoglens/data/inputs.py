@@ -18,13 +18,12 @@ from jaxtyping import Int
 from homoglens.data.batch import (
     DataInput,
     TokenBatch,
-    bos_label,
     bos_prefix,
     encode,
+    full_windows,
     n_ctx,
     packed,
     prefixed,
-    recorded_bos,
     resolve_bos,
 )
 from homoglens.data.hf_datasets import dataset_batch, dataset_kind, dataset_windows
@@ -206,15 +205,7 @@ def corpus_windows(
                 f"(window {i} found only {len(ids)} tokens); lower n_seq or seq_len"
             )
         rows.append(prefix + ids[:content])
-    tokens = torch.tensor(rows, dtype=torch.long, device="cpu")
-    recorded = recorded_bos(model, rows)
-    return TokenBatch(
-        tokens=tokens,
-        attention_mask=torch.ones_like(tokens),
-        bos=recorded,
-        description=f"{label}: {n_seq} windows x {seq_len} tokens, evenly spaced, "
-        f"bos={bos_label(recorded)}",
-    )
+    return full_windows(model, rows, f"{label}: {n_seq} windows x {seq_len} tokens, evenly spaced")
 
 
 # --------------------------------------------------------------------------- generic input

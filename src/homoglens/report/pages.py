@@ -259,37 +259,15 @@ def _profile_page(
     dims_dropped: PositionalSimilarity | None = None,
 ) -> Path:
     """The body of :func:`write_profile_report`."""
-    from homoglens.results.figures import profile_adjusted, profile_curves, profile_heatmap
-
-    profile.save(out / "profile")
-    profile.to_pandas().to_csv(out / "profile.csv", index=False)
-    figures = out / "figures"
-    figures.mkdir(exist_ok=True)
-    curves = figure_tag(
-        lambda backend: profile_curves(profile, backend=backend), figures / "curves.png", "curves"
-    )
-    adjusted = figure_tag(
-        lambda backend: profile_adjusted(profile, backend=backend),
-        figures / "curves_adjusted.png", "adjusted",
-    )  # fmt: skip
-    heat = figure_tag(
-        lambda backend: profile_heatmap(profile, backend=backend), figures / "heatmap.png",
-        "heatmap",
-    )  # fmt: skip
-
+    curves, adjusted, heat = _profile_files(profile, out)
     counted = int((profile.count > 0).sum())
     most = (counted - 1) // 2
     k = (
         at_most("edge_k", edge_k, most, "positions per edge the counted ones allow")
         if most >= 1
         else 0
-    )
-    if k >= 1:
-        edge = edge_intervals(profile.edge_summary(k), profile, study, k)
-        edge.to_csv(out / "edge_summary.csv", index=False)
-        edge_html = edge.to_html(index=False, float_format=lambda v: f"{v:.4f}")
-    else:
-        edge_html = f"<p>Too few counted positions ({counted}) for an edge-versus-middle table.</p>"
+    )  # here, not in _edge_table: the warning names the line that called _profile_page
+    edge_html = _edge_table(profile, out, k, counted, study)
     per_layer = profile.to_pandas()
     per_layer = per_layer[per_layer["pos"].isna()].pivot(
         index="layer", columns="metric", values="value"
@@ -303,21 +281,10 @@ def _profile_page(
         f"{prov['hook_points'][0]} ... {prov['hook_points'][-1]}" if prov["hook_points"] else ""
     )
     prov.update(n_sequences=profile.n_sequences, n_tokens=profile.n_tokens, positions=profile.n_pos)
-    ablation = similarity_section(similarity, out) if similarity is not None else ""
-    if readings is not None:
-        ablation += readings_section(readings, out)
-    if study is not None:
-        ablation += study_section(study, out)
-    if bias is not None:
-        ablation += bias_section(bias, out)
-    if massive is not None:
-        ablation += massive_section(massive, out)
-    if sinks is not None:
-        ablation += sinks_section(sinks, out)
-    if patching is not None:
-        sweeps = patching if isinstance(patching, list) else [patching]
-        for sweep in sweeps:
-            ablation += patching_section(sweep, out, name=f"patching_{sweep.component}")
+    ablation = _result_sections(
+        out, similarity=similarity, readings=readings, study=study, bias=bias, massive=massive,
+        sinks=sinks, patching=patching,
+    )  # fmt: skip
     source = (
         f"Model source: {html.escape(profile.provenance.model_source)}."
         if profile.provenance.model_source
@@ -383,3 +350,77 @@ mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
     path = out / "report.html"
     path.write_text(page_html(heading, body), encoding="utf-8")
     return path
+
+
+def _profile_files(profile: HomogenizationProfile, out: Path) -> tuple[str, str, str]:
+    """Save ``profile`` (``profile/``, ``profile.csv``) into ``out`` and draw its three figures
+    into ``figures/``: the curves, the adjusted curves and the heatmap, as the page's tags."""
+    from homoglens.results.figures import profile_adjusted, profile_curves, profile_heatmap
+
+    profile.save(out / "profile")
+    profile.to_pandas().to_csv(out / "profile.csv", index=False)
+    figures = out / "figures"
+    figures.mkdir(exist_ok=True)
+    curves = figure_tag(
+        lambda backend: profile_curves(profile, backend=backend), figures / "curves.png", "curves"
+    )
+    adjusted = figure_tag(
+        lambda backend: profile_adjusted(profile, backend=backend),
+        figures / "curves_adjusted.png", "adjusted",
+    )  # fmt: skip
+    heat = figure_tag(
+        lambda backend: profile_heatmap(profile, backend=backend), figures / "heatmap.png",
+        "heatmap",
+    )  # fmt: skip
+    return curves, adjusted, heat
+
+
+def _edge_table(
+    profile: HomogenizationProfile,
+    out: Path,
+    k: int,
+    counted: int,
+    study: PositionAblationStudy | None,
+) -> str:
+    """The HTML of the edge-versus-middle table with ``k`` positions per edge (with intervals
+    from ``study``), also written to ``edge_summary.csv`` in ``out``; with ``k`` 0, a note that
+    the ``counted`` positions are too few for one."""
+    if k >= 1:
+        edge = edge_intervals(profile.edge_summary(k), profile, study, k)
+        edge.to_csv(out / "edge_summary.csv", index=False)
+        edge_html = edge.to_html(index=False, float_format=lambda v: f"{v:.4f}")
+    else:
+        edge_html = f"<p>Too few counted positions ({counted}) for an edge-versus-middle table.</p>"
+    return edge_html
+
+
+def _result_sections(
+    out: Path,
+    *,
+    similarity: PositionalSimilarity | None,
+    readings: CalibratedReadings | None,
+    study: PositionAblationStudy | None,
+    bias: AttentionBiasStudy | None,
+    massive: PositionAblationStudy | None,
+    sinks: SinkAnalysis | None,
+    patching: PositionalPatchingResult | list[PositionalPatchingResult] | None,
+) -> str:
+    """The HTML of the profile page's optional sections, in page order (position-resolved
+    similarity, readings, ablations, attention bias, massive activations, sinks, patching),
+    each written with its files into ``out``; empty when none is given."""
+    ablation = similarity_section(similarity, out) if similarity is not None else ""
+    if readings is not None:
+        ablation += readings_section(readings, out)
+    if study is not None:
+        ablation += study_section(study, out)
+    if bias is not None:
+        ablation += bias_section(bias, out)
+    if massive is not None:
+        ablation += massive_section(massive, out)
+    if sinks is not None:
+        ablation += sinks_section(sinks, out)
+    if patching is not None:
+        sweeps = patching if isinstance(patching, list) else [patching]
+        for sweep in sweeps:
+            ablation += patching_section(sweep, out, name=f"patching_{sweep.component}")
+    return ablation

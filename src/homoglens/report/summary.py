@@ -496,7 +496,7 @@ def edge_intervals(
         return edge
     assert study is not None
     counted = (profile.count > 0).nonzero().flatten()
-    others = study.to_others[0]  # [seq layer pos], NaN where a sequence has no token
+    others = study.to_others[0]  # [batch layer pos], NaN where a sequence has no token
     if others.shape[-1] < int(counted.max()) + 1:
         return edge
     groups = {"first": counted[:k], "middle": counted[k:-k], "last": counted[-k:]}

@@ -12,6 +12,7 @@ from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
 from homoglens.results import Provenance, SavedResult
+from homoglens.results.base import Plotted
 from homoglens.results.validation import COSINE_OR_NAN, NON_NEGATIVE, Bounds, FieldError
 from homoglens.types import ATTRIBUTION_METRICS
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, eq=False)
-class SinkAttribution(SavedResult):
+class SinkAttribution(SavedResult, Plotted):
     """How homogenization at one residual entry changes when attention heads lose their sink.
 
     Attributes:
@@ -54,6 +55,7 @@ class SinkAttribution(SavedResult):
     """
 
     _stem: ClassVar[str] = "attribution"
+    _figure: ClassVar[str] = "attribution_figure"
     _choices: ClassVar[dict[str, tuple[str, ...]]] = {
         "method": ("exact", "fast"),
         "ablation": ("sink", "mean"),
@@ -232,22 +234,13 @@ class SinkAttribution(SavedResult):
 
         Args:
             metric: One of :data:`~homoglens.types.ATTRIBUTION_METRICS`.
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
+            backend: As in :meth:`homoglens.results.base.Plotted.plot`, which says what is
+                returned and raised.
 
         Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``, or
-                ``metric`` not measured.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+            InvalidInputError: ``metric`` not measured.
         """
-        from homoglens.results.figures import attribution_figure
-
-        return attribution_figure(self, metric, self._metric(metric), backend=backend)
+        return self._draw(metric, self._metric(metric), backend=backend)
 
     def __repr__(self) -> str:
         shown = [m for j, m in enumerate(ATTRIBUTION_METRICS) if not self.delta[:, j].isnan().all()]

@@ -1,21 +1,30 @@
 """The one save/load of every result: a frozen result dataclass as safetensors + JSON with a
 format tag (:class:`SavedResult`, :func:`save_result`, :func:`load_result`), its values checked
 on load (:mod:`homoglens.results.validation`); the files and their sha256 are
-:mod:`homoglens.results.storage`'s, the provenance :mod:`homoglens.results.provenance`'s.
+:mod:`homoglens.results.storage`'s, the provenance :mod:`homoglens.results.provenance`'s. And the
+one ``plot()`` of every result (:class:`Plotted`), drawn by its function in
+:mod:`homoglens.results.figures`, the one module here that imports the figures.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
 
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
+from homoglens.results import figures
 from homoglens.results.provenance import Provenance
 from homoglens.results.storage import folder_path, read_saved, save_folder, write_pair
 from homoglens.results.validation import check_provenance, check_scalars, validate_result
+
+if TYPE_CHECKING:  # matplotlib and plotly are imported when a figure is made
+    from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 
 def selected_layers(layers: Any, have: tuple[int, ...], what: str) -> list[int]:
@@ -165,3 +174,97 @@ class SavedResult:
             ResultsNotFoundError: a file is missing. IncompatibleResultsError: a bad file, bad
                 values, or a file that does not match the sha256 recorded in the JSON."""
         return load_result(cls, path, cls._stem)
+
+
+class Plotted:
+    """Mixin of the results that draw a figure: ``plot(backend=...)`` draws the function of
+    :mod:`homoglens.results.figures` that ``_figure`` names (what it shows: the class
+    docstring). A result whose figure takes options of its own (a metric, a layer, a title)
+    overrides ``plot`` with them, documents only them, and draws through :meth:`_draw`."""
+
+    _figure: ClassVar[str]
+    """The name of this result's figure function in :mod:`homoglens.results.figures`, called as
+    ``figure(result, *options, backend=backend, **keyword_options)``."""
+
+    @overload
+    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
+    @overload
+    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
+        """Draw this result's figure (what it shows: the class docstring).
+
+        Args:
+            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
+                (interactive: hover values with units, zoom, legend toggles; needs
+                ``pip install "homoglens[plotly]"``).
+
+        Returns:
+            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
+            ``plotly.graph_objects.Figure``.
+
+        Raises:
+            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"`` (or an
+                option of a result's own ``plot`` is not in the result).
+            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+        """
+        return self._draw(backend=backend)
+
+    def _draw(self, *options: Any, backend: PlotBackend, **keyword_options: Any) -> Any:
+        """Draw with this result's figure function (:attr:`_figure`), passing ``options`` after
+        the result and ``keyword_options`` with the backend.
+
+        Raises:
+            InvalidInputError: an unknown ``backend``. MissingDependencyError: plotly missing.
+        """
+        figure = getattr(figures, self._figure)
+        return figure(self, *options, backend=backend, **keyword_options)
+
+
+class TitledPlotted(Plotted):
+    """:class:`Plotted` with a ``title=`` option."""
+
+    @overload
+    def plot(
+        self, *, title: str | None = None, backend: Literal["matplotlib"] = "matplotlib"
+    ) -> Figure: ...
+    @overload
+    def plot(self, *, title: str | None = None, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(
+        self, *, title: str | None = None, backend: PlotBackend = "matplotlib"
+    ) -> Figure | PlotlyFigure:
+        """Draw this result's figure (what it shows: the class docstring) titled ``title``.
+
+        Args:
+            title: Figure title (default: the model and what was measured).
+            backend: As in :meth:`Plotted.plot`, which says what is returned and raised.
+        """
+        return self._draw(title=title, backend=backend)
+
+
+class LayerPlotted(Plotted):
+    """:class:`Plotted` with a residual entry ``layer`` and a ``title=`` option."""
+
+    @overload
+    def plot(
+        self,
+        layer: int = -1,
+        *,
+        title: str | None = None,
+        backend: Literal["matplotlib"] = "matplotlib",
+    ) -> Figure: ...
+    @overload
+    def plot(
+        self, layer: int = -1, *, title: str | None = None, backend: Literal["plotly"]
+    ) -> PlotlyFigure: ...
+    def plot(
+        self, layer: int = -1, *, title: str | None = None, backend: PlotBackend = "matplotlib"
+    ) -> Figure | PlotlyFigure:
+        """Draw this result's figure (what it shows: the class docstring) at residual entry
+        ``layer``.
+
+        Args:
+            layer: Index into :attr:`layers` (default: the last entry).
+            title: Figure title (matplotlib: none by default; plotly: the provenance).
+            backend: As in :meth:`Plotted.plot`, which says what is returned and raised.
+        """
+        return self._draw(layer, title=title, backend=backend)

@@ -5,153 +5,36 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import SavedResult
+from homoglens.results.base import LayerPlotted, SavedResult
+from homoglens.results.bias_metrics import ATTENTION_CHECKS, BIAS_METRICS
+from homoglens.results.bias_slope import SlopeAtZero, slope_at_zero
+from homoglens.results.bias_tables import bias_frame, curve_table
 from homoglens.results.provenance import Provenance
 from homoglens.results.validation import COSINE, FINITE_OR_NAN, NON_NEGATIVE, Bounds, FieldError
 from homoglens.similarity_math import SIMILARITY_STATISTICS, edge_groups
-from homoglens.stats import as_block, default_sesoi, estimate, verdict
-from homoglens.types import ATTENTION_BIAS_KINDS, Verdict
+from homoglens.stats import as_block, default_sesoi
+from homoglens.types import ATTENTION_BIAS_KINDS
 from homoglens.validate import as_int
 
-if TYPE_CHECKING:  # plotting stays a lazy import
+if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.figure import Figure
-    from plotly.graph_objects import Figure as PlotlyFigure
 
-    from homoglens.types import PlotBackend
-
-ATTENTION_CHECKS: tuple[str, ...] = ("mass", "entropy", "kl")
-"""Manipulation checks per biased row (means over the chosen heads and query positions):
-``mass`` = E_{A'}[phi] (the attention on the biased keys for the indicator kinds; minus the
-mean distance attended for ``"alibi"``; NaN for ``"temperature"``), ``entropy`` of A' (nats),
-``kl`` = KL(A' || A) (nats)."""
-
-BIAS_METRICS: tuple[str, ...] = (
-    *SIMILARITY_STATISTICS,
-    "sp_first",
-    "sp_last",
-    "loss",
-    *ATTENTION_CHECKS,
-)
-"""Metrics of :meth:`AttentionBiasStudy.curve`: the position-resolved statistics of the
-residual stream (``homogenization`` = H_W, the naive and distance-matched edge excess), the
-same-position cross-input similarity of each edge minus the middle's (``sp_*``), the next-token
-loss (nats) and the manipulation checks (:data:`ATTENTION_CHECKS`)."""
-
-
-@dataclass(frozen=True)
-class SlopeAtZero:
-    """The slope of a metric at the unbiased point (b = 0, or beta = 1), two ways.
-
-    Attributes:
-        metric: The metric.
-        layer: Residual entry (similarity metrics) or block (checks); -1 for the loss.
-        step: The b (or beta - 1) of the central difference.
-        central: (metric(+step) - metric(-step)) / (2 step), over every window.
-        se: Block-bootstrap standard error of ``central`` (paired windows).
-        ci_low: Lower interval bound of ``central``.
-        ci_high: Upper interval bound.
-        gradient: The first-order (forward-mode autograd) derivative at zero, on the first
-            ``gradient_windows`` windows (NaN if none were differentiated).
-        gradient_ci_low: Its interval (NaN when it has no per-window spread).
-        gradient_ci_high: Its interval.
-        gradient_windows: Windows behind ``gradient``.
-        central_gradient_windows: ``central`` on the ``gradient_windows`` windows only: the
-            like-for-like cross-check of ``gradient`` (same windows, same estimand; they differ
-            by O(step^2)). NaN without a gradient, and for the statistics that involve the
-            cross-window ``C`` (``homogenization``, ``matched_*``) and ``sp_*`` when the gradient
-            covers fewer windows than the study: the gradient's ``C`` is that of its own
-            windows, which the stored sums do not hold at the other strengths (differentiate
-            every window, ``gradient_windows = n``, for that cross-check).
-        per_mass: The dose in attention moved: d metric / d mass at zero, the central
-            difference of the metric over that of the mass on the biased keys (``mass`` of
-            :data:`ATTENTION_CHECKS`, averaged over the biased blocks), i.e. the change of the
-            metric per unit of attention mass moved onto the biased keys (1 = all of a row's
-            attention). NaN for ``"temperature"`` (no biased keys) and where the mass does not
-            move.
-        per_mass_ci_low: Its interval (delta method over the paired windows; NaN for the
-            cross-window ``sp_*`` metrics of a study without pseudo-values).
-        per_mass_ci_high: Its interval.
-        sesoi: Smallest effect of interest of ``per_mass``, in the metric's unit per unit of
-            mass: a tenth of the metric's own scale at the baseline
-            (:func:`homoglens.stats.default_sesoi`), i.e. moving all of the attention changes
-            the metric by less than a tenth of its value; for ``loss``, 0.01 nats.
-        p: Two-sided p-value of ``per_mass`` = 0.
-        p_tost: TOST p-value of ``|per_mass| >= sesoi`` (small: equivalent to no effect).
-    """
-
-    metric: str
-    layer: int
-    step: float
-    central: float
-    se: float
-    ci_low: float
-    ci_high: float
-    gradient: float
-    gradient_ci_low: float
-    gradient_ci_high: float
-    gradient_windows: int
-    central_gradient_windows: float = math.nan
-    per_mass: float = math.nan
-    per_mass_ci_low: float = math.nan
-    per_mass_ci_high: float = math.nan
-    sesoi: float = math.nan
-    p: float = math.nan
-    p_tost: float = math.nan
-
-    def verdict(self, *, predicted: int = 1, alpha: float = 0.05) -> Verdict:
-        """Three-way verdict on ``per_mass`` (:func:`homoglens.stats.verdict`): ``"holds"``
-        when the metric moves with the attention mass on the side ``predicted`` (+1: more
-        mass, higher metric), ``"equivalent"`` when TOST bounds it inside ``+-sesoi`` per unit
-        of mass, ``"fails"`` on the other side, else ``"inconclusive"``."""
-        return verdict(self.per_mass, self.p, self.p_tost, predicted=predicted, alpha=alpha)
-
-    def __repr__(self) -> str:
-        return (
-            f"SlopeAtZero({self.metric}, layer {self.layer}: central {self.central:.4g} "
-            f"[{self.ci_low:.4g}, {self.ci_high:.4g}] per unit of b at step {self.step:g}; "
-            f"{self.per_mass:.4g} [{self.per_mass_ci_low:.4g}, {self.per_mass_ci_high:.4g}] per "
-            f"unit of attention mass moved (SESOI {self.sesoi:.3g}); gradient "
-            f"{self.gradient:.4g} against central {self.central_gradient_windows:.4g} on the "
-            f"same {self.gradient_windows} windows)"
-        )
-
-
-def _per_mass(
-    value: float,
-    per: torch.Tensor | None,
-    mass: torch.Tensor,
-    *,
-    sesoi: float,
-    ci: float,
-    block: Any,
-    seed: int,
-    n_boot: int,
-) -> tuple[float, float, float, float, float]:
-    """``value`` (a change of a metric) per unit of the mean change ``mass`` ``[seq]`` of the
-    attention on the biased keys, with a delta-method interval over the paired windows:
-    ``(ratio, ci_low, ci_high, p, p_tost)`` (NaN where the mass does not move, or the bounds
-    where ``per`` is None)."""
-    moved = float(mass.mean())
-    if not math.isfinite(moved) or abs(moved) < 1e-12:
-        return math.nan, math.nan, math.nan, math.nan, math.nan
-    ratio = value / moved
-    if per is None or per.shape[0] < 2:
-        return ratio, math.nan, math.nan, math.nan, math.nan
-    linear = ratio + (per.double() - ratio * mass.double()) / moved  # mean: ratio
-    est = estimate([linear[None]], block=block, n_boot=n_boot, ci=ci, seed=seed, sesoi=sesoi)
-    return ratio, est.ci_low, est.ci_high, est.p, est.p_tost
+__all__ = ["ATTENTION_CHECKS", "BIAS_METRICS", "AttentionBiasStudy", "SlopeAtZero"]
 
 
 @dataclass(frozen=True, eq=False)
-class AttentionBiasStudy(SavedResult):
+class AttentionBiasStudy(SavedResult, LayerPlotted):
     """Homogenization, loss and attention under an attention bias, at each strength, paired.
+
+    ``plot(layer)`` draws dose-response panels: H_W and the matched edge excess at residual
+    entry ``layer`` against b (with paired intervals), the loss, and the mass on the biased keys
+    and KL.
 
     At ``attn.hook_pattern`` of the biased blocks and heads each row becomes
     A'[q, k] = softmax_k(beta log A[q, k] + b phi[q, k]) (docs/bias.md, "The intervention");
@@ -177,16 +60,16 @@ class AttentionBiasStudy(SavedResult):
         statistics: ``[strength layer stat]`` each of
             :data:`~homoglens.similarity_math.SIMILARITY_STATISTICS` (cosines; ``naive_*`` of M,
             the rest of W).
-        window_statistics: ``[strength seq layer stat]`` per-window values whose mean over
+        window_statistics: ``[strength batch layer stat]`` per-window values whose mean over
             windows is ``statistics``: for the statistics of ``W`` that subtract ``C``, jackknife
             pseudo-values when ``pseudo_values`` (as
             :meth:`~homoglens.PositionalSimilarity.per_window`), else ``C`` held at the corpus
             value (intervals then ignore ``C``'s noise and are too wide on real data).
         sp: ``[strength layer pos]`` same-position cross-input similarity SP[i] = C[i, i].
         to_first: ``[strength layer pos]`` M[i, first counted position].
-        window_attention: ``[strength seq block check]`` per window, each of
+        window_attention: ``[strength batch block check]`` per window, each of
             :data:`ATTENTION_CHECKS` averaged over its biased rows (heads x queries).
-        window_loss: ``[strength seq]`` per-window mean next-token loss (nats).
+        window_loss: ``[strength batch]`` per-window mean next-token loss (nats).
         gradient_windows: Windows differentiated at zero (forward-mode autograd; 0: none).
         gradient_statistics: ``[layer stat]`` d statistics / d b at zero, on those windows.
         window_gradient_statistics: ``[gseq layer stat]`` per-window derivatives.
@@ -195,7 +78,7 @@ class AttentionBiasStudy(SavedResult):
         window_gradient_loss: ``[gseq]`` d loss / d b at zero, per window.
         pseudo_values: Whether the second pass ran (jackknife pseudo-values; results saved
             before it existed load with False).
-        window_sp: ``[strength seq layer edge]`` or None: the jackknife pseudo-values of
+        window_sp: ``[strength batch layer edge]`` or None: the jackknife pseudo-values of
             ``sp_first`` and ``sp_last`` (mean over windows: the corpus value), with the second
             pass.
         ci: Default interval coverage of :meth:`curve` and :meth:`slope_at_zero`.
@@ -210,6 +93,7 @@ class AttentionBiasStudy(SavedResult):
     """
 
     _stem: ClassVar[str] = "attention_bias"
+    _figure: ClassVar[str] = "bias_figure"
     _layer_axis: ClassVar[bool] = True
     _ranges: ClassVar[dict[str, tuple[float, float]]] = {"ci": (0.0, 1.0)}
     _choices: ClassVar[dict[str, tuple[str, ...]]] = {"kind": ATTENTION_BIAS_KINDS}
@@ -245,11 +129,11 @@ class AttentionBiasStudy(SavedResult):
     first_position: int
     n_sequences: int
     statistics: Float[torch.Tensor, "strength layer stat"]
-    window_statistics: Float[torch.Tensor, "strength seq layer stat"]
+    window_statistics: Float[torch.Tensor, "strength batch layer stat"]
     sp: Float[torch.Tensor, "strength layer pos"]
     to_first: Float[torch.Tensor, "strength layer pos"]
-    window_attention: Float[torch.Tensor, "strength seq block check"]
-    window_loss: Float[torch.Tensor, "strength seq"]
+    window_attention: Float[torch.Tensor, "strength batch block check"]
+    window_loss: Float[torch.Tensor, "strength batch"]
     gradient_windows: int
     gradient_statistics: Float[torch.Tensor, "layer stat"]
     window_gradient_statistics: Float[torch.Tensor, "gseq layer stat"]
@@ -257,7 +141,7 @@ class AttentionBiasStudy(SavedResult):
     window_gradient_attention: Float[torch.Tensor, "gseq block check"]
     window_gradient_loss: Float[torch.Tensor, " gseq"]
     pseudo_values: bool = False
-    window_sp: Float[torch.Tensor, "strength seq layer edge"] | None = None
+    window_sp: Float[torch.Tensor, "strength batch layer edge"] | None = None
     ci: float = 0.95
     block: int | str = "auto"
     seed: int = 0
@@ -377,7 +261,7 @@ class AttentionBiasStudy(SavedResult):
         )
 
     def _mass(self) -> torch.Tensor | None:
-        """``[strength seq]`` mass on the biased keys per window, averaged over the biased
+        """``[strength batch]`` mass on the biased keys per window, averaged over the biased
         blocks (None for ``"temperature"``, which has no biased keys)."""
         if self.kind == "temperature":
             return None
@@ -420,14 +304,14 @@ class AttentionBiasStudy(SavedResult):
         raise InvalidInputError(f"layer={layer} is not a {what} of this study: {list(axis)}")
 
     def _values(self, metric: str, li: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``([strength] corpus values, [strength seq] per-window values or None)``."""
+        """``([strength] corpus values, [strength batch] per-window values or None)``."""
         if metric not in BIAS_METRICS:
             raise InvalidInputError(f"metric={metric!r} must be one of {list(BIAS_METRICS)}")
         if metric == "loss":
             return self.loss, self.window_loss
         if metric in ATTENTION_CHECKS:
             c = ATTENTION_CHECKS.index(metric)
-            per = self.window_attention[..., c]  # [strength seq block]
+            per = self.window_attention[..., c]  # [strength batch block]
             per = per.mean(-1) if li == -1 else per[..., li]
             return per.mean(1), per
         if metric.startswith("sp_"):
@@ -501,53 +385,7 @@ class AttentionBiasStudy(SavedResult):
         Raises:
             InvalidInputError: unknown metric, a layer the study did not read, bad ``ci``.
         """
-        import pandas as pd
-
-        ci, block, seed = self._bootstrap(ci, block, seed)
-        li = self._layer(metric, layer)
-        values, per = self._values(metric, li)
-        base = self._index(self.baseline)
-        mass = self._mass()
-        sesoi = self._sesoi(metric, li)
-        rows = []
-        for i, s in enumerate(self.strengths):
-            se = lo = hi = math.nan
-            delta = float(values[i] - values[base])
-            paired = None if per is None else per[i] - per[base]
-            known = paired is not None and not bool(paired.isnan().all())  # NaN: not defined
-            if paired is not None and known and i != base and self.n_sequences > 1:
-                est = estimate([paired[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
-                se, lo, hi = est.se, est.ci_low, est.ci_high  # paired: the same windows
-            moved = math.nan
-            ratio = (math.nan,) * 5
-            if mass is not None and i != base:
-                moved = float((mass[i] - mass[base]).mean())
-                ratio = _per_mass(
-                    delta, paired, mass[i] - mass[base], sesoi=sesoi, ci=ci, block=block,
-                    seed=seed, n_boot=n_boot,
-                )  # fmt: skip
-            kl = float(self.kl[i])
-            temperature = self.kind == "temperature"
-            rows.append(
-                {
-                    "strength": s,
-                    "b": 0.0 if temperature else s,
-                    "beta": s if temperature else 1.0,
-                    "kl": kl,
-                    "mass_moved": moved,
-                    "value": float(values[i]),
-                    "delta": delta,
-                    "se": se,
-                    "ci_low": lo,
-                    "ci_high": hi,
-                    "per_mass": ratio[0],
-                    "per_mass_ci_low": ratio[1],
-                    "per_mass_ci_high": ratio[2],
-                    "per_kl": delta / kl if i != base and kl > 0 else math.nan,
-                    "n_sequences": self.n_sequences,
-                }
-            )
-        return pd.DataFrame(rows)
+        return curve_table(self, metric, layer, ci=ci, block=block, seed=seed, n_boot=n_boot)
 
     def _sesoi(self, metric: str, li: int) -> float:
         """The default SESOI of ``metric`` per unit of attention mass moved (see
@@ -592,142 +430,13 @@ class AttentionBiasStudy(SavedResult):
             InvalidInputError: no symmetric pair of strengths around the baseline was run
                 (add e.g. -0.25 and 0.25), an unknown metric or layer.
         """
-        ci, block, seed = self._bootstrap(ci, block, seed)
-        li = self._layer(metric, layer)
-        values, per = self._values(metric, li)
-        base = self.baseline
-        steps = [
-            s - base
-            for s in self.strengths
-            if s > base
-            and any(
-                math.isclose(2 * base - s, t, rel_tol=1e-9, abs_tol=1e-12) for t in self.strengths
-            )
-        ]
-        if not steps:
-            raise InvalidInputError(
-                f"no symmetric pair of strengths around {base} in {list(self.strengths)}; a "
-                f"central difference needs {base} +- d (e.g. strengths=(..., {base - 0.25}, "
-                f"{base}, {base + 0.25}, ...))"
-            )
-        step = min(steps)
-        up, down = self._index(base + step), self._index(base - step)
-        central = float((values[up] - values[down]) / (2 * step))
-        se = lo = hi = math.nan
-        diff = None if per is None else (per[up] - per[down]) / (2 * step)
-        if diff is not None and self.n_sequences > 1 and not bool(diff.isnan().all()):
-            est = estimate([diff[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
-            se, lo, hi = est.se, est.ci_low, est.ci_high
-        grad, gper = self._gradient(metric, li)
-        g_lo = g_hi = math.nan
-        if gper is not None and self.gradient_windows > 1 and not bool(gper.isnan().all()):
-            g = estimate([gper[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
-            g_lo, g_hi = g.ci_low, g.ci_high
-        like = math.nan  # the central difference on the gradient's own windows
-        g = self.gradient_windows
-        cross = metric.startswith("sp_") or (
-            metric in SIMILARITY_STATISTICS and not metric.startswith("naive")
-        )
-        if g == self.n_sequences:
-            like = central  # the same windows: the same estimand
-        elif diff is not None and g and not cross:
-            like = float(diff[:g].mean())  # per-window values that do not involve C
-        mass = self._mass()
-        sesoi = self._sesoi(metric, li)
-        ratio: tuple[float, ...] = (math.nan,) * 5
-        if mass is not None:
-            own = None if metric == "mass" else diff  # the mass per unit of itself: exactly 1
-            ratio = _per_mass(
-                central, own, (mass[up] - mass[down]) / (2 * step), sesoi=sesoi, ci=ci,
-                block=block, seed=seed, n_boot=n_boot,
-            )  # fmt: skip
-        shown = (
-            -1
-            if metric == "loss"
-            else (
-                -1 if li == -1 else (self.blocks if metric in ATTENTION_CHECKS else self.layers)[li]
-            )
-        )
-        return SlopeAtZero(
-            metric=metric,
-            layer=shown,
-            step=step,
-            central=central,
-            se=se,
-            ci_low=lo,
-            ci_high=hi,
-            gradient=grad,
-            gradient_ci_low=g_lo,
-            gradient_ci_high=g_hi,
-            gradient_windows=self.gradient_windows,
-            central_gradient_windows=like,
-            per_mass=ratio[0],
-            per_mass_ci_low=ratio[1],
-            per_mass_ci_high=ratio[2],
-            sesoi=sesoi,
-            p=ratio[3],
-            p_tost=ratio[4],
-        )
+        return slope_at_zero(self, metric, layer, ci=ci, block=block, seed=seed, n_boot=n_boot)
 
     def to_pandas(self) -> pd.DataFrame:
         """Tidy: one row per (strength, metric, layer) with ``value`` and ``kl``: the
         similarity statistics per residual entry, the checks per biased block, the loss
         (``layer`` = -1)."""
-        import pandas as pd
-
-        rows: list[dict[str, Any]] = []
-        for i, s in enumerate(self.strengths):
-            for li, layer in enumerate(self.layers):
-                for e, stat in enumerate(SIMILARITY_STATISTICS):
-                    value = float(self.statistics[i, li, e])
-                    rows.append({"strength": s, "metric": stat, "layer": layer, "value": value})
-            for bi, blk in enumerate(self.blocks):
-                for c, check in enumerate(ATTENTION_CHECKS):
-                    value = float(self.attention[i, bi, c])
-                    rows.append({"strength": s, "metric": check, "layer": blk, "value": value})
-            loss = float(self.loss[i])
-            rows.append({"strength": s, "metric": "loss", "layer": -1, "value": loss})
-        frame = pd.DataFrame(rows)
-        doses = dict(zip(self.strengths, self.kl.tolist(), strict=True))
-        frame["kl"] = frame["strength"].map(doses)
-        return frame
-
-    @overload
-    def plot(
-        self,
-        layer: int = -1,
-        *,
-        title: str | None = None,
-        backend: Literal["matplotlib"] = "matplotlib",
-    ) -> Figure: ...
-    @overload
-    def plot(
-        self, layer: int = -1, *, title: str | None = None, backend: Literal["plotly"]
-    ) -> PlotlyFigure: ...
-    def plot(
-        self, layer: int = -1, *, title: str | None = None, backend: PlotBackend = "matplotlib"
-    ) -> Figure | PlotlyFigure:
-        """Dose-response panels: H_W and the matched edge excess at residual entry ``layer``
-        against b (with paired intervals), the loss, and the mass on the biased keys and KL.
-
-        Args:
-            layer: Index into :attr:`layers` (default: the last entry).
-            title: Figure title (matplotlib: none by default; plotly: the provenance).
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
-
-        Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
-        """
-        from homoglens.results.figures import bias_figure
-
-        return bias_figure(self, layer, title=title, backend=backend)
+        return bias_frame(self)
 
     def __repr__(self) -> str:
         return (

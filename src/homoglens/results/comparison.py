@@ -4,20 +4,31 @@ intact and position-ablated, with the bootstrap contrasts and the claims table.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
 from homoglens.claims import claims_table
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
-from homoglens.results import PositionAblationStudy, prepare_folder, read_saved
-from homoglens.results.base import checked_result
+from homoglens.results import PositionAblationStudy
+from homoglens.results.base import Plotted
+from homoglens.results.comparison_storage import (
+    export_replicate,
+    load_comparison,
+    write_comparison,
+)
+from homoglens.results.comparison_tables import (
+    ablation_effects_table,
+    context_costs_table,
+    differences_table,
+    layer_homogenization_table,
+    summary_table,
+)
 from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
 from homoglens.results.sinks import SinkScores
-from homoglens.results.storage import folder_path, save_folder, write_pair
+from homoglens.results.storage import save_folder
 from homoglens.results.validation import (
     COSINE,
     FINITE_OR_NAN,
@@ -33,10 +44,6 @@ from homoglens.validate import as_float
 
 if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.figure import Figure
-    from plotly.graph_objects import Figure as PlotlyFigure
-
-    from homoglens.types import PlotBackend
 
 
 LAYER_STATISTICS: tuple[str, ...] = (
@@ -64,15 +71,18 @@ STATISTICS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True, eq=False)
-class ModelComparison:
+class ModelComparison(Plotted):
     """Several models measured on the same windows, paired by window.
+
+    ``plot()`` draws, left: centred homogenization by layer per model; middle: the matched and
+    the naive edge excess at the last layer (block-bootstrap intervals); right: loss per model.
 
     Attributes:
         labels: Model labels, in the order given.
         statistics: ``{label: {mode: {statistic: values}}}``: every per-window statistic
-            (:data:`STATISTICS`; ``[seq]`` or ``[seq layer]``) of every model, intact
+            (:data:`STATISTICS`; ``[batch]`` or ``[batch layer]``) of every model, intact
             (``"none"``) and under each positional ablation (no sink statistics then).
-        layers: The layer axis of the ``[seq layer]`` statistics.
+        layers: The layer axis of the ``[batch layer]`` statistics.
         variants: ``{label: variant}``, the grouping key of ``group_by="variant"`` (the
             positional scheme recorded in ``training.json``, ``-bos`` appended for BOS-trained
             models; the label itself for other models).
@@ -230,7 +240,7 @@ class ModelComparison:
             mode: ``"none"`` (intact) or a positional ablation that was run.
 
         Returns:
-            ``{statistic: [seq] or [seq layer]}`` float64 tensors (cosines; loss in nats/token;
+            ``{statistic: [batch] or [batch layer]}`` float64 tensors (cosines; loss in nats/token;
             sink_rate in percent; importance in [0, 1]).
 
         Raises:
@@ -283,14 +293,7 @@ class ModelComparison:
         Returns:
             DataFrame with columns ``model, statistic, value, ci_low, ci_high``.
         """
-        import pandas as pd
-
-        rows = []
-        for label in self.labels:
-            for stat, values in self.per_sequence(label).items():
-                est = self._estimate([self._last(values)[None]])
-                rows.append((label, stat, est.value, est.ci_low, est.ci_high))
-        return pd.DataFrame(rows, columns=["model", "statistic", "value", "ci_low", "ci_high"])
+        return summary_table(self)
 
     def differences(self, reference: str | None = None) -> pd.DataFrame:
         """Paired differences between models (model minus ``reference``) on the same windows,
@@ -305,23 +308,7 @@ class ModelComparison:
         Raises:
             InvalidInputError: unknown label.
         """
-        import pandas as pd
-
-        reference = self.labels[0] if reference is None else reference
-        self._check_label(reference)
-        ref = self.per_sequence(reference)
-        rows = []
-        for label in self.labels:
-            if label == reference:
-                continue
-            for stat, values in self.per_sequence(label).items():
-                if stat not in ref:  # e.g. icl of a model measured here, against shipped ones
-                    continue
-                est = self._estimate([(self._last(values) - self._last(ref[stat]))[None]])
-                rows.append((label, reference, stat, est.value, est.ci_low, est.ci_high))
-        return pd.DataFrame(
-            rows, columns=["model", "reference", "statistic", "diff", "ci_low", "ci_high"]
-        )
+        return differences_table(self, reference)
 
     def ablation_effects(self) -> pd.DataFrame:
         """Paired effect of each positional ablation within each model (ablated minus intact),
@@ -330,21 +317,7 @@ class ModelComparison:
         Returns:
             DataFrame with columns ``model, mode, statistic, diff, ci_low, ci_high``.
         """
-        import pandas as pd
-
-        rows = []
-        for label in self.labels:
-            intact = self.per_sequence(label)
-            for mode in self.statistics[label]:
-                if mode == "none":
-                    continue
-                for stat, values in self.per_sequence(label, mode).items():
-                    diff = self._last(values) - self._last(intact[stat])
-                    est = self._estimate([diff[None]])
-                    rows.append((label, mode, stat, est.value, est.ci_low, est.ci_high))
-        return pd.DataFrame(
-            rows, columns=["model", "mode", "statistic", "diff", "ci_low", "ci_high"]
-        )
+        return ablation_effects_table(self)
 
     def context_table(self) -> pd.DataFrame:
         """Per computed model and mode: the context-task costs of C3c (in-context-learning
@@ -354,15 +327,7 @@ class ModelComparison:
         Returns:
             DataFrame with a ``model`` column and the columns of the study's context table.
         """
-        import pandas as pd
-
-        frames = [
-            self.studies[label].context_table().assign(model=label) for label in self.computed
-        ]
-        if not frames:
-            return pd.DataFrame(columns=["model", "mode", "icl", "induction_loss"])
-        frame = pd.concat(frames, ignore_index=True)
-        return frame.reindex(columns=["model", *[c for c in frame.columns if c != "model"]])
+        return context_costs_table(self)
 
     def layer_table(self) -> pd.DataFrame:
         """Per model and layer entry (intact): the raw mean pairwise cosine and the centred
@@ -372,39 +337,7 @@ class ModelComparison:
             DataFrame with columns ``model, layer, mean_pairwise, ci_low, ci_high,
             homogenization, h_ci_low, h_ci_high``.
         """
-        import pandas as pd
-
-        rows = []
-        for label in self.labels:
-            stats = self.per_sequence(label)
-            for li, layer in enumerate(self.layers):
-                raw = self._estimate([stats["mean_pairwise"][:, li][None]])
-                h = self._estimate([stats["homogenization"][:, li][None]])
-                rows.append(
-                    (
-                        label,
-                        layer,
-                        raw.value,
-                        raw.ci_low,
-                        raw.ci_high,
-                        h.value,
-                        h.ci_low,
-                        h.ci_high,
-                    )  # fmt: skip
-                )
-        return pd.DataFrame(
-            rows,
-            columns=[
-                "model",
-                "layer",
-                "mean_pairwise",
-                "ci_low",
-                "ci_high",
-                "homogenization",
-                "h_ci_low",
-                "h_ci_high",
-            ],  # fmt: skip
-        )
+        return layer_homogenization_table(self)
 
     def claims(
         self,
@@ -457,30 +390,7 @@ class ModelComparison:
         """Tidy: :meth:`summary` (one row per model and statistic)."""
         return self.summary()
 
-    @overload
-    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
-    @overload
-    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
-    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
-        """Left: centred homogenization by layer per model; middle: the matched and the naive
-        edge excess at the last layer (block-bootstrap intervals); right: loss per model.
-
-        Args:
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
-
-        Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
-        """
-        from homoglens.results.figures import comparison_figure
-
-        return comparison_figure(self, backend=backend)
+    _figure: ClassVar[str] = "comparison_figure"
 
     # ------------------------------------------------------------------ persistence
     def export_statistics(self, label: str, path: str | Path) -> Path:
@@ -493,34 +403,7 @@ class ModelComparison:
         Returns:
             The JSON file's path.
         """
-        self._check_label(label)
-        folder = prepare_folder(path)
-        stem = label.split("/")[-1]
-        tensors = {
-            f"{mode}/{stat}": values.float().contiguous()
-            for mode, stats in self.statistics[label].items()
-            for stat, values in stats.items()
-        }
-        meta = {
-            "format": "homoglens.ReplicateStatistics/1",
-            "label": label,
-            "variant": self.variants[label],
-            "heldout": self.heldout.get(label, {}),
-            "layers": list(self.layers),
-            "edge_k": self.edge_k,
-            "centre": self.settings.get("centre"),
-            "sp_uncentred": self._sp_uncentred,
-            "eps": self.eps,
-            "seed": self.seed,
-            "n_windows": self.n_sequences,
-            "data": self.settings.get("data", ""),
-            "window_index": self.settings.get("window_index"),
-        }
-        out = folder / f"{stem}.json"
-        with contextlib.suppress(FileNotFoundError):  # never old JSON beside new tensors
-            out.unlink()
-        write_pair(folder, stem, tensors, meta)
-        return out
+        return export_replicate(self, label, path)
 
     def save(self, path: str | Path) -> Path:
         """Save as ``comparison.safetensors`` (every per-window statistic) + a study, a
@@ -537,37 +420,7 @@ class ModelComparison:
                            manifest="comparison.json")  # fmt: skip
 
     def _write_into(self, folder: Path) -> None:
-        parts = []
-        for i, label in enumerate(self.labels):
-            if label in self.computed:
-                for name, part in (
-                    ("study", self.studies[label]),
-                    ("similarity", self.similarity[label]),
-                    ("sinks", self.sinks[label]),
-                ):
-                    (folder / f"model_{i}" / name).mkdir(parents=True)
-                    part._write_into(folder / f"model_{i}" / name)
-                    stem = "study" if name == "study" else part._stem  # type: ignore[union-attr]
-                    parts.append(f"model_{i}/{name}/{stem}.json")
-        tensors = {
-            f"{i}/{mode}/{stat}": values.contiguous()
-            for i, label in enumerate(self.labels)
-            for mode, stats in self.statistics[label].items()
-            for stat, values in stats.items()
-        }
-        meta = {
-            "format": "homoglens.ModelComparison/2",
-            "labels": list(self.labels),
-            "layers": list(self.layers),
-            "variants": self.variants,
-            "computed": list(self.computed),
-            "heldout": self.heldout,
-            "no_positions": self.no_positions,
-            "group_by": self.group_by,
-            **{k: getattr(self, k) for k in COMPARISON_SCALARS},
-            "settings": self.settings,
-        }
-        write_pair(folder, "comparison", tensors, meta, parts)
+        write_comparison(self, folder)
 
     @classmethod
     def load(cls, path: str | Path) -> ModelComparison:
@@ -580,57 +433,7 @@ class ModelComparison:
                 that does not match the sha256 recorded in ``comparison.json`` (saved
                 incompletely or edited).
         """
-        folder = folder_path(path, "load")
-        meta, tensors = read_saved(folder, "comparison", parts=_model_parts)
-        if not isinstance(meta, dict) or meta.get("format") != "homoglens.ModelComparison/2":
-            raise IncompatibleResultsError(f"{folder} does not hold a ModelComparison/2")
-        keys = {"format", "labels", "layers", "variants", "computed", "heldout", "no_positions"}
-        keys |= {"group_by", "settings", *COMPARISON_SCALARS}
-        if set(meta) != keys:
-            raise IncompatibleResultsError(
-                f"{folder}/comparison.json has keys {sorted(meta)}, expected {sorted(keys)}"
-            )
-        labels, computed = meta["labels"], meta["computed"]
-        if (
-            not isinstance(labels, list)
-            or not all(isinstance(v, str) for v in labels)
-            or not isinstance(computed, list)
-            or not all(isinstance(v, str) and v in labels for v in computed)
-        ):
-            raise IncompatibleResultsError(
-                f"{folder}/comparison.json has labels={labels!r}, computed={computed!r}: "
-                "expected strings, the computed ones among the labels; save it again"
-            )
-        statistics: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
-        for key, values in tensors.items():
-            i, mode, stat = (key.split("/") + ["", "", ""])[:3]
-            if not i.isdigit() or int(i) >= len(labels) or key.count("/") != 2:
-                raise IncompatibleResultsError(
-                    f"{folder}/comparison.safetensors has a tensor {key!r}, not "
-                    "'<label index>/<mode>/<statistic>'; save the comparison again"
-                )
-            statistics.setdefault(labels[int(i)], {}).setdefault(mode, {})[stat] = values
-        where = {label: folder / f"model_{labels.index(label)}" for label in computed}
-        kwargs = {
-            "labels": tuple(labels),
-            "statistics": statistics,
-            "layers": meta["layers"],
-            "variants": meta["variants"],
-            "computed": tuple(computed),
-            "studies": {k: PositionAblationStudy.load(v / "study") for k, v in where.items()},
-            "similarity": {
-                k: PositionalSimilarity.load(v / "similarity") for k, v in where.items()
-            },
-            "sinks": {k: SinkScores.load(v / "sinks") for k, v in where.items()},
-            "heldout": meta["heldout"],
-            "no_positions": meta["no_positions"],
-            "group_by": meta["group_by"],
-            "settings": meta["settings"],
-            **{k: meta[k] for k in COMPARISON_SCALARS},
-        }
-        if isinstance(kwargs["layers"], list):
-            kwargs["layers"] = tuple(kwargs["layers"])
-        return checked_result(cls, folder, kwargs, stem="comparison")
+        return load_comparison(cls, path)
 
     def __repr__(self) -> str:
         return (
@@ -649,20 +452,3 @@ STATISTIC_BOUNDS: dict[str, Bounds] = {
 """Values a saved per-window statistic of :class:`ModelComparison` may hold (nats, cosine,
 percent, importance); every other statistic is finite or NaN (``icl`` under 16 tokens, the
 cross-input readings on centred vectors, jackknife pseudo-values are not bounded)."""
-
-
-COMPARISON_SCALARS = ("edge_k", "eps", "n_boot", "ci", "seed", "block", "sesoi", "loss_sesoi")
-
-
-def _model_parts(meta: dict[str, Any]) -> list[str]:
-    """The part JSONs a comparison's loader reads: the study, similarity and sink scores of
-    each computed model (``model_<i>/``, ``i`` its index among the labels)."""
-    labels, computed = meta.get("labels"), meta.get("computed")
-    if not isinstance(labels, list) or not isinstance(computed, list):
-        return []
-    return [
-        f"model_{labels.index(label)}/{name}"
-        for label in computed
-        if label in labels
-        for name in ("study/study.json", "similarity/similarity.json", "sinks/sink_scores.json")
-    ]

@@ -1,7 +1,8 @@
 """The figure of each result, composed once from the generic primitives and drawn by either
 backend: :mod:`homoglens.plotting` (matplotlib, the default) or its twin
 :mod:`homoglens.plotting_plotly` (``backend="plotly"``), which take the same arguments. Each
-result's ``plot()`` calls one of these; matplotlib or plotly is imported when a figure is made.
+result's ``plot()`` (:class:`~homoglens.results.base.Plotted`) calls the one its class names;
+matplotlib or plotly is imported when a figure is made.
 
 A plotly figure always carries its provenance in its title (model, backend, weights, data);
 a matplotlib figure keeps the titles it always had.
@@ -13,11 +14,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
+import torch
 
 from homoglens.errors import InvalidInputError
 from homoglens.types import PLOT_BACKENDS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     import pandas as pd
     from matplotlib.axes import Axes
 
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from homoglens.results.similarity import PositionalSimilarity
     from homoglens.results.sinks import AttentionReceived, SinkScores
     from homoglens.results.studies import PositionAblationStudy
+    from homoglens.results.sweeps import CheckpointSweep
 
 LAYER_AXIS = "layer (0 = embeddings, l = output of block l-1)"
 
@@ -44,8 +49,7 @@ def sink_rate_label(key: int, eps: float) -> str:
 
 
 AnyFigure: TypeAlias = Any
-"""A matplotlib ``Figure`` or a ``plotly.graph_objects.Figure`` (see each ``plot()``'s
-overloads for which)."""
+"""A matplotlib ``Figure`` or a ``plotly.graph_objects.Figure`` (``Plotted.plot`` says which)."""
 
 
 def figure_kit(backend: str) -> ModuleType:
@@ -100,13 +104,23 @@ def headline(
     kit.suptitle(fig, title or default)
 
 
-def _panel(
-    kit: ModuleType, ax: Axes | Panel | None, width: float, height: float
-) -> tuple[AnyFigure, Any]:
+def _profile_panel(
+    profile: HomogenizationProfile,
+    ax: Axes | Panel | None,
+    size: tuple[float, float],
+    backend: str,
+    draw: Callable[[ModuleType, Any], None],
+) -> AnyFigure:
+    """Draw ``draw(kit, panel)`` on ``ax``, or on a figure of its own of ``size`` (inches)
+    titled with the profile's provenance on the plotly side; the figure drawn on."""
+    kit = figure_kit(backend)
     if ax is not None:
-        return ax.figure, ax
-    fig, axes = kit.new_figure(width, height)
-    return fig, axes[0]
+        draw(kit, ax)
+        return ax.figure
+    fig, axes = kit.new_figure(*size)
+    draw(kit, axes[0])
+    headline(kit, fig, None, _profile_title(profile), matplotlib=False)
+    return fig
 
 
 def profile_curves(
@@ -118,22 +132,20 @@ def profile_curves(
 ) -> AnyFigure:
     """Per-layer mean pairwise cosine (raw), anisotropy baseline, and adjusted = raw - baseline
     (on ``ax``, or a figure of its own titled with the provenance on the plotly side)."""
-    kit = figure_kit(backend)
-    own = ax is None
-    fig, ax = _panel(kit, ax, 6, 4)
-    series = {
-        "mean pairwise cosine (raw)": profile.mean_pairwise.numpy(),
-        "baseline (across sequences)": profile.baseline.numpy(),
-        "adjusted = raw - baseline": profile.adjusted.numpy(),
-    }
-    styles = dict(zip(series, ("o-", "s--", "^-"), strict=True))
-    kit.curves(
-        ax, np.asarray(profile.layers), series, styles=styles, hlines=(0.0,), xlabel=LAYER_AXIS,
-        ylabel="cosine", title=title or "Homogenization by layer",
-    )  # fmt: skip
-    if own:
-        headline(kit, fig, None, _profile_title(profile), matplotlib=False)
-    return fig
+
+    def draw(kit: ModuleType, panel: Any) -> None:
+        series = {
+            "mean pairwise cosine (raw)": profile.mean_pairwise.numpy(),
+            "baseline (across sequences)": profile.baseline.numpy(),
+            "adjusted = raw - baseline": profile.adjusted.numpy(),
+        }
+        styles = dict(zip(series, ("o-", "s--", "^-"), strict=True))
+        kit.curves(
+            panel, np.asarray(profile.layers), series, styles=styles, hlines=(0.0,),
+            xlabel=LAYER_AXIS, ylabel="cosine", title=title or "Homogenization by layer",
+        )  # fmt: skip
+
+    return _profile_panel(profile, ax, (6, 4), backend, draw)
 
 
 def _profile_title(profile: HomogenizationProfile) -> str:
@@ -166,20 +178,18 @@ def profile_heatmap(
     backend: str = "matplotlib",
 ) -> AnyFigure:
     """Layer x position heatmap of a per-position metric (default ``to_others``)."""
-    kit = figure_kit(backend)
-    own = ax is None
-    fig, ax = _panel(kit, ax, 7, 4)
-    values = getattr(profile, metric).numpy()
-    kit.heatmap(
-        ax, values, extent=(-0.5, profile.n_pos - 0.5, -0.5, len(values) - 0.5),
-        yticklabels=[str(layer) for layer in profile.layers],
-        xlabel="position (from the first real token)", ylabel="layer",
-        title=title or f"{metric} by layer and position",
-        label="cosine" if metric != "norm" else "norm",
-    )  # fmt: skip
-    if own:
-        headline(kit, fig, None, _profile_title(profile), matplotlib=False)
-    return fig
+
+    def draw(kit: ModuleType, panel: Any) -> None:
+        values = getattr(profile, metric).numpy()
+        kit.heatmap(
+            panel, values, extent=(-0.5, profile.n_pos - 0.5, -0.5, len(values) - 0.5),
+            yticklabels=[str(layer) for layer in profile.layers],
+            xlabel="position (from the first real token)", ylabel="layer",
+            title=title or f"{metric} by layer and position",
+            label="cosine" if metric != "norm" else "norm",
+        )  # fmt: skip
+
+    return _profile_panel(profile, ax, (7, 4), backend, draw)
 
 
 def profile_figure(
@@ -194,6 +204,21 @@ def profile_figure(
     return fig
 
 
+def _layer_curves(
+    kit: ModuleType, ax: Any, table: pd.DataFrame, by: str, groups: Sequence[str],
+    columns: tuple[str, str, str], **options: Any,
+) -> None:  # fmt: skip
+    """One ``o-`` curve by layer per group (``table[by] == group``) of the ``(value, low, high)``
+    columns of a tidy ``table``, its interval a band; ``options`` go to ``kit.curves``."""
+    value, low, high = columns
+    rows = {group: table[table[by] == group] for group in groups}
+    kit.curves(
+        ax, {k: r["layer"] for k, r in rows.items()}, {k: r[value] for k, r in rows.items()},
+        bands={k: (r[low], r[high]) for k, r in rows.items()}, styles=dict.fromkeys(rows, "o-"),
+        ms=3, xlabel=LAYER_AXIS, **options,
+    )  # fmt: skip
+
+
 def study_figure(
     study: PositionAblationStudy, *, title: str | None = None, backend: str = "matplotlib"
 ) -> AnyFigure:
@@ -201,14 +226,9 @@ def study_figure(
     kit = figure_kit(backend)
     what = "massive-activation ablations" if study.is_massive else "positional ablations"
     fig, (left, right) = kit.new_figure(12, 4.2, ncols=2, width_ratios=[1.6, 1])
-    table = study.layer_table()
-    rows = {mode: table[table["mode"] == mode] for mode in study.modes}
-    kit.curves(
-        left, {m: r["layer"] for m, r in rows.items()},
-        {m: r["mean_pairwise"] for m, r in rows.items()},
-        bands={m: (r["ci_low"], r["ci_high"]) for m, r in rows.items()},
-        styles=dict.fromkeys(rows, "o-"), ms=3, xlabel=LAYER_AXIS, ylabel="mean pairwise cosine",
-        title=f"Homogenization by layer under {what}",
+    _layer_curves(
+        kit, left, study.layer_table(), "mode", study.modes, ("mean_pairwise", "ci_low", "ci_high"),
+        ylabel="mean pairwise cosine", title=f"Homogenization by layer under {what}",
     )  # fmt: skip
     loss = study.loss_table()
     kit.bars(
@@ -349,8 +369,8 @@ def massive_figure(massive: MassiveActivations, *, backend: str = "matplotlib") 
 def attribution_figure(
     result: SinkAttribution, metric: str, j: int, *, backend: str = "matplotlib"
 ) -> AnyFigure:
-    """Per-head change of ``metric`` (a ``[layer head]`` heatmap, or bars for a few heads) and,
-    in exact mode, the change of ``to_others`` per position."""
+    """Per-head change of ``metric`` (a ``[layer head_index]`` heatmap, or bars for a few
+    heads) and, in exact mode, the change of ``to_others`` per position."""
     kit = figure_kit(backend)
     exact = result.delta_to_others is not None
     fig, axes = kit.new_figure(11 if exact else 6, 4, ncols=2 if exact else 1)
@@ -421,15 +441,10 @@ def comparison_figure(comparison: ModelComparison, *, backend: str = "matplotlib
     last layer (block-bootstrap intervals); loss per model."""
     kit = figure_kit(backend)
     fig, (left, middle, right) = kit.new_figure(15, 4.4, ncols=3, width_ratios=[1.1, 1.5, 0.9])
-    layers = comparison.layer_table()
-    rows = {label: layers[layers["model"] == label] for label in comparison.labels}
-    kit.curves(
-        left, {k: r["layer"] for k, r in rows.items()},
-        {k: r["homogenization"] for k, r in rows.items()},
-        bands={k: (r["h_ci_low"], r["h_ci_high"]) for k, r in rows.items()},
-        styles=dict.fromkeys(rows, "o-"), ms=3, lw=1, hlines=(0.0,), legend="x-small",
-        xlabel=LAYER_AXIS, ylabel="H = mean off-diagonal W (centred)",
-        title="Homogenization by layer",
+    _layer_curves(
+        kit, left, comparison.layer_table(), "model", comparison.labels,
+        ("homogenization", "h_ci_low", "h_ci_high"), lw=1, hlines=(0.0,), legend="x-small",
+        ylabel="H = mean off-diagonal W (centred)", title="Homogenization by layer",
     )  # fmt: skip
     summary = comparison.summary().set_index(["model", "statistic"])
     stats = ["matched_first", "matched_last", "naive_first", "naive_last"]
@@ -541,4 +556,44 @@ def received_figure(result: AttentionReceived, *, backend: str = "matplotlib") -
              title="in proportion to attention?")  # fmt: skip
     what = f"attention received over {result.n_sequences} sequences"
     headline(kit, fig, None, what, matplotlib=False, provenance=result.provenance)
+    return fig
+
+
+_SWEEP_TITLES = {
+    "sink_rate": "Sink_1^0.3 (key 0), % of heads",
+    "homogenization": "homogenization, last entry (cosine)",
+    "homogenization_adjusted": "adjusted homogenization, last entry",
+    "loss": "next-token loss (nats)",
+}
+
+
+def sweep_figure(
+    sweep: CheckpointSweep, *, title: str | None = None, backend: str = "matplotlib"
+) -> AnyFigure:
+    """Each scalar metric against the training step (symmetric-log axis when step 0 is
+    included; linear on the plotly side, which has none), and the first per-entry metric as a
+    heatmap (residual entry x checkpoint)."""
+    kit = figure_kit(backend)
+    n_panels = len(sweep.metrics) + (1 if sweep.layer_metrics else 0)
+    fig, axes = kit.new_figure(4.2 * max(n_panels, 1), 3.4, ncols=max(n_panels, 1))
+    known = ~torch.isnan(sweep.steps)
+    x = (sweep.steps if bool(known.all())
+         else torch.arange(len(sweep.checkpoints), device="cpu").double())  # fmt: skip
+    xlabel = "training step" if bool(known.all()) else "checkpoint (training order)"
+    for ax, (m, name) in zip(axes, enumerate(sweep.metrics), strict=False):
+        kit.curves(ax, x, {name: sweep.values[:, m]}, xlabel=xlabel, ylabel=name, legend=None,
+                   marker="o", ms=3)  # fmt: skip
+        if bool(known.all()) and float(x.max()) > 10 * max(float(x[x > 0].min()), 1.0):
+            kit.log_scale(ax, "x", linthresh=max(float(x[x > 0].min()), 1.0))
+        kit.panel_title(ax, _SWEEP_TITLES.get(name, name), fontsize=9)
+    if sweep.layer_metrics:
+        name = sweep.layer_metrics[0]
+        kit.heatmap(
+            axes[-1], sweep.layer_values[:, 0].T, xlabel="checkpoint", ylabel="residual entry",
+            title=f"{name} by residual entry", label=name,
+            xticklabels=[label.rsplit("/", 1)[-1] for label in sweep.checkpoints],
+            yticklabels=[str(layer) for layer in sweep.layers],
+        )  # fmt: skip
+    default = f"{sweep.provenance.model}: over {len(sweep.checkpoints)} checkpoints"
+    headline(kit, fig, title, default, matplotlib=True)
     return fig

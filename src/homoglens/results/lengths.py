@@ -4,13 +4,13 @@ of long windows (where an end-of-sequence effect of a causal model can show)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import SavedResult
+from homoglens.results.base import LayerPlotted, SavedResult
 from homoglens.results.provenance import Provenance
 from homoglens.results.validation import (
     COSINE_OR_NAN,
@@ -23,22 +23,23 @@ from homoglens.results.validation import (
 from homoglens.similarity_math import SIMILARITY_STATISTICS
 from homoglens.stats import estimate
 
-if TYPE_CHECKING:  # plotting stays a lazy import
+if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.figure import Figure
-    from plotly.graph_objects import Figure as PlotlyFigure
 
-    from homoglens.types import PlotBackend
 
 PREFIX_CURVES: tuple[str, ...] = ("lag", "to_first", "sp", "attention_entropy", "first_key_mass")
 """Curves over the absolute position p of :meth:`LengthStudy.curve`."""
 
 
 @dataclass(frozen=True, eq=False)
-class LengthStudy(SavedResult):
+class LengthStudy(SavedResult, LayerPlotted):
     """Similarity and attention over positions p, and edge statistics per sequence length T,
     read from one forward pass of windows of the longest length (a causal model's vectors at
     p < T do not depend on what follows, so every shorter length is a prefix).
+
+    ``plot(layer)`` draws the lag-controlled similarity and SP over p (entry ``layer``), the
+    last block's normalised attention entropy and key-0 mass over p, and H_W / the matched
+    edges by T.
 
     Stored fields (float64):
         lengths: Lengths T, ascending; the windows held ``max(lengths)`` tokens.
@@ -58,7 +59,7 @@ class LengthStudy(SavedResult):
             windows.
         statistics: ``[length layer stat]`` each of
             :data:`~homoglens.similarity_math.SIMILARITY_STATISTICS` on the first T positions.
-        window_statistics: ``[length seq layer stat]`` per-window values whose mean is
+        window_statistics: ``[length batch layer stat]`` per-window values whose mean is
             ``statistics``: jackknife pseudo-values for the statistics that subtract ``C`` when
             ``pseudo_values``, else ``C`` held fixed
             (:meth:`~homoglens.PositionalSimilarity.per_window`).
@@ -73,6 +74,7 @@ class LengthStudy(SavedResult):
     """
 
     _stem: ClassVar[str] = "lengths"
+    _figure: ClassVar[str] = "length_figure"
     _layer_axis: ClassVar[bool] = True
     _bounds: ClassVar[dict[str, Bounds]] = {
         "lengths": Bounds(2.0),
@@ -101,7 +103,7 @@ class LengthStudy(SavedResult):
     attention_entropy: Float[torch.Tensor, "block pos"]
     first_key_mass: Float[torch.Tensor, "block pos"]
     statistics: Float[torch.Tensor, "length layer stat"]
-    window_statistics: Float[torch.Tensor, "length seq layer stat"]
+    window_statistics: Float[torch.Tensor, "length batch layer stat"]
     pseudo_values: bool = False
     provenance: Provenance = field(default_factory=Provenance)
 
@@ -264,43 +266,6 @@ class LengthStudy(SavedResult):
             for e, stat in enumerate(SIMILARITY_STATISTICS)
         ]
         return pd.DataFrame(rows)
-
-    @overload
-    def plot(
-        self,
-        layer: int = -1,
-        *,
-        title: str | None = None,
-        backend: Literal["matplotlib"] = "matplotlib",
-    ) -> Figure: ...
-    @overload
-    def plot(
-        self, layer: int = -1, *, title: str | None = None, backend: Literal["plotly"]
-    ) -> PlotlyFigure: ...
-    def plot(
-        self, layer: int = -1, *, title: str | None = None, backend: PlotBackend = "matplotlib"
-    ) -> Figure | PlotlyFigure:
-        """Lag-controlled similarity and SP over p (entry ``layer``), the last block's
-        normalised attention entropy and key-0 mass over p, and H_W / matched edges by T.
-
-        Args:
-            layer: Index into :attr:`layers` (default: the last entry).
-            title: Figure title (matplotlib: none by default; plotly: the provenance).
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
-
-        Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
-        """
-        from homoglens.results.figures import length_figure
-
-        return length_figure(self, layer, title=title, backend=backend)
 
     def __repr__(self) -> str:
         return (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -14,6 +14,7 @@ from jaxtyping import Float, Int
 from homoglens.errors import InvalidInputError
 from homoglens.homogenization import nan_div
 from homoglens.results import Provenance, SavedResult
+from homoglens.results.base import Plotted
 from homoglens.results.cache import cached_residuals
 from homoglens.results.validation import NON_NEGATIVE, Bounds, FieldError
 from homoglens.sink_math import massive_sums
@@ -21,15 +22,13 @@ from homoglens.types import MASSIVE_MEDIANS, MassiveMedian
 
 if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.figure import Figure
-    from plotly.graph_objects import Figure as PlotlyFigure
-
-    from homoglens.types import PlotBackend
 
 
 @dataclass(frozen=True, eq=False)
-class MassiveActivations(SavedResult):
+class MassiveActivations(SavedResult, Plotted):
     """Massive-activation statistics of the residual stream (Sun et al. 2024).
+
+    ``plot()`` draws a heatmap of log10 of the mean max/median ratio per (layer, position).
 
     Attributes:
         layers: Entries of the ``n_layers + 1`` residual axis (0 = embeddings).
@@ -58,6 +57,7 @@ class MassiveActivations(SavedResult):
     """
 
     _stem: ClassVar[str] = "massive"
+    _figure: ClassVar[str] = "massive_figure"
     _ranges: ClassVar[dict[str, tuple[float, float]]] = {
         "threshold": (1.0, math.inf),
         "min_magnitude": (-1e-300, math.inf),
@@ -280,42 +280,12 @@ class MassiveActivations(SavedResult):
 
     def to_pandas(self) -> pd.DataFrame:
         """Tidy: one row per (layer, pos) with ``ratio_mean, ratio_max, top_value``."""
-        import pandas as pd
-
-        n_layer, n_pos = self.ratio_mean.shape
-        return pd.DataFrame(
-            {
-                "layer": torch.tensor(self.layers, device="cpu").repeat_interleave(n_pos).numpy(),
-                "pos": torch.arange(n_pos, device="cpu").repeat(n_layer).numpy(),
-                "ratio_mean": self.ratio_mean.flatten().numpy(),
-                "ratio_max": self.ratio_max.flatten().numpy(),
-                "top_value": self.top_value.flatten().numpy(),
-            }
-        )
-
-    @overload
-    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
-    @overload
-    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
-    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
-        """Heatmap of log10 of the mean max/median ratio per (layer, position).
-
-        Args:
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
-
-        Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
-        """
-        from homoglens.results.figures import massive_figure
-
-        return massive_figure(self, backend=backend)
+        grids = {
+            "ratio_mean": self.ratio_mean,
+            "ratio_max": self.ratio_max,
+            "top_value": self.top_value,
+        }
+        return grid_frame(("layer", torch.tensor(self.layers, device="cpu")), "pos", grids)
 
     def __repr__(self) -> str:
         return (
@@ -323,3 +293,31 @@ class MassiveActivations(SavedResult):
             f"median={self.median!r}, max_ratio={float(self.ratio_max.nan_to_num().max()):.1f}, "
             f"n_sequences={self.n_sequences})"
         )
+
+
+def grid_frame(
+    rows: tuple[str, torch.Tensor], column: str, grids: dict[str, torch.Tensor]
+) -> pd.DataFrame:
+    """Tidy rows of ``[row column]`` grids of one shape, one per cell in row-major order: the
+    row's label from ``rows = (name, [row] labels)``, the column index ``0..n-1`` named
+    ``column``, then each grid's value.
+
+    Args:
+        rows: The row column's name and its ``[row]`` labels (e.g. the layers).
+        column: The name of the column index (e.g. ``"pos"``, ``"head"``).
+        grids: ``{name: [row column] values}``, each a column of the frame.
+
+    Returns:
+        The frame, ``n_row * n_column`` rows.
+    """
+    import pandas as pd
+
+    name, labels = rows
+    n_row, n_column = next(iter(grids.values())).shape
+    return pd.DataFrame(
+        {
+            name: labels.repeat_interleave(n_column).numpy(),
+            column: torch.arange(n_column, device="cpu").repeat(n_row).numpy(),
+            **{key: grid.flatten().numpy() for key, grid in grids.items()},
+        }
+    )

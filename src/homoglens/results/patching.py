@@ -13,6 +13,7 @@ from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
 from homoglens.results import Provenance, SavedResult
+from homoglens.results.base import Plotted
 from homoglens.results.validation import NON_NEGATIVE, Bounds, FieldError
 from homoglens.types import PATCH_COMPONENTS, POSITION_ABLATIONS
 
@@ -34,7 +35,7 @@ def rounding_tolerance(dtype: str) -> float:
 
 
 @dataclass(frozen=True, eq=False)
-class PositionalPatchingResult(SavedResult):
+class PositionalPatchingResult(SavedResult, Plotted):
     """Metric values of every patched cell, with the two unpatched runs.
 
     Attributes:
@@ -60,6 +61,7 @@ class PositionalPatchingResult(SavedResult):
     """
 
     _stem: ClassVar[str] = "patching"
+    _figure: ClassVar[str] = "patching_figure"
     _choices: ClassVar[dict[str, tuple[str, ...]]] = {
         "component": PATCH_COMPONENTS,
         "how": POSITION_ABLATIONS,
@@ -189,22 +191,13 @@ class PositionalPatchingResult(SavedResult):
 
         Args:
             metric: One of :attr:`metrics` (default: the first).
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
+            backend: As in :meth:`homoglens.results.base.Plotted.plot`, which says what is
+                returned and raised.
 
         Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``, or
-                ``metric`` not measured.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+            InvalidInputError: ``metric`` not measured.
         """
-        from homoglens.results.figures import patching_figure
-
-        return patching_figure(self, self._metric(metric), backend=backend)
+        return self._draw(self._metric(metric), backend=backend)
 
     def __repr__(self) -> str:
         return (

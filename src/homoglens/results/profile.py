@@ -5,11 +5,10 @@ value derived from them.
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -20,28 +19,30 @@ from homoglens.homogenization import (
     nan_div,
     positions_from_mask,
 )
-from homoglens.rank_metrics import RANK_FIELDS
-from homoglens.results.base import checked_result, selected_layers
+from homoglens.results.base import TitledPlotted, selected_layers
 from homoglens.results.cache import cached_residuals
+from homoglens.results.profile_storage import (
+    UNIT_RANK_FIELDS,
+    check_profile_values,
+    load_profile,
+    write_profile,
+)
+from homoglens.results.profile_sums import ProfileSums, merge_profiles
+from homoglens.results.profile_tables import edge_summary_table, profile_frame
 from homoglens.results.provenance import Provenance, check_mergeable, merge_parts
-from homoglens.results.storage import folder_path, read_saved, save_folder, write_pair
-from homoglens.results.validation import COSINE_OR_NAN, Bounds, FieldError
-from homoglens.validate import as_int
+from homoglens.results.storage import save_folder
+from homoglens.results.validation import COSINE_OR_NAN, Bounds
 
-if TYPE_CHECKING:  # plotting stays a lazy import
+if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.figure import Figure
-    from plotly.graph_objects import Figure as PlotlyFigure
-
-    from homoglens.types import PlotBackend
-
-
-_FORMAT = "homoglens.HomogenizationProfile/1"
 
 
 @dataclass(frozen=True, eq=False)
-class HomogenizationProfile:
+class HomogenizationProfile(TitledPlotted):
     """Cosine homogenization of the residual stream per layer and position, with provenance.
+
+    ``plot()`` draws the per-layer curves (raw, baseline, adjusted) and a layer x position
+    heatmap; its default title names the model, backend, weights and data size.
 
     The layer axis indexes hook points: entry 0 is the input of block 0 (embeddings, positional
     included; ``blocks.0.hook_resid_pre``), entry l >= 1 the output of block l - 1
@@ -129,12 +130,12 @@ class HomogenizationProfile:
             "relative_residual_sum": (n_layer,),
             "unit_sum_sq": (n_layer,),
         }
-        for name in _UNIT_RANK:
-            if (getattr(self, name) is None) != (getattr(self, _UNIT_RANK[0]) is None):
-                raise ValueError(f"the unit-row rank fields {_UNIT_RANK} come together")
+        for name in UNIT_RANK_FIELDS:
+            if (getattr(self, name) is None) != (getattr(self, UNIT_RANK_FIELDS[0]) is None):
+                raise ValueError(f"the unit-row rank fields {UNIT_RANK_FIELDS} come together")
             if getattr(self, name) is not None and self.effective_rank_sum is None:
                 raise ValueError(f"{name} needs effective_rank_sum")
-        for name in ("effective_rank_sum", *_UNIT_RANK):
+        for name in ("effective_rank_sum", *UNIT_RANK_FIELDS):
             if getattr(self, name) is not None:
                 expected[name] = (n_layer,)
         for name, shape in expected.items():
@@ -162,70 +163,7 @@ class HomogenizationProfile:
         counted position (0), which is 0 unless ``provenance.exclude_first`` (then 1);
         nothing is summed where nothing is counted; the baseline is a
         cosine (NaN only for one sequence) and the rank metrics lie in their ranges."""
-        count = self.count.long()
-        counted = torch.nonzero(count > 0).flatten()
-        if len(counted) == 0:
-            raise FieldError("count", "count is 0 at every position: nothing was counted")
-        first = int(counted[0])
-        if first != int(self.provenance.exclude_first):
-            raise FieldError(
-                "provenance",
-                f"provenance.exclude_first={self.provenance.exclude_first} but the first counted "
-                f"position is {first} (count={count.tolist()}): position 0 is counted exactly "
-                "when it is not excluded",
-            )
-        run = count[first:]
-        if int(run[0]) != self.n_sequences or bool((run[1:] > run[:-1]).any()):
-            raise FieldError(
-                "count",
-                f"count={count.tolist()} must start at n_sequences={self.n_sequences} at the "
-                "first counted position and never rise after it",
-            )
-        if int(count.sum()) != self.n_tokens:
-            raise FieldError(
-                "n_tokens", f"n_tokens={self.n_tokens} but count sums to {int(count.sum())}"
-            )
-        odd = torch.arange(1, 2 * len(run), 2, device="cpu")
-        if int((run * odd).sum()) != self.n_tokens_sq:
-            raise FieldError(
-                "n_tokens_sq",
-                f"n_tokens_sq={self.n_tokens_sq} but the counts give a sum of T^2 of "
-                f"{int((run * odd).sum())}",
-            )
-        want = count.clone()
-        want[first] = 0
-        if not torch.equal(self.prefix_count.long(), want):
-            raise FieldError(
-                "prefix_count",
-                f"prefix_count={self.prefix_count.tolist()} must equal count but 0 at the first "
-                f"counted position ({want.tolist()})",
-            )
-        if bool((self.norm_sum[:, count == 0] != 0).any()):
-            raise FieldError("norm_sum", "norm_sum is not 0 at a position where nothing is counted")
-        g2 = float((self.unit_sum.double() ** 2).sum(-1).max())
-        if g2 > float(self.n_tokens) ** 2 * (1 + 1e-5):
-            raise FieldError(
-                "unit_sum",
-                f"unit_sum has a squared norm of {g2:.6g}, more than n_tokens^2 = "
-                f"{self.n_tokens**2} (a sum of {self.n_tokens} unit vectors)",
-            )
-        if self.n_sequences > 1 and bool(torch.isnan(self.baseline).any()):
-            raise FieldError("baseline", "the baseline is NaN with more than one sequence")
-        top = float(min(self.d_model, max(self.n_tokens - 1, 1)))
-        for name, high in (
-            ("effective_rank", float(self.d_model)),
-            ("unit_effective_rank", float(self.d_model)),
-            ("unit_effective_rank_no_first", float(self.d_model)),
-            ("matrix_entropy", math.log(self.d_model)),
-            ("matrix_entropy_no_first", math.log(self.d_model)),
-        ):
-            values = getattr(self, name)
-            if values is not None and bool((values > high * (1 + 1e-9) + 1e-9).any()):
-                raise FieldError(
-                    f"{name}_sum",
-                    f"{name} reaches {float(values.max()):.6g}, above its maximum {high:.6g} "
-                    f"(d_model={self.d_model}, {top:g} tokens at most)",
-                )
+        check_profile_values(self)
 
     @classmethod
     def from_cache(
@@ -443,53 +381,7 @@ class HomogenizationProfile:
                         f"{getattr(first, attr)} vs {getattr(other, attr)}"
                     )
         check_mergeable(profiles, "HomogenizationProfile")
-        n_pos = max(p.n_pos for p in profiles)
-
-        def padded(t: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(t, (0, n_pos - t.shape[-1]))
-
-        def total(name: str, pad: bool = False) -> torch.Tensor:
-            parts = [padded(getattr(p, name)) if pad else getattr(p, name) for p in profiles]
-            return torch.stack(parts).sum(0)
-
-        has_rank = all(p.effective_rank_sum is not None for p in profiles)
-        has_unit = all(p.unit_effective_rank_sum is not None for p in profiles)
-        some = any(p.effective_rank_sum is not None for p in profiles)
-        if some and not (has_rank and has_unit):
-            warnings.warn(
-                "homoglens: only some of the merged profiles measured the rank metrics "
-                "(effective_rank=True); the merged profile has none. Measure every part with "
-                "effective_rank=True to keep them",
-                UserWarning,
-                stacklevel=2,
-            )
-        datas = list(dict.fromkeys(p.provenance.data for p in profiles))
-        bos_values = {p.provenance.bos for p in profiles}
-        return HomogenizationProfile(
-            layers=first.layers,
-            to_others_sum=total("to_others_sum", True),
-            to_prefix_sum=total("to_prefix_sum", True),
-            to_mean_sum=total("to_mean_sum", True),
-            norm_sum=total("norm_sum", True),
-            count=total("count", True),
-            prefix_count=total("prefix_count", True),
-            mean_pairwise_sum=total("mean_pairwise_sum"),
-            relative_residual_sum=total("relative_residual_sum"),
-            unit_sum=total("unit_sum"),
-            unit_sum_sq=total("unit_sum_sq"),
-            n_sequences=sum(p.n_sequences for p in profiles),
-            n_tokens=sum(p.n_tokens for p in profiles),
-            n_tokens_sq=sum(p.n_tokens_sq for p in profiles),
-            effective_rank_sum=total("effective_rank_sum") if has_rank else None,
-            **{name: total(name) if has_unit else None for name in _UNIT_RANK},
-            provenance=replace(
-                first.provenance,
-                data=" + ".join(datas) if len(datas) <= 3 else f"{len(profiles)} merged parts",
-                data_sha256=" + ".join(p.provenance.data_sha256 for p in profiles),
-                data_rows="".join(p.provenance.data_rows for p in profiles),
-                bos=bos_values.pop() if len(bos_values) == 1 else None,
-            ),
-        )
+        return merge_profiles(first, profiles)
 
     def sel(self, layers: list[int] | tuple[int, ...] | int) -> HomogenizationProfile:
         """Return a new profile with only the given entries of the layer axis.
@@ -534,32 +426,7 @@ class HomogenizationProfile:
         Raises:
             ValueError: bad ``k`` or ``metric``.
         """
-        import pandas as pd
-
-        sums = {
-            "to_others": (self.to_others_sum, self.count),
-            "to_prefix": (self.to_prefix_sum, self.prefix_count),
-            "to_mean": (self.to_mean_sum, self.count),
-            "norm": (self.norm_sum, self.count),
-        }
-        if metric not in sums:
-            raise InvalidInputError(f"metric={metric!r} must be one of {sorted(sums)}")
-        total, count = sums[metric]
-        counted = torch.nonzero(count > 0).flatten()
-        k = as_int("k", k, low=1)  # numpy integers too; a bool or a float is refused
-        if 2 * k >= len(counted):
-            raise InvalidInputError(
-                f"k={k!r} must be a positive int with 2k < {len(counted)} "
-                "(the number of counted positions)"
-            )
-        groups = {"first": counted[:k], "middle": counted[k:-k], "last": counted[-k:]}
-        out: dict[str, Any] = {"layer": list(self.layers)}
-        for name, pos in groups.items():
-            out[name] = (total[:, pos].sum(1) / count[pos].sum()).tolist()
-        frame = pd.DataFrame(out)
-        frame["first_minus_middle"] = frame["first"] - frame["middle"]
-        frame["last_minus_middle"] = frame["last"] - frame["middle"]
-        return frame
+        return edge_summary_table(self, k, metric)
 
     def to_pandas(self) -> pd.DataFrame:
         """Return a tidy DataFrame: one row per (metric, layer, pos) cell.
@@ -568,80 +435,9 @@ class HomogenizationProfile:
         ``pos`` (position; ``<NA>`` for per-layer metrics), ``value``, ``count`` (sequences
         behind the cell).
         """
-        import pandas as pd
+        return profile_frame(self)
 
-        frames = []
-        layer_col = torch.tensor(self.layers, device="cpu")
-        pos = torch.arange(self.n_pos, device="cpu")
-        for name in ("to_others", "to_prefix", "to_mean", "norm"):
-            values = getattr(self, name)
-            count = self.prefix_count if name == "to_prefix" else self.count
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "metric": name,
-                        "layer": layer_col.repeat_interleave(self.n_pos).numpy(),
-                        "pos": pd.array(pos.repeat(len(self.layers)).numpy(), dtype="Int64"),
-                        "value": values.flatten().numpy(),
-                        "count": count.repeat(len(self.layers)).numpy().astype("int64"),
-                    }
-                )
-            )
-        for name in (
-            "mean_pairwise",
-            "baseline",
-            "adjusted",
-            "relative_residual",
-            "effective_rank",
-            "unit_effective_rank",
-            "matrix_entropy",
-            "unit_effective_rank_no_first",
-            "matrix_entropy_no_first",
-        ):
-            values = getattr(self, name)
-            if values is None:
-                continue
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "metric": name,
-                        "layer": layer_col.numpy(),
-                        "pos": pd.array([None] * len(self.layers), dtype="Int64"),
-                        "value": values.numpy(),
-                        "count": self.n_sequences,
-                    }
-                )
-            )
-        return pd.concat(frames, ignore_index=True)
-
-    @overload
-    def plot(
-        self, *, title: str | None = None, backend: Literal["matplotlib"] = "matplotlib"
-    ) -> Figure: ...
-    @overload
-    def plot(self, *, title: str | None = None, backend: Literal["plotly"]) -> PlotlyFigure: ...
-    def plot(
-        self, *, title: str | None = None, backend: PlotBackend = "matplotlib"
-    ) -> Figure | PlotlyFigure:
-        """Plot per-layer curves (raw, baseline, adjusted) and a layer x position heatmap.
-
-        Args:
-            title: Figure title (default: the model, backend, weights and data size).
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
-
-        Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
-        """
-        from homoglens.results.figures import profile_figure
-
-        return profile_figure(self, title=title, backend=backend)
+    _figure: ClassVar[str] = "profile_figure"
 
     # ----------------------------------------------------------------- I/O
     def save(self, path: str | Path) -> Path:
@@ -666,21 +462,7 @@ class HomogenizationProfile:
 
     def _write_into(self, folder: Path) -> None:
         """Write ``profile.safetensors`` + ``profile.json`` into ``folder``."""
-        tensors = {
-            f.name: getattr(self, f.name).contiguous()
-            for f in fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
-        }
-        meta = {
-            "format": _FORMAT,
-            "layers": list(self.layers),
-            "n_sequences": self.n_sequences,
-            "n_tokens": self.n_tokens,
-            "n_tokens_sq": self.n_tokens_sq,
-            "has_effective_rank": self.effective_rank_sum is not None,
-            "provenance": asdict(self.provenance),
-        }
-        write_pair(folder, "profile", tensors, meta)
+        write_profile(self, folder)
 
     @classmethod
     def load(cls, path: str | Path) -> HomogenizationProfile:
@@ -693,52 +475,7 @@ class HomogenizationProfile:
                 that do not fit together (:meth:`_check_values`), or a safetensors file that
                 does not match the sha256 recorded in the JSON (saved incompletely or edited).
         """
-        folder = folder_path(path, "load")
-        meta, tensors = read_saved(folder, "profile")
-        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-            got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-            raise IncompatibleResultsError(f"{folder} holds format {got!r}, expected {_FORMAT!r}")
-        keys = {
-            "layers",
-            "n_sequences",
-            "n_tokens",
-            "n_tokens_sq",
-            "has_effective_rank",
-            "provenance",
-        }
-        if set(meta) - {"format"} != keys:
-            raise IncompatibleResultsError(
-                f"{folder}/profile.json has keys {sorted(set(meta) - {'format'})}, expected "
-                f"{sorted(keys)} (missing: {sorted(keys - set(meta))}, extra: "
-                f"{sorted(set(meta) - keys - {'format'})})"
-            )
-        if not isinstance(meta["has_effective_rank"], bool):
-            raise IncompatibleResultsError(
-                f"{folder}/profile.json has has_effective_rank={meta['has_effective_rank']!r}, "
-                "not true or false; the file was edited: save the profile again"
-            )
-        expected = set(_TENSOR_FIELDS) | (
-            {"effective_rank_sum"} if meta["has_effective_rank"] else set()
-        )
-        if meta["has_effective_rank"] and set(_UNIT_RANK) <= set(tensors):
-            expected |= set(_UNIT_RANK)  # profiles saved before the unit-row metrics lack them
-        if set(tensors) != expected:
-            raise IncompatibleResultsError(
-                f"{folder}/profile.safetensors has tensors {sorted(tensors)}, expected "
-                f"{sorted(expected)} (missing: {sorted(expected - set(tensors))}, extra: "
-                f"{sorted(set(tensors) - expected)})"
-            )
-        prov = meta["provenance"]
-        known = {f.name for f in fields(Provenance)}
-        if not isinstance(prov, dict) or not set(prov) <= known:
-            extra = sorted(set(prov) - known) if isinstance(prov, dict) else prov
-            raise IncompatibleResultsError(f"{folder}/profile.json has unknown provenance {extra}")
-        kwargs = {k: meta[k] for k in ("layers", "n_sequences", "n_tokens", "n_tokens_sq")}
-        if isinstance(kwargs["layers"], list):
-            kwargs["layers"] = tuple(kwargs["layers"])
-        return checked_result(
-            cls, folder, {**kwargs, "provenance": prov, **tensors}, stem="profile"
-        )
+        return load_profile(cls, path)
 
     def __repr__(self) -> str:
         p = self.provenance
@@ -748,80 +485,6 @@ class HomogenizationProfile:
             f"n_sequences={self.n_sequences}, n_tokens={self.n_tokens}, bos={p.bos}, "
             f"exclude_first={p.exclude_first})"
         )
-
-
-class ProfileSums:
-    """Float64 running sums of a :class:`HomogenizationProfile`, on the activations' device:
-    what :func:`~homoglens.homogenization.homogenization_sums` returns for each batch and
-    entry of the layer axis, added up (the streamed model path and
-    :meth:`HomogenizationProfile.from_cache` share it)."""
-
-    def __init__(
-        self, n_layer: int, n_pos: int, d_model: int, device: torch.device, effective_rank: bool
-    ) -> None:
-        f64 = {"dtype": torch.float64, "device": device}
-        self.layer_pos = {
-            name: torch.zeros(n_layer, n_pos, **f64)
-            for name in ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")
-        }
-        self.layer = {
-            name: torch.zeros(n_layer, **f64)
-            for name in ("mean_pairwise_sum", "relative_residual_sum", "unit_sum_sq")
-            + (RANK_FIELDS if effective_rank else ())
-        }
-        self.unit_sum = torch.zeros(n_layer, d_model, **f64)
-        self.pos = {name: torch.zeros(n_pos, **f64) for name in ("count", "prefix_count")}
-        # counts accumulate where the activations are (no host sync per batch), read at the end
-        self.scalars = {
-            name: torch.zeros((), **f64) for name in ("n_sequences", "n_tokens", "n_tokens_sq")
-        }
-
-    def add(self, i: int, sums: dict[str, torch.Tensor], first: bool) -> None:
-        """Add one batch's sums of layer-axis entry ``i``; ``first``: the batch's first entry
-        (the layer-independent counts are added once per batch)."""
-        self._add(i, sums, counts=first)
-
-    def add_layers(self, sums: dict[str, torch.Tensor]) -> None:
-        """Add one batch's sums of every layer-axis entry at once: the output of
-        :func:`~homoglens.homogenization.sums_of_terms` on a stack of all entries."""
-        self._add(slice(None), sums, counts=True)
-
-    def _add(self, at: int | slice, sums: dict[str, torch.Tensor], *, counts: bool) -> None:
-        # .to(): with a model split over devices, later blocks run on other devices
-        for name, acc in (*self.layer_pos.items(), *self.layer.items()):
-            acc[at] += sums[name].to(acc.device)
-        self.unit_sum[at] += sums["unit_sum"].to(self.unit_sum.device)
-        if counts:  # layer-independent quantities, counted once per batch
-            for name, acc in self.pos.items():
-                acc += sums[name].to(acc.device)
-            for name, acc in self.scalars.items():
-                acc += sums[name].to(acc.device)
-
-    def profile(self, layers: tuple[int, ...], provenance: Provenance) -> HomogenizationProfile:
-        """The finished profile of the sums (CPU tensors, exact integer counts)."""
-        cpu: dict[str, Any] = {k: v.cpu() for k, v in {**self.layer_pos, **self.layer}.items()}
-        cpu.update({k: v.round().long().cpu() for k, v in self.pos.items()})  # exact counts
-        return HomogenizationProfile(
-            layers=layers,
-            unit_sum=self.unit_sum.cpu(),
-            provenance=provenance,
-            **{name: int(round(float(v))) for name, v in self.scalars.items()},
-            **cpu,
-        )
-
-
-_TENSOR_FIELDS = (
-    "to_others_sum",
-    "to_prefix_sum",
-    "to_mean_sum",
-    "norm_sum",
-    "count",
-    "prefix_count",
-    "mean_pairwise_sum",
-    "relative_residual_sum",
-    "unit_sum",
-    "unit_sum_sq",
-)
 
 
 _PER_LAYER = (
@@ -834,14 +497,6 @@ _PER_LAYER = (
     "unit_sum",
     "unit_sum_sq",
     "effective_rank_sum",
-    "unit_effective_rank_sum",
-    "matrix_entropy_sum",
-    "unit_effective_rank_no_first_sum",
-    "matrix_entropy_no_first_sum",
-)
-
-
-_UNIT_RANK = (
     "unit_effective_rank_sum",
     "matrix_entropy_sum",
     "unit_effective_rank_no_first_sum",

@@ -19,20 +19,30 @@ import torch
 from jaxtyping import Float, Int
 
 from homoglens.assets import package_version
-from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import Provenance, SavedResult
-from homoglens.results.base import selected_layers
+from homoglens.results.base import Plotted
 from homoglens.results.cache import cached_residuals
 from homoglens.results.provenance import check_mergeable, merge_parts
-from homoglens.results.validation import NON_NEGATIVE, Bounds, FieldError
-from homoglens.similarity_math import (
-    SIMILARITY_STATISTICS,
-    activation_fields,
-    edge_groups,
-    similarity_coefficients,
+from homoglens.results.similarity_checks import check_similarity_fields, check_similarity_values
+from homoglens.results.similarity_merge import (
+    check_similarity_parts,
+    merge_similarity,
+    select_layers,
 )
-from homoglens.stats import estimate
-from homoglens.types import CENTRES, SPACES, Centring
+from homoglens.results.similarity_readings import (
+    CROSS_INPUT_STATISTICS,
+    WINDOW_STATISTICS,
+    cross_input_problem,
+    window_values,
+)
+from homoglens.results.similarity_tables import (
+    edge_excess_table,
+    similarity_frame,
+    sp_excess_table,
+)
+from homoglens.results.validation import NON_NEGATIVE, Bounds
+from homoglens.similarity_math import activation_fields, similarity_coefficients
+from homoglens.types import Centring
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,41 +58,9 @@ __all__ = [
     "cross_input_problem",
 ]
 
-_C_STATS = (2, 3, 4)  # matched_first, matched_last, homogenization: they involve C
-
-WINDOW_STATISTICS: tuple[str, ...] = (*SIMILARITY_STATISTICS, "sp_first", "sp_last", "sp_mean")
-"""Per-window statistics of :meth:`PositionalSimilarity.per_window` (cosines)."""
-
-CROSS_INPUT_STATISTICS: tuple[str, ...] = ("sp_first", "sp_last", "sp_mean")
-"""The cross-input readings (built on ``SP``): meaningful only on uncentred vectors."""
-
-
-def cross_input_problem(centre: str | None) -> str | None:
-    """Why a cross-input reading (``SP``) means nothing on vectors centred so, or ``None``.
-
-    Centred by position, every position's mean over windows is 0, so ``SP[i] = -1 / (n - 1)``
-    at every position by construction: any edge excess is 0 whatever the model does (a review
-    of SmolLM2 read -0.021 everywhere, and 0.0000 +- 0.0000 on every null and control).
-    Centred globally, a stationary positional code of constant norm gets an SP edge excess
-    (+0.014 / +0.011 at the first / last 8 positions, 44 % / 27 % false positives): the one
-    mean over positions is farther from the edges' codes. Source: issue 38 of homoglens;
-    docs/similarity.md, "Three readings".
-    """
-    if centre == "position":
-        return (
-            "the vectors were centred by position, so SP is -1/(n-1) at every position by "
-            "construction and any cross-input (SP) reading is 0 whatever the model does"
-        )
-    if centre == "global":
-        return (
-            "the vectors were centred globally, which makes a false SP edge excess on a "
-            "stationary positional code (44 % false positives at the first edge)"
-        )
-    return None
-
 
 @dataclass(frozen=True, eq=False)
-class PositionalSimilarity(SavedResult):
+class PositionalSimilarity(SavedResult, Plotted):
     """Position x position cosine similarity of residual vectors over equal-length windows.
 
     For windows s = 1..n and counted positions i, j (``first_position`` .. window end), with
@@ -104,13 +82,13 @@ class PositionalSimilarity(SavedResult):
         within_sum: ``[layer pos pos]`` sum over windows of U_s U_s^T.
         unit_sum: ``[layer pos d_model]`` sum over windows of the unit vectors at each position.
         n_sequences: Windows.
-        window_within: ``[seq layer stat]`` per window, ``stat_e(U_s U_s^T)`` for each of
+        window_within: ``[batch layer stat]`` per window, ``stat_e(U_s U_s^T)`` for each of
             :data:`~homoglens.similarity_math.SIMILARITY_STATISTICS` (the coefficients of
             ``edge_k``).
-        window_cross: ``[seq layer stat]`` or ``None``: per window,
+        window_cross: ``[batch layer stat]`` or ``None``: per window,
             ``sum_{r != s} (stat_e(U_s U_r^T) + stat_e(U_r U_s^T))``, the window's share of
             the cross-window terms (a second pass; enables jackknife pseudo-values).
-        window_same_position: ``[seq layer pos]`` or ``None``: per window and position,
+        window_same_position: ``[batch layer pos]`` or ``None``: per window and position,
             ``u_{s,i} . sum_{r != s} u_{r,i}`` (second pass).
         first_position: The first counted position: 0, 1 when position 0 was left out (a
             BOS), or the ``offset`` of :func:`~homoglens.positional_similarity`.
@@ -134,6 +112,7 @@ class PositionalSimilarity(SavedResult):
     """
 
     _stem: ClassVar[str] = "similarity"
+    _figure: ClassVar[str] = "similarity_figure"
     _layer_axis: ClassVar[bool] = True
     _choices: ClassVar[dict[str, tuple[Any, ...]]] = {
         "space": ("resid", "ln_input", "final_norm"),
@@ -156,9 +135,9 @@ class PositionalSimilarity(SavedResult):
     within_sum: Float[torch.Tensor, "layer pos pos"]
     unit_sum: Float[torch.Tensor, "layer pos d_model"]
     n_sequences: int
-    window_within: Float[torch.Tensor, "seq layer stat"]
-    window_cross: Float[torch.Tensor, "seq layer stat"] | None = None
-    window_same_position: Float[torch.Tensor, "seq layer pos"] | None = None
+    window_within: Float[torch.Tensor, "batch layer stat"]
+    window_cross: Float[torch.Tensor, "batch layer stat"] | None = None
+    window_same_position: Float[torch.Tensor, "batch layer pos"] | None = None
     first_position: int = 0
     edge_k: int = 8
     space: str = "resid"
@@ -170,43 +149,7 @@ class PositionalSimilarity(SavedResult):
     provenance: Provenance = field(default_factory=Provenance)
 
     def __post_init__(self) -> None:
-        n_layer = len(self.layers)
-        if n_layer < 1 or self.within_sum.ndim != 3:
-            raise ValueError(f"within_sum must be [layer pos pos], got {self.within_sum.shape}")
-        n_pos = int(self.within_sum.shape[1])
-        want = {
-            "within_sum": (n_layer, n_pos, n_pos),
-            "window_within": (self.n_sequences, n_layer, len(SIMILARITY_STATISTICS)),
-        }
-        if self.window_cross is not None:
-            want["window_cross"] = (self.n_sequences, n_layer, len(SIMILARITY_STATISTICS))
-        if self.window_same_position is not None:
-            want["window_same_position"] = (self.n_sequences, n_layer, n_pos)
-        for name, shape in want.items():
-            got = tuple(getattr(self, name).shape)
-            if got != shape:
-                raise ValueError(f"{name} has shape {got}, expected {shape}")
-        if self.unit_sum.ndim != 3 or tuple(self.unit_sum.shape[:2]) != (n_layer, n_pos):
-            raise ValueError(f"unit_sum is {tuple(self.unit_sum.shape)}, not [{n_layer} {n_pos} d]")
-        if self.dropped_dims is not None and (
-            self.dropped_dims.dtype != torch.int64
-            or self.dropped_dims.ndim != 2
-            or int(self.dropped_dims.shape[0]) != n_layer
-            or bool((self.dropped_dims < 0).any())
-            or bool((self.dropped_dims >= self.unit_sum.shape[-1]).any())
-            or any(len(set(row)) != len(row) for row in self.dropped_dims.tolist())
-        ):
-            raise ValueError(
-                f"dropped_dims {tuple(self.dropped_dims.shape)} must be [{n_layer} k] distinct "
-                f"int64 indices of the {int(self.unit_sum.shape[-1])} dimensions"
-            )
-        if (self.window_cross is None) != (self.window_same_position is None):
-            raise ValueError("window_cross and window_same_position come together")
-        if self.n_sequences < 1 or self.first_position < 0:
-            raise ValueError(f"n_sequences={self.n_sequences} < 1 or first_position < 0")
-        if self.space not in SPACES or self.centre not in CENTRES:
-            raise ValueError(f"unknown space {self.space!r} or centre {self.centre!r}")
-        edge_groups(n_pos, int(self.edge_k))  # edge_k fits the windows
+        check_similarity_fields(self)
 
     def _check_values(self) -> None:
         """The sums of a saved result fit together (run by
@@ -215,50 +158,7 @@ class PositionalSimilarity(SavedResult):
         ``unit_sum[l, i]`` is a sum of n unit vectors (norm <= n); ``SP`` (``C[i, i]``) is a
         cosine; ``n_massive`` holds one count per layer entry, only for ``centre="global"``;
         ``provenance.exclude_first`` is whether ``first_position`` is above 0."""
-        if self.provenance.exclude_first != (self.first_position > 0):
-            raise FieldError(
-                "provenance",
-                f"provenance.exclude_first={self.provenance.exclude_first} but first_position="
-                f"{self.first_position}: position 0 is left out exactly when the first counted "
-                "position is above 0",
-            )
-        n = self.n_sequences
-        within = self.within_sum.double()
-        if not torch.allclose(within, within.transpose(1, 2), rtol=0, atol=1e-6 * max(n, 1)):
-            raise FieldError("within_sum", "within_sum is not symmetric (a sum of U U^T is)")
-        diag = torch.diagonal(within, dim1=1, dim2=2)
-        slack = 1e-5 * max(n, 1)  # unit vectors of float32 models: |u . u - 1| ~ 1e-7
-        if bool(((diag < -slack) | (diag > n + slack)).any()):
-            raise FieldError(
-                "within_sum",
-                f"the diagonal of within_sum (u . u summed over windows) must lie in [0, {n}], "
-                f"got {float(diag.min()):.6g} .. {float(diag.max()):.6g}",
-            )
-        sq = (self.unit_sum.double() ** 2).sum(-1)  # [layer pos]
-        if bool((sq > n * n * (1 + 1e-5) + 1e-6).any()):
-            raise FieldError(
-                "unit_sum",
-                f"unit_sum has a norm of {float(sq.max().sqrt()):.6g}, more than the "
-                f"{n} windows' unit vectors can sum to",
-            )
-        if n > 1:
-            sp = (sq - diag) / (n * (n - 1))
-            if bool((sp.abs() > 1 + 1e-4).any()):
-                raise FieldError(
-                    "unit_sum",
-                    "SP (the same-position cosine across windows) reaches "
-                    f"{float(sp.abs().max()):.6g}: unit_sum and within_sum do not fit together",
-                )
-        if self.n_massive and (
-            self.centre != "global" or len(self.n_massive) != len(self.layers)
-            or max(self.n_massive) > n * (self.n_pos + self.first_position)
-        ):  # fmt: skip
-            raise FieldError(
-                "n_massive",
-                f"n_massive={list(self.n_massive)} must hold one count per layer entry, each "
-                f"at most {n * (self.n_pos + self.first_position)}, and only for "
-                "centre='global'",
-            )
+        check_similarity_values(self)
 
     @classmethod
     def from_activations(
@@ -446,7 +346,7 @@ class PositionalSimilarity(SavedResult):
         """Whether the second pass ran, so per-window values are jackknife pseudo-values."""
         return self.window_cross is not None
 
-    def per_window(self, statistic: str) -> Float[torch.Tensor, "seq layer"]:
+    def per_window(self, statistic: str) -> Float[torch.Tensor, "batch layer"]:
         """Per-window values whose mean over windows is the corpus statistic exactly.
 
         For ``naive_*`` the window's own statistic. For ``matched_*`` and ``homogenization``
@@ -467,50 +367,24 @@ class PositionalSimilarity(SavedResult):
             statistic: One of :data:`WINDOW_STATISTICS`.
 
         Returns:
-            ``[seq layer]`` float64 cosines.
+            ``[batch layer]`` float64 cosines.
 
         Raises:
             InvalidInputError: unknown statistic, or ``sp_*`` without the second pass.
         """
-        if statistic not in WINDOW_STATISTICS:
-            raise InvalidInputError(
-                f"statistic={statistic!r} must be one of {list(WINDOW_STATISTICS)}"
-            )
-        n = self.n_sequences
-        if statistic in CROSS_INPUT_STATISTICS:
-            if self.window_same_position is None:
-                raise InvalidInputError(
-                    f"{statistic} needs the second pass; rerun positional_similarity(..., "
-                    "pseudo_values=True)"
-                )
-            shape = (n, len(self.layers))
-            if self._cross_input_refused(statistic):
-                return torch.full(shape, math.nan, dtype=torch.float64, device="cpu")
-            first, middle, last = edge_groups(self.n_pos, self.edge_k)
-            psi = 2 * self.window_same_position / (n - 1) - self.SP[None]  # [seq layer pos]
-            if statistic == "sp_mean":
-                return psi.mean(-1)
-            edge = first if statistic == "sp_first" else last
-            return psi[..., list(edge)].mean(-1) - psi[..., list(middle)].mean(-1)
-        e = SIMILARITY_STATISTICS.index(statistic)
-        within = self.window_within[..., e]
-        if e not in _C_STATS:
-            return within.clone()
-        c_stat = self._stat(self.C, k=self.edge_k)[:, e]  # [layer]
-        if self.window_cross is None or n < 2:
-            return within - c_stat[None]
-        return within - self.window_cross[..., e] / (n - 1) + c_stat[None]
+        return window_values(self, statistic)
 
-    def _cross_input_refused(self, what: str) -> bool:
+    def _cross_input_refused(self, what: str, stacklevel: int = 3) -> bool:
         """Warn and return True when ``what`` (a cross-input reading) means nothing on these
-        vectors (:func:`cross_input_problem`)."""
+        vectors (:func:`cross_input_problem`); the warning points ``stacklevel`` frames up
+        (3: the caller of the method that called this one)."""
         problem = cross_input_problem(self.centre)
         if problem is None:
             return False
         warnings.warn(
             f"{what} is NaN: {problem}. Measure cross-input readings on uncentred vectors: "
             "positional_similarity(..., centre=None, exclude_first=True, pseudo_values=True)",
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         return True
 
@@ -554,41 +428,7 @@ class PositionalSimilarity(SavedResult):
         Raises:
             InvalidInputError: ``k`` too large for the windows, bad ``ci``/``block``.
         """
-        import pandas as pd
-
-        from homoglens.validate import as_int
-
-        k = self.edge_k if k is None else as_int("k", k, low=1)
-        naive = self._stat(self.M, k=k)
-        matched = self._stat(self.W, k=k)
-        rows = []
-        have = k == self.edge_k and self.n_sequences > 1
-        if not have and k != self.edge_k:
-            warnings.warn(
-                f"per-window values are stored for edge_k={self.edge_k}, not k={k}: no "
-                f"intervals; rerun positional_similarity(..., edge_k={k}) for them",
-                stacklevel=2,
-            )
-        for li, layer in enumerate(self.layers):
-            for e, edge in enumerate(("first", "last")):
-                lo = hi = se = math.nan
-                if have:
-                    values = self.per_window(f"matched_{edge}")[:, li]
-                    est = estimate([values[None]], block=block, n_boot=n_boot, ci=ci, seed=seed)
-                    lo, hi, se = est.ci_low, est.ci_high, est.se
-                rows.append(
-                    {
-                        "layer": layer,
-                        "edge": edge,
-                        "naive": float(naive[li, e]),
-                        "matched": float(matched[li, 2 + e]),
-                        "se": se,
-                        "ci_low": lo,
-                        "ci_high": hi,
-                        "n_sequences": self.n_sequences,
-                    }
-                )
-        return pd.DataFrame(rows)
+        return edge_excess_table(self, k, ci=ci, block=block, seed=seed, n_boot=n_boot)
 
     def sp_excess(
         self,
@@ -614,78 +454,14 @@ class PositionalSimilarity(SavedResult):
             DataFrame with columns ``layer, edge, sp_edge, sp_middle, excess, se, ci_low,
             ci_high, n_sequences``.
         """
-        import pandas as pd
-
-        refused = self._cross_input_refused("sp_excess")
-        first, middle, last = edge_groups(self.n_pos, self.edge_k)
-        rows = []
-        for li, layer in enumerate(self.layers):
-            mid = math.nan if refused else float(self.SP[li, list(middle)].mean())
-            for edge, where in (("first", first), ("last", last)):
-                value = math.nan if refused else float(self.SP[li, list(where)].mean())
-                lo = hi = se = math.nan
-                if self.has_pseudo_values and self.n_sequences > 1 and not refused:
-                    est = estimate(
-                        [self.per_window(f"sp_{edge}")[:, li][None]],
-                        block=block,
-                        n_boot=n_boot,
-                        ci=ci,
-                        seed=seed,
-                    )
-                    lo, hi, se = est.ci_low, est.ci_high, est.se
-                rows.append(
-                    {
-                        "layer": layer,
-                        "edge": edge,
-                        "sp_edge": value,
-                        "sp_middle": mid,
-                        "excess": value - mid,
-                        "se": se,
-                        "ci_low": lo,
-                        "ci_high": hi,
-                        "n_sequences": self.n_sequences,
-                    }
-                )
-        return pd.DataFrame(rows)
+        return sp_excess_table(self, ci=ci, block=block, seed=seed, n_boot=n_boot)
 
     def to_pandas(self) -> pd.DataFrame:
         """Tidy: one row per (metric, layer, index). ``metric`` is ``SP``, ``to_first`` or
         ``to_others`` (``index`` = absolute position), ``lag`` (``index`` = distance), or
         ``homogenization``, ``mean_pairwise``, ``baseline`` (``index`` is ``<NA>``); columns
         ``metric, layer, index, value``. The matrices are the attributes ``M``, ``C``, ``W``."""
-        import pandas as pd
-
-        frames = []
-        layer_col = torch.tensor(self.layers, device="cpu")
-        for name, index in (
-            ("SP", self.positions),
-            ("to_first", self.positions),
-            ("to_others", self.positions),
-            ("lag", torch.arange(self.n_pos, device="cpu")),
-        ):
-            values = getattr(self, name)
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "metric": name,
-                        "layer": layer_col.repeat_interleave(values.shape[1]).numpy(),
-                        "index": pd.array(index.repeat(len(self.layers)).numpy(), dtype="Int64"),
-                        "value": values.flatten().numpy(),
-                    }
-                )
-            )
-        for name in ("homogenization", "mean_pairwise", "baseline"):
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "metric": name,
-                        "layer": layer_col.numpy(),
-                        "index": pd.array([None] * len(self.layers), dtype="Int64"),
-                        "value": getattr(self, name).numpy(),
-                    }
-                )
-            )
-        return pd.concat(frames, ignore_index=True)
+        return similarity_frame(self)
 
     @overload
     def plot(
@@ -716,22 +492,13 @@ class PositionalSimilarity(SavedResult):
         Args:
             layers: Entries of :attr:`layers` to draw as heatmaps (default: the last).
             title: Figure title (default: the model, the windows and the settings).
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
+            backend: As in :meth:`homoglens.results.base.Plotted.plot`, which says what is
+                returned and raised.
 
         Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``, or
-                a layer not in this result.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
+            InvalidInputError: a layer not in this result.
         """
-        from homoglens.results.figures import similarity_figure
-
-        return similarity_figure(self, layers, title=title, backend=backend)
+        return self._draw(layers, title=title, backend=backend)
 
     # ------------------------------------------------------------------ combining
     @staticmethod
@@ -750,59 +517,9 @@ class PositionalSimilarity(SavedResult):
                 same result given twice).
         """
         first = merge_parts(parts, PositionalSimilarity)
-        if len(parts) > 1 and any(p.dropped_dims is not None for p in parts):
-            raise IncompatibleResultsError(
-                "results with drop_dims zeroed the dimensions of each part's own corpus, so "
-                "their sums do not add up to a one-pass result; run positional_similarity once "
-                "over all the data"
-            )
-        if len(parts) > 1 and any(p.centre is not None for p in parts):
-            raise IncompatibleResultsError(
-                "centred results subtract each part's own corpus mean, so their sums do not "
-                "add up to a one-pass result; run positional_similarity once over all the data "
-                "(it streams, and shards under torch.distributed)"
-            )
-        for other in parts[1:]:
-            for attr in ("layers", "n_pos", "d_model", "first_position", "edge_k", "space"):
-                if getattr(other, attr) != getattr(first, attr):
-                    raise IncompatibleResultsError(
-                        f"cannot merge results with different {attr}: "
-                        f"{getattr(first, attr)} vs {getattr(other, attr)}"
-                    )
-            if other.standardize != first.standardize:
-                raise IncompatibleResultsError("cannot merge results with different standardize")
+        check_similarity_parts(first, parts)
         check_mergeable(parts, "PositionalSimilarity")
-        if len(parts) > 1 and any(p.has_pseudo_values for p in parts):
-            warnings.warn(
-                "merge() drops the second-pass (pseudo-value) columns: they depend on the "
-                "whole corpus; per-window values fall back to C held fixed",
-                stacklevel=2,
-            )
-        datas = list(dict.fromkeys(p.provenance.data for p in parts))
-        single = len(parts) == 1
-        return PositionalSimilarity(
-            layers=first.layers,
-            within_sum=torch.stack([p.within_sum for p in parts]).sum(0),
-            unit_sum=torch.stack([p.unit_sum for p in parts]).sum(0),
-            n_sequences=sum(p.n_sequences for p in parts),
-            window_within=torch.cat([p.window_within for p in parts]),
-            window_cross=first.window_cross if single else None,
-            window_same_position=first.window_same_position if single else None,
-            first_position=first.first_position,
-            edge_k=first.edge_k,
-            space=first.space,
-            centre=first.centre,
-            standardize=first.standardize,
-            massive_threshold=first.massive_threshold,
-            n_massive=first.n_massive,  # merging is refused for centred results
-            dropped_dims=first.dropped_dims,  # and for those with dimensions dropped
-            provenance=replace(
-                first.provenance,
-                data=" + ".join(datas) if len(datas) <= 3 else f"{len(parts)} merged parts",
-                data_sha256=" + ".join(p.provenance.data_sha256 for p in parts),
-                data_rows="".join(p.provenance.data_rows for p in parts),
-            ),
-        )
+        return merge_similarity(first, parts)
 
     def sel(self, layers: list[int] | tuple[int, ...] | int) -> PositionalSimilarity:
         """A new result with only the given entries of the layer axis (values, not indices),
@@ -812,28 +529,7 @@ class PositionalSimilarity(SavedResult):
             InvalidInputError: not integers, empty, or a layer given twice.
             IncompatibleResultsError: a requested layer is not in this result.
         """
-        chosen = selected_layers(layers, self.layers, "this result")
-        idx = torch.tensor([self.layers.index(layer) for layer in chosen], device="cpu")
-        hooks = self.provenance.hook_points
-
-        def pick(t: Any, dim: int) -> Any:
-            return None if t is None else t.index_select(dim, idx)
-
-        return replace(
-            self,
-            layers=tuple(chosen),
-            within_sum=pick(self.within_sum, 0),
-            unit_sum=pick(self.unit_sum, 0),
-            window_within=pick(self.window_within, 1),
-            window_cross=pick(self.window_cross, 1),
-            window_same_position=pick(self.window_same_position, 1),
-            dropped_dims=pick(self.dropped_dims, 0),
-            n_massive=tuple(self.n_massive[i] for i in idx.tolist()) if self.n_massive else (),
-            provenance=replace(
-                self.provenance,
-                hook_points=tuple(hooks[i] for i in idx.tolist()) if hooks else (),
-            ),
-        )
+        return select_layers(self, layers)
 
     def __repr__(self) -> str:
         p = self.provenance

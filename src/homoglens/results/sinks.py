@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -18,7 +18,8 @@ from jaxtyping import Float
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results import Provenance, SavedResult
 from homoglens.results.attribution import SinkAttribution
-from homoglens.results.massive import MassiveActivations
+from homoglens.results.base import Plotted
+from homoglens.results.massive import MassiveActivations, grid_frame
 from homoglens.results.storage import (
     HASHES,
     folder_path,
@@ -39,15 +40,13 @@ from homoglens.results.validation import (
 
 if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.figure import Figure
-    from plotly.graph_objects import Figure as PlotlyFigure
-
-    from homoglens.types import PlotBackend
 
 
 @dataclass(frozen=True, eq=False)
-class SinkScores(SavedResult):
+class SinkScores(SavedResult, Plotted):
     """Attention-sink statistics of every head on one key position.
+
+    ``plot()`` draws heatmaps of sink mass and importance per (layer, head).
 
     Attributes:
         key: 0-indexed key position (0 = first real token; a BOS if ``provenance.bos``).
@@ -67,6 +66,7 @@ class SinkScores(SavedResult):
     """
 
     _stem: ClassVar[str] = "sink_scores"
+    _figure: ClassVar[str] = "sink_scores_figure"
     _ranges: ClassVar[dict[str, tuple[float, float]]] = {"eps": (0.0, 1.0)}
     _bounds: ClassVar[dict[str, Bounds]] = {
         "key": NON_NEGATIVE,
@@ -184,42 +184,13 @@ class SinkScores(SavedResult):
 
     def to_pandas(self) -> pd.DataFrame:
         """Tidy: one row per (layer, head) with ``mass, importance, sink_rate``."""
-        import pandas as pd
-
-        n_layers, n_heads = self.mass.shape
-        return pd.DataFrame(
-            {
-                "layer": torch.arange(n_layers, device="cpu").repeat_interleave(n_heads).numpy(),
-                "head": torch.arange(n_heads, device="cpu").repeat(n_layers).numpy(),
-                "mass": self.mass.flatten().numpy(),
-                "importance": self.importance.flatten().numpy(),
-                "sink_rate": self.sink_rate_by_head.flatten().numpy(),
-            }
-        )
-
-    @overload
-    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
-    @overload
-    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
-    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
-        """Heatmaps of sink mass and importance per (layer, head).
-
-        Args:
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
-
-        Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
-        """
-        from homoglens.results.figures import sink_scores_figure
-
-        return sink_scores_figure(self, backend=backend)
+        grids = {
+            "mass": self.mass,
+            "importance": self.importance,
+            "sink_rate": self.sink_rate_by_head,
+        }
+        layers = torch.arange(self.mass.shape[0], device="cpu")
+        return grid_frame(("layer", layers), "head", grids)
 
     def __repr__(self) -> str:
         return (
@@ -319,9 +290,12 @@ class SinkAnalysis:
 
 
 @dataclass(frozen=True, eq=False)
-class AttentionReceived(SavedResult):
+class AttentionReceived(SavedResult, Plotted):
     """Homogenization by attention received: how much attention each key position gets, and
     whether later tokens move toward it in proportion.
+
+    ``plot()`` draws the attention received and the attractor shift per key position (a few
+    blocks), and the slope of the shift on attention per block.
 
     For block l with pattern A (mean over heads) and residual entries l (its input) and l + 1
     (its output), for query q > k: the attention a[q, k] = mean_h A[h, q, k] and the attractor
@@ -349,6 +323,7 @@ class AttentionReceived(SavedResult):
     """
 
     _stem: ClassVar[str] = "received"
+    _figure: ClassVar[str] = "received_figure"
     _bounds: ClassVar[dict[str, Bounds]] = {
         "blocks": NON_NEGATIVE,
         "n_sequences": Bounds(1.0),
@@ -411,31 +386,6 @@ class AttentionReceived(SavedResult):
                 "correlation": self.correlation.repeat_interleave(n_pos).numpy(),
             }
         )
-
-    @overload
-    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
-    @overload
-    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
-    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
-        """Attention received and attractor shift per key position (a few blocks), and the
-        slope of shift on attention per block.
-
-        Args:
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
-
-        Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
-        """
-        from homoglens.results.figures import received_figure
-
-        return received_figure(self, backend=backend)
 
     def __repr__(self) -> str:
         return (

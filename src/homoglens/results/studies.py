@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
 
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
-from homoglens.results.base import checked_result
+from homoglens.results.base import Plotted, checked_result
 from homoglens.results.profile import HomogenizationProfile
 from homoglens.results.storage import folder_path, read_saved, save_folder, write_pair
 from homoglens.results.validation import (
@@ -26,12 +26,8 @@ from homoglens.results.validation import (
 )
 from homoglens.types import POSITION_ABLATIONS
 
-if TYPE_CHECKING:  # plotting stays a lazy import
+if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.figure import Figure
-    from plotly.graph_objects import Figure as PlotlyFigure
-
-    from homoglens.types import PlotBackend
 
 
 def paired_bootstrap(
@@ -106,17 +102,20 @@ def paired_bootstrap(
 
 
 @dataclass(frozen=True, eq=False)
-class PositionAblationStudy:
+class PositionAblationStudy(Plotted):
     """Homogenization and next-token loss under several positional ablations, paired by
     sequence (every mode ran on the same sequences).
+
+    ``plot()`` draws the mean pairwise cosine by layer for each mode (with CI bands), and the
+    loss per mode.
 
     Attributes:
         modes: Ablation modes run; ``"none"`` (the unablated model) first, the reference.
         profiles: ``{mode: HomogenizationProfile}``.
-        loss: ``[mode seq]`` mean next-token cross-entropy per sequence (nats/token).
-        mean_pairwise: ``[mode seq layer]`` per-sequence mean pairwise cosine.
-        to_others: ``[mode seq layer pos]`` per-sequence to_others (NaN where absent).
-        icl: ``[mode seq]`` in-context-learning score per sequence: mean loss of its last
+        loss: ``[mode batch]`` mean next-token cross-entropy per sequence (nats/token).
+        mean_pairwise: ``[mode batch layer]`` per-sequence mean pairwise cosine.
+        to_others: ``[mode batch layer pos]`` per-sequence to_others (NaN where absent).
+        icl: ``[mode batch]`` in-context-learning score per sequence: mean loss of its last
             eighth minus its second eighth (nats; negative: context helps; NaN under 16 tokens).
         induction_loss: ``[mode rep]`` mean loss on the second half of repeated random-token
             sequences (nats; low when induction copies from the first half).
@@ -129,6 +128,8 @@ class PositionAblationStudy:
         Yusupov et al. 2025, arXiv 2508.17126 (claim C3: removing positional features lowers
         homogenization but costs the model on context).
     """
+
+    _figure: ClassVar[str] = "study_figure"
 
     _choices: ClassVar[dict[str, tuple[str, ...]]] = {"modes": POSITION_ABLATIONS}
     _ranges: ClassVar[dict[str, tuple[float, float]]] = {"ci": (0.0, 1.0)}
@@ -143,10 +144,10 @@ class PositionAblationStudy:
 
     modes: tuple[str, ...]
     profiles: dict[str, HomogenizationProfile]
-    loss: Float[torch.Tensor, "mode seq"]
-    mean_pairwise: Float[torch.Tensor, "mode seq layer"]
-    to_others: Float[torch.Tensor, "mode seq layer pos"]
-    icl: Float[torch.Tensor, "mode seq"] | None = None
+    loss: Float[torch.Tensor, "mode batch"]
+    mean_pairwise: Float[torch.Tensor, "mode batch layer"]
+    to_others: Float[torch.Tensor, "mode batch layer pos"]
+    icl: Float[torch.Tensor, "mode batch"] | None = None
     induction_loss: Float[torch.Tensor, "mode rep"] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     n_boot: int = 1000
@@ -201,7 +202,7 @@ class PositionAblationStudy:
                     "induction_loss",
                     "induction_loss is NaN for some repeats of a mode only (NaN: not measured)",
                 )
-        present = ~torch.isnan(self.to_others)  # [mode seq layer pos]
+        present = ~torch.isnan(self.to_others)  # [mode batch layer pos]
         for m, mode in enumerate(self.modes):
             prof = self.profiles[mode]
             if prof.layers != self.layers or prof.n_sequences != n_seq:
@@ -374,30 +375,6 @@ class PositionAblationStudy:
         loss.insert(2, "layer", pd.array([None] * len(loss), dtype="Int64"))
         layers["layer"] = layers["layer"].astype("Int64")
         return pd.concat([layers, loss], ignore_index=True)
-
-    @overload
-    def plot(self, *, backend: Literal["matplotlib"] = "matplotlib") -> Figure: ...
-    @overload
-    def plot(self, *, backend: Literal["plotly"]) -> PlotlyFigure: ...
-    def plot(self, *, backend: PlotBackend = "matplotlib") -> Figure | PlotlyFigure:
-        """Mean pairwise cosine by layer for each mode (with CI bands), and loss per mode.
-
-        Args:
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
-
-        Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
-        """
-        from homoglens.results.figures import study_figure
-
-        return study_figure(self, backend=backend)
 
     def save(self, path: str | Path) -> Path:
         """Save as ``study.safetensors`` + one profile folder per mode + ``study.json`` (last:

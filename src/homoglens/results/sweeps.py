@@ -4,27 +4,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.results.base import SavedResult
+from homoglens.results.base import SavedResult, TitledPlotted
 from homoglens.results.provenance import Provenance
 from homoglens.results.validation import FINITE_OR_NAN, NON_NEGATIVE, Bounds, FieldError
 
 if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.figure import Figure
-    from plotly.graph_objects import Figure as PlotlyFigure
-
-    from homoglens.types import PlotBackend
 
 
 @dataclass(frozen=True, eq=False)
-class CheckpointSweep(SavedResult):
+class CheckpointSweep(SavedResult, TitledPlotted):
     """Measurements of the same windows at each training checkpoint of one model.
+
+    ``plot()`` draws each scalar metric against the training step (symmetric-log axis when
+    step 0 is included; linear on the plotly side, which has none), and the first per-entry
+    metric as a heatmap (residual entry x checkpoint); its default title names the model and
+    the number of checkpoints.
 
     Attributes:
         checkpoints: Label of each checkpoint, in training order (a folder name such as
@@ -48,6 +49,7 @@ class CheckpointSweep(SavedResult):
     """
 
     _stem: ClassVar[str] = "checkpoint_sweep"
+    _figure: ClassVar[str] = "sweep_figure"
     _bounds: ClassVar[dict[str, Bounds]] = {
         "steps": Bounds(0.0, nan=True),  # NaN where unknown
         "values": FINITE_OR_NAN,  # NaN: a measurement undefined at a checkpoint
@@ -113,75 +115,6 @@ class CheckpointSweep(SavedResult):
             raise InvalidInputError(f"metric {name!r} is not in this sweep: {list(self.metrics)}")
         return self.values[:, self.metrics.index(name)]
 
-    @overload
-    def plot(
-        self, *, title: str | None = None, backend: Literal["matplotlib"] = "matplotlib"
-    ) -> Figure: ...
-    @overload
-    def plot(self, *, title: str | None = None, backend: Literal["plotly"]) -> PlotlyFigure: ...
-    def plot(
-        self, *, title: str | None = None, backend: PlotBackend = "matplotlib"
-    ) -> Figure | PlotlyFigure:
-        """Each scalar metric against the training step (symmetric-log axis when step 0 is
-        included; linear on the plotly side, which has none), and the first per-entry metric as
-        a heatmap (residual entry x checkpoint).
-
-        Args:
-            title: Figure title (default: the model and the number of checkpoints).
-            backend: ``"matplotlib"`` (the default: a static figure for files) or ``"plotly"``
-                (interactive: hover values with units, zoom, legend toggles; needs
-                ``pip install "homoglens[plotly]"``).
-
-        Returns:
-            A matplotlib ``Figure`` (displays inline in Jupyter), or with ``backend="plotly"`` a
-            ``plotly.graph_objects.Figure``.
-
-        Raises:
-            InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-            MissingDependencyError: ``backend="plotly"`` without plotly installed.
-        """
-        from homoglens.results.figures import figure_kit, headline
-
-        kit = figure_kit(backend)
-        n_panels = len(self.metrics) + (1 if self.layer_metrics else 0)
-        fig, axes = kit.new_figure(4.2 * max(n_panels, 1), 3.4, ncols=max(n_panels, 1))
-        known = ~torch.isnan(self.steps)
-        x = (
-            self.steps
-            if bool(known.all())
-            else torch.arange(len(self.checkpoints), device="cpu").double()
-        )
-        xlabel = "training step" if bool(known.all()) else "checkpoint (training order)"
-        for ax, (m, name) in zip(axes, enumerate(self.metrics), strict=False):
-            kit.curves(
-                ax,
-                x,
-                {name: self.values[:, m]},
-                xlabel=xlabel,
-                ylabel=name,
-                legend=None,
-                marker="o",
-                ms=3,
-            )
-            if bool(known.all()) and float(x.max()) > 10 * max(float(x[x > 0].min()), 1.0):
-                kit.log_scale(ax, "x", linthresh=max(float(x[x > 0].min()), 1.0))
-            kit.panel_title(ax, _TITLES.get(name, name), fontsize=9)
-        if self.layer_metrics:
-            name = self.layer_metrics[0]
-            kit.heatmap(
-                axes[-1],
-                self.layer_values[:, 0].T,
-                xlabel="checkpoint",
-                ylabel="residual entry",
-                title=f"{name} by residual entry",
-                label=name,
-                xticklabels=[_short(label) for label in self.checkpoints],
-                yticklabels=[str(layer) for layer in self.layers],
-            )
-        default = f"{self.provenance.model}: over {len(self.checkpoints)} checkpoints"
-        headline(kit, fig, title, default, matplotlib=True)
-        return fig
-
     def __repr__(self) -> str:
         steps = [("?" if math.isnan(s) else str(int(s))) for s in self.steps.tolist()]
         return (
@@ -189,15 +122,3 @@ class CheckpointSweep(SavedResult):
             f"(steps {', '.join(steps)}), metrics={list(self.metrics)}, "
             f"layer_metrics={list(self.layer_metrics)})"
         )
-
-
-_TITLES = {
-    "sink_rate": "Sink_1^0.3 (key 0), % of heads",
-    "homogenization": "homogenization, last entry (cosine)",
-    "homogenization_adjusted": "adjusted homogenization, last entry",
-    "loss": "next-token loss (nats)",
-}
-
-
-def _short(label: str) -> str:
-    return label.rsplit("/", 1)[-1]

@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from jaxtyping import Int
 
-from homoglens.architectures import block_hook_name, pattern_hook_name, z_hook_name
+from homoglens.architectures import (
+    component_hook_name,
+    pattern_hook_name,
+    z_hook_name,
+)
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, run_through, stream
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
@@ -230,28 +234,14 @@ def sink_attribution(
 
     info = model_info(model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    if method not in ("exact", "fast"):
-        raise InvalidInputError(f"method={method!r} must be 'exact' or 'fast'")
-    if ablation not in ("sink", "mean"):
-        raise InvalidInputError(f"ablation={ablation!r} must be 'sink' or 'mean'")
+    _check_method(method, ablation)
     key, _ = check_key_eps(key, 0.3, int(model.cfg.n_ctx))
     target = n_layers if layer is None else as_int("layer", layer, low=1, high=n_layers)
     edge_k = as_int("edge_k", edge_k, low=1)
     batch_size = as_int("batch_size", batch_size, low=1)
     joint = as_bool("joint", joint)
-    given: Any = (metrics,) if isinstance(metrics, str) else metrics
-    if not isinstance(given, (tuple, list)):
-        raise InvalidInputError(f"metrics={metrics!r} must be a list of {ATTRIBUTION_METRICS}")
-    metrics = tuple(given)
-    unknown = [name for name in metrics if name not in ATTRIBUTION_METRICS]
-    if not metrics or unknown or len(set(metrics)) != len(metrics):
-        raise InvalidInputError(
-            f"metrics={metrics!r} must be distinct names from {ATTRIBUTION_METRICS}"
-        )
-    from homoglens.models import check_writable
-
-    point = "attn.hook_pattern" if ablation == "sink" else "attn.hook_z"
-    check_writable(model, point, f"sink attribution (ablation={ablation!r})")
+    metric_names = _checked_metrics(metrics)
+    _check_ablation_point(model, ablation)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
     check_edge(batch, key, edge_k)
     if method == "fast":
@@ -264,7 +254,7 @@ def sink_attribution(
     run = _fast_attribution if method == "fast" else _exact_attribution
     job = _Job(
         batch, chosen, target, key, edge_k, ablation, mean_z, totals, batch_size, progress, joint,
-        metrics,
+        metric_names,
     )  # fmt: skip
     fields_ = run(model, job)
     return SinkAttribution(
@@ -280,6 +270,46 @@ def sink_attribution(
     )
 
 
+def _check_method(method: str, ablation: str) -> None:
+    """Refuse a ``method`` other than ``"exact"``/``"fast"`` or an ``ablation`` other than
+    ``"sink"``/``"mean"``.
+
+    Raises:
+        InvalidInputError: names the bad value and the choices.
+    """
+    if method not in ("exact", "fast"):
+        raise InvalidInputError(f"method={method!r} must be 'exact' or 'fast'")
+    if ablation not in ("sink", "mean"):
+        raise InvalidInputError(f"ablation={ablation!r} must be 'sink' or 'mean'")
+
+
+def _checked_metrics(metrics: Any) -> tuple[str, ...]:
+    """``metrics`` (one name or a list) as a tuple of distinct :data:`ATTRIBUTION_METRICS`.
+
+    Raises:
+        InvalidInputError: not a list, empty, repeated or unknown names.
+    """
+    given: Any = (metrics,) if isinstance(metrics, str) else metrics
+    if not isinstance(given, (tuple, list)):
+        raise InvalidInputError(f"metrics={metrics!r} must be a list of {ATTRIBUTION_METRICS}")
+    metrics = tuple(given)
+    unknown = [name for name in metrics if name not in ATTRIBUTION_METRICS]
+    if not metrics or unknown or len(set(metrics)) != len(metrics):
+        raise InvalidInputError(
+            f"metrics={metrics!r} must be distinct names from {ATTRIBUTION_METRICS}"
+        )
+    return metrics
+
+
+def _check_ablation_point(model: HookedModel, ablation: str) -> None:
+    """Refuse a model that only reads the hook point ``ablation`` writes (``hook_pattern``
+    for ``"sink"``, ``hook_z`` for ``"mean"``): see :func:`homoglens.models.check_writable`."""
+    from homoglens.models import check_writable
+
+    point = "pattern" if ablation == "sink" else "z"
+    check_writable(model, point, f"sink attribution (ablation={ablation!r})")
+
+
 @dataclasses.dataclass(frozen=True)
 class _Job:
     """What both attribution methods read: the windows, the heads, the ablation and the
@@ -291,7 +321,7 @@ class _Job:
     key: int
     edge_k: int
     ablation: str
-    mean_z: dict[int, torch.Tensor]  # layer -> [pos head d_head] mean of hook_z ("mean")
+    mean_z: dict[int, torch.Tensor]  # layer -> [pos head_index d_head] mean of hook_z ("mean")
     totals: torch.Tensor  # edge_totals(lengths, key, edge_k)
     batch_size: int
     progress: bool
@@ -332,7 +362,7 @@ def _exact_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
 
     measure_hook = (resid_hook_name(target), measure)
     cache_hooks = (
-        [(block_hook_name(s, "hook_resid_pre"), cache(s)) for s in sorted(set(starts))]
+        [(component_hook_name(s, "resid_pre"), cache(s)) for s in sorted(set(starts))]
         if skip
         else []
     )
@@ -406,7 +436,7 @@ def _fast_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
     base = torch.zeros(m, dtype=f64, device="cpu")
     curve = torch.zeros(int(batch.lengths.max()), dtype=f64, device="cpu")
     count = torch.zeros_like(curve)
-    point = "hook_pattern" if ablation == "sink" else "hook_z"
+    point = "pattern" if ablation == "sink" else "z"
     store: dict[Any, torch.Tensor] = {}
     wanted = [ATTRIBUTION_METRICS.index(name) for name in metrics]
 
@@ -424,7 +454,7 @@ def _fast_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
     def keep(resid: torch.Tensor, hook: Any) -> None:
         store["resid"] = resid
 
-    fwd_hooks = [(block_hook_name(i, f"attn.{point}"), probe(i)) for i in range(n_layers)]
+    fwd_hooks = [(component_hook_name(i, point), probe(i)) for i in range(n_layers)]
     fwd_hooks.append((resid_hook_name(target), keep))
     red = Sums(sums={"total": total, "base": base, "curve": curve, "count": count})
 
@@ -454,12 +484,12 @@ def _fast_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
             for i in range(n_layers):
                 act = store[("act", i)]
                 if ablation == "sink":
-                    change = sink_removal_delta(act, key)  # [batch head query key]
+                    change = sink_removal_delta(act, key)  # [batch head_index query_pos key_pos]
                     dims = (0, 2, 3)
                 else:
                     real = mask[..., None, None].to(act.dtype)
                     mean = mean_z[i].to(device=device, dtype=act.dtype)
-                    change = (mean[None, None] - act) * real  # [batch pos head d_head]
+                    change = (mean[None, None] - act) * real  # [batch pos head_index d_head]
                     dims = (0, 1, 3)
                 for j in wanted:
                     grad = grads[j][i]

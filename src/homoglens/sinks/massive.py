@@ -232,7 +232,8 @@ def massive_activation_means(
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
         data: The reference corpus, as for :func:`homogenization_profile`.
-        layer: Decoder layer in [1, n_layers].
+        layer: Residual entry in [1, n_layers]: the output of block ``layer - 1`` (Sun et
+            al.'s 1-indexed decoder layer ``layer``).
         dims: Residual dimensions (one int or a list; in [0, d_model), distinct).
         positions: Positions (one int or a list; in [0, n_ctx), distinct); default 0.
         batch_size: Sequences per forward pass.

@@ -4,7 +4,7 @@ received")."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -12,13 +12,12 @@ from jaxtyping import Float, Int
 
 from homoglens.architectures import resid_hook_name
 from homoglens.blocked_attention import AttentionJob, PatternRows
-from homoglens.data import DataInput, to_token_batch
-from homoglens.distributed import all_reduce_sum, world
+from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.homogenization import nan_div
 from homoglens.models import model_info
 from homoglens.results.sinks import AttentionReceived
-from homoglens.types import BosPolicy, HookedModel
+from homoglens.types import BosPolicy, HookedModel, HookFn
 from homoglens.validate import as_bool, check_layers, positive_int
 
 
@@ -91,57 +90,15 @@ def attention_received(
     sums = {name: torch.zeros(nb, n_pos, **f64) for name in ("a", "s", "as", "count")}
     moments = torch.zeros(nb, 6, **f64)  # n, sum a, sum s, sum a^2, sum s^2, sum a s
     state: dict[Any, Any] = {}  # unit vectors, or a block's PatternRows
-    reader = Sums(sums={**sums, "moments": moments})
-
-    def entry_in(bi: int) -> Any:
-        def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
-            state[("in", bi)] = _units(x)
-
-        return hook
-
-    def pattern(bi: int) -> Any:
-        def read(rows: PatternRows) -> None:
-            state[("a", bi)] = rows  # read a block of queries at a time once x^{l+1} is known
-
-        return read
-
-    def entry_out(bi: int) -> Any:
-        def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
-            u_in, rows = state.pop(("in", bi)), state.pop(("a", bi))
-            u_out = _units(x)
-            mask = reader.batch["mask"].double()
-            t = mask.shape[1]
-            keys = torch.arange(t, device=mask.device)
-            for q0, q1 in rows.blocks():  # [batch query key] for queries q0 .. q1 - 1
-                a = rows.rows(q0, q1).double().mean(1)
-                u_q = u_in[:, q0:q1]
-                shift = u_out[:, q0:q1] @ u_in.transpose(1, 2) - u_q @ u_in.transpose(1, 2)
-                below = (keys[None, :] < torch.arange(q0, q1, device=mask.device)[:, None]).double()
-                pairs = below[None] * mask[:, q0:q1, None] * mask[:, None]
-                a, shift = a * pairs, shift * pairs
-                sums["a"][bi, :t] += a.sum((0, 1))
-                sums["s"][bi, :t] += shift.sum((0, 1))
-                sums["as"][bi, :t] += (a * shift).sum((0, 1))
-                sums["count"][bi, :t] += pairs.sum((0, 1))
-                moments[bi] += torch.stack(
-                    [
-                        pairs.sum(),
-                        a.sum(),
-                        shift.sum(),
-                        (a * a).sum(),
-                        (shift * shift).sum(),
-                        (a * shift).sum(),
-                    ]
-                )
-
-        return hook
-
+    reader = Sums(sums={**sums, "moments": moments})  # stream merges them over ranks
     hooks = []
     for bi, block in enumerate(blocks):
-        hooks.append((resid_hook_name(block), entry_in(bi)))
-        hooks.append((resid_hook_name(block + 1), entry_out(bi)))
+        hooks.append((resid_hook_name(block), _entry_in(bi, state)))
+        hooks.append((resid_hook_name(block + 1), _entry_out(bi, state, reader, sums, moments)))
     reader.add_hooks(hooks)
-    reader.add_jobs({block: AttentionJob(read=pattern(bi)) for bi, block in enumerate(blocks)})
+    reader.add_jobs(
+        {block: AttentionJob(read=_pattern(bi, state)) for bi, block in enumerate(blocks)}
+    )
     try:
         stream(
             model,
@@ -153,8 +110,78 @@ def attention_received(
         )
     finally:
         state.clear()
-    if world()[1] > 1:
-        all_reduce_sum([*sums.values(), moments])
+    return _received(sums, moments, blocks, info, batch)
+
+
+def _entry_in(bi: int, state: dict[Any, Any]) -> HookFn:
+    """The hook on block ``bi``'s input: keeps its unit vectors in ``state``."""
+
+    def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+        state[("in", bi)] = _units(x)
+
+    return hook
+
+
+def _pattern(bi: int, state: dict[Any, Any]) -> Callable[[PatternRows], None]:
+    """The attention job of block ``bi``: keeps its pattern rows in ``state``."""
+
+    def read(rows: PatternRows) -> None:
+        state[("a", bi)] = rows  # read a block of queries at a time once x^{l+1} is known
+
+    return read
+
+
+def _entry_out(
+    bi: int,
+    state: dict[Any, Any],
+    reader: Sums,
+    sums: dict[str, torch.Tensor],
+    moments: torch.Tensor,
+) -> HookFn:
+    """The hook on block ``bi``'s output: with the input's unit vectors and the pattern rows
+    from ``state`` and the batch's mask from ``reader``, adds each pair q > k of real tokens
+    into the per-key ``sums`` and the block's ``moments``."""
+
+    def hook(x: Float[torch.Tensor, "batch pos d_model"], hook: Any) -> None:
+        u_in, rows = state.pop(("in", bi)), state.pop(("a", bi))
+        u_out = _units(x)
+        mask = reader.batch["mask"].double()
+        t = mask.shape[1]
+        keys = torch.arange(t, device=mask.device)
+        for q0, q1 in rows.blocks():  # [batch query_pos key_pos] for queries q0 .. q1 - 1
+            a = rows.rows(q0, q1).double().mean(1)
+            u_q = u_in[:, q0:q1]
+            shift = u_out[:, q0:q1] @ u_in.transpose(1, 2) - u_q @ u_in.transpose(1, 2)
+            below = (keys[None, :] < torch.arange(q0, q1, device=mask.device)[:, None]).double()
+            pairs = below[None] * mask[:, q0:q1, None] * mask[:, None]
+            a, shift = a * pairs, shift * pairs
+            sums["a"][bi, :t] += a.sum((0, 1))
+            sums["s"][bi, :t] += shift.sum((0, 1))
+            sums["as"][bi, :t] += (a * shift).sum((0, 1))
+            sums["count"][bi, :t] += pairs.sum((0, 1))
+            moments[bi] += torch.stack(
+                [
+                    pairs.sum(),
+                    a.sum(),
+                    shift.sum(),
+                    (a * a).sum(),
+                    (shift * shift).sum(),
+                    (a * shift).sum(),
+                ]
+            )
+
+    return hook
+
+
+def _received(
+    sums: dict[str, torch.Tensor],
+    moments: torch.Tensor,
+    blocks: tuple[int, ...],
+    info: Any,
+    batch: TokenBatch,
+) -> AttentionReceived:
+    """The :class:`~homoglens.results.sinks.AttentionReceived` of the merged per-key ``sums``
+    and per-block ``moments`` of ``batch`` (``info``: the model's, for the provenance)."""
     n, sa, ss, saa, sss, sas = moments.cpu().unbind(-1)
     cov = sas / n - (sa / n) * (ss / n)
     var_a = saa / n - (sa / n) ** 2

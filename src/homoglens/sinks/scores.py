@@ -67,13 +67,14 @@ def sink_column_sums(
         eps: Threshold on the Gu et al. importance for counting a sink.
 
     Returns:
-        ``mass_sum [head]`` (sum over sequences of the per-sequence mean of A[q, key] over real
-        q > key; sequences with no such q contribute 0 and are not counted in ``mass_count``),
-        ``mass_count []``, ``by_query_sum [head query_pos]`` and ``by_query_count [query_pos]``
-        (sums of A[q, key] and sequence counts per query position q > key),
-        ``importance_sum [head]`` (sum of alpha over sequences), ``sink_count [head]`` (how many
-        sequences have alpha > eps), ``n_sequences []``, and per sequence
-        ``importance_by_sequence [batch head]`` (alpha of each sequence).
+        ``mass_sum [head_index]`` (sum over sequences of the per-sequence mean of A[q, key]
+        over real q > key; sequences with no such q contribute 0 and are not counted in
+        ``mass_count``), ``mass_count []``, ``by_query_sum [head_index query_pos]`` and
+        ``by_query_count [query_pos]`` (sums of A[q, key] and sequence counts per query
+        position q > key), ``importance_sum [head_index]`` (sum of alpha over sequences),
+        ``sink_count [head_index]`` (how many sequences have alpha > eps), ``n_sequences []``,
+        and per sequence
+        ``importance_by_sequence [batch head_index]`` (alpha of each sequence).
     """
     batch, _, n_q = column.shape
     f64 = torch.float64
@@ -186,9 +187,9 @@ def sink_pass(
     attention_mask: Any,
     bos: Any,
     progress: bool,
-) -> tuple[SinkScores, Float[torch.Tensor, "seq layer head_index"]]:
+) -> tuple[SinkScores, Float[torch.Tensor, "batch layer head_index"]]:
     """One streamed pass: the :class:`SinkScores` and every sequence's importance alpha
-    ``[seq layer head_index]`` (in input order; gathered across ranks when distributed)."""
+    ``[batch layer head_index]`` (in input order; gathered across ranks when distributed)."""
     key, eps = check_key_eps(key, eps, int(model.cfg.n_ctx))
     batch_size = positive_int("batch_size", batch_size)
     batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
@@ -202,7 +203,7 @@ def sink_reducer(
     model: HookedModel, batch: TokenBatch, key: int, eps: float
 ) -> tuple[Sums, Callable[[], tuple[SinkScores, torch.Tensor]]]:
     """The reducer of :func:`sink_pass` (checked arguments) and the function that finishes it
-    into the scores and ``[seq layer head_index]`` importances once the batches are streamed;
+    into the scores and ``[batch layer head_index]`` importances once the batches are streamed;
     to share a pass with other reducers (:func:`homoglens.sinks.sink_analysis`)."""
     info = model_info(model)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
