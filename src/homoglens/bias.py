@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -18,7 +17,7 @@ from homoglens.bias_passes import BiasReadouts, BiasRun, run_passes
 from homoglens.data import DataInput, to_token_batch
 from homoglens.distributed import shard_bounds, world
 from homoglens.engine import model_device, provenance_of
-from homoglens.errors import InvalidInputError
+from homoglens.errors import InvalidInputError, warn_user
 from homoglens.fast_attention import serves_jobs
 from homoglens.models import check_writable, model_info
 from homoglens.results.bias import AttentionBiasStudy
@@ -237,11 +236,9 @@ def _checked(
     n_windows = len(batch)
     if block != "auto" and block > 1 and n_windows < 4 * block and n_windows >= MIN_WINDOWS:
         lowered = max(1, n_windows // 4)  # what every interval would use: said once, recorded
-        warnings.warn(
+        warn_user(
             f"homoglens: block={block} makes fewer than 4 blocks of the {n_windows} windows; the "
-            f"intervals use (and the result records) block={lowered}",
-            UserWarning,
-            stacklevel=3,
+            f"intervals use (and the result records) block={lowered}"
         )
         block = lowered
     plan0 = plans[0]

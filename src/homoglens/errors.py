@@ -7,6 +7,10 @@ what was wrong and how to fix it.
 
 from __future__ import annotations
 
+import sys
+import warnings
+from pathlib import Path
+
 __all__ = [
     "DistributedError",
     "HomoglensError",
@@ -22,6 +26,7 @@ __all__ = [
     "NonFiniteActivationError",
     "TrainingDivergedError",
     "ResultsNotFoundError",
+    "warn_user",
 ]
 
 
@@ -89,3 +94,21 @@ class ResultWriteError(HomoglensError, OSError):
 class DistributedError(HomoglensError, RuntimeError):
     """A ``torch.distributed`` collective failed or the ranks disagree (another rank stopped with
     its own error, or the ranks were given different data)."""
+
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn at the first frame outside homoglens: the user's line that called into it, however
+    many homoglens frames lie between (a fixed ``stacklevel`` points into homoglens when a
+    shared check is reached through a helper).
+
+    Args:
+        message: The warning's text.
+        category: The warning class (``UserWarning`` by default).
+    """
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -8,7 +8,12 @@ from typing import Any, cast
 
 import torch
 
-from homoglens.errors import InvalidInputError, ModelStateError, NonFiniteActivationError
+from homoglens.errors import (
+    InvalidInputError,
+    ModelStateError,
+    NonFiniteActivationError,
+    warn_user,
+)
 
 __all__ = ["as_int", "as_bool", "as_float", "require_finite"]
 
@@ -209,13 +214,7 @@ def at_most(name: str, value: int, most: int, what: str) -> int:
     larger than what there is to take is cut, never silently). ``what`` names ``most``."""
     if value <= most:
         return value
-    import warnings
-
-    warnings.warn(
-        f"homoglens: {name}={value} is more than the {most} {what}; using {most}",
-        UserWarning,
-        stacklevel=3,
-    )
+    warn_user(f"homoglens: {name}={value} is more than the {most} {what}; using {most}")
     return most
 
 

@@ -280,7 +280,7 @@ def test_numpy_integers_accepted_and_json_safe(tmp_path, get_model):
         model(torch.tensor([[1, 2, 3, 4]]))
     prof = homogenization_profile(model, MIXED_LENGTHS, layers=np.int64(1), progress=False)
     assert prof.layers == (1,)
-    with pytest.raises(InvalidInputError, match="block indices"):
+    with pytest.raises(InvalidInputError, match="are not blocks of this model"):
         with ablated_positions(model, "zero", layers=[2]):
             pass
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, Union
 import torch
 from jaxtyping import Int
 
-from homoglens.errors import InvalidInputError
+from homoglens.errors import InvalidInputError, warn_user
 from homoglens.types import BosPolicy, HookedModel
 
 if TYPE_CHECKING:  # datasets is imported only when a dataset is given
@@ -184,15 +184,11 @@ def _warn_inner_special(model: HookedModel, rows: list[list[int]]) -> None:
     special = set(getattr(tokenizer_of(model), "all_special_ids", None) or ())
     found = [i for i, row in enumerate(rows) if any(t in special for t in row[1:])]
     if found:
-        import warnings
-
-        warnings.warn(
+        warn_user(
             f"homoglens: {len(found)} text(s) (first: {found[0]}) spell a special token such as "
             "<|endoftext|> inside the text; it is tokenized as that token (as model.to_tokens "
             "does), which puts a BOS/EOT, an attention sink, mid-sequence. Remove or split such "
-            "spellings from the text if they are not meant as tokens",
-            UserWarning,
-            stacklevel=4,
+            "spellings from the text if they are not meant as tokens"
         )
 
 

@@ -27,7 +27,7 @@ from homoglens.data.batch import (
     resolve_bos,
 )
 from homoglens.data.hf_datasets import dataset_batch, dataset_kind, dataset_windows
-from homoglens.errors import InvalidInputError, SequenceTooLongError
+from homoglens.errors import InvalidInputError, SequenceTooLongError, warn_user
 from homoglens.types import BosPolicy, HookedModel
 from homoglens.validate import as_int, check_attention_mask
 
@@ -397,13 +397,9 @@ def to_token_batch(
         return replace(checked, bos=data.bos, description=data.description + first)
     if isinstance(data, torch.Tensor):
         if bos != "auto":  # asked for, and it cannot happen: said
-            import warnings
-
-            warnings.warn(
+            warn_user(
                 f"homoglens: bos={bos!r} has no effect on token ids, which are used exactly as "
-                "given (no BOS added or removed); prepend the BOS id yourself, or pass text",
-                UserWarning,
-                stacklevel=3,
+                "given (no BOS added or removed); prepend the BOS id yourself, or pass text"
             )
         if bound is not None and data.ndim == 2:
             data = data[:bound]
