@@ -7,7 +7,7 @@ pass; the stream merges every sum and per-window row over ranks (:class:`~homogl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,7 +20,7 @@ from homoglens.bias_hooks import AttentionBiasPlan, bias_pattern
 from homoglens.blocked_attention import AttentionJob
 from homoglens.data import TokenBatch
 from homoglens.distributed import world
-from homoglens.engine import Sums, run_logits, stream
+from homoglens.engine import Pass, PassPlan, Sums, stream
 from homoglens.losses import LossHead, next_token_loss
 from homoglens.results.bias import ATTENTION_CHECKS
 from homoglens.similarity_math import SIMILARITY_STATISTICS, WindowSums, similarity_coefficients
@@ -340,7 +340,8 @@ def _loss_tangent(
 
 class _Replay:
     """The pseudo-values' second pass from the unit vectors kept in the first (no forward
-    pass): a stream ``step`` that computes every window's shares on its first call."""
+    pass): computes every window's shares on its first call (as a stream's pass plan,
+    :meth:`passes`, a plan of no pass)."""
 
     def __init__(self, sums: list[WindowSums]) -> None:
         self.sums = sums
@@ -349,6 +350,11 @@ class _Replay:
         for s_sums in self.sums:
             if s_sums.kept is not None:
                 s_sums.cross_from_kept()
+
+    def passes(self, tokens: torch.Tensor, mask: torch.Tensor) -> PassPlan:
+        """The replay as a stream's pass plan: no forward pass."""
+        self(tokens, mask)
+        yield from ()
 
 
 class _Passes:
@@ -438,8 +444,8 @@ class _Passes:
             for i, layer in enumerate(run.entries)
         ]
 
-    def step(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
-        """The main pass over a batch: one forward pass per strength."""
+    def step(self, tokens: torch.Tensor, mask: torch.Tensor) -> PassPlan:
+        """The main pass over a batch: one forward pass per strength (a stream's pass plan)."""
         run = self.run
         b = int(tokens.shape[0])
         here = max(0, min(b, run.gradient_windows - (run.shard[0] + self.seen)))
@@ -449,11 +455,12 @@ class _Passes:
             hooks = self.resid_hooks(si, g)
             if not g:
                 jobs, checks = self.jobs_of(plan, self.main.rows[f"attention.{si}"], 0)
-                loss = self.head.loss(tokens, hooks, mask, jobs=jobs)
+                full = Pass(tokens, hooks, jobs=jobs, attention_mask=mask)
+                loss = yield from self.head.loss_of(full)
                 self.main.rows[f"loss.{si}"].append(loss.double().cpu())
                 checks.collect(int(tokens.shape[1]))
                 continue
-            self.gradient_pass(si, plan, tokens, mask, hooks, g)
+            yield from self.gradient_pass(si, plan, tokens, mask, hooks, g)
         if self.grad is not None:
             self.grad.fill(self.seen)
 
@@ -465,15 +472,15 @@ class _Passes:
         mask: torch.Tensor,
         hooks: list[HookSpec],
         g: int,
-    ) -> None:
+    ) -> Generator[Pass, torch.Tensor | None, None]:
         """The baseline's pass over a batch whose first ``g`` windows are differentiated:
-        forward-mode tangents through the logits (the loss's derivative from them)."""
+        forward-mode tangents through the logits (the loss's derivative from them), as a pass
+        plan: the dual level and the modes stay entered while the engine runs its pass."""
         assert self.grad is not None
         with torch.inference_mode(False), torch.no_grad(), fwad.dual_level():
             jobs, checks = self.jobs_of(plan, self.main.rows[f"attention.{si}"], g)
-            dual = run_logits(
-                self.run.model, tokens.clone(), hooks, jobs=jobs, attention_mask=mask.clone()
-            )
+            dual = yield Pass(tokens.clone(), hooks, jobs=jobs, attention_mask=mask.clone())
+            assert dual is not None
             logits, d_logits = fwad.unpack_dual(dual)
             self.main.rows[f"loss.{si}"].append(
                 next_token_loss(logits, tokens, mask).double().cpu()
@@ -482,8 +489,9 @@ class _Passes:
             checks.collect(int(tokens.shape[1]))
         del dual, logits, d_logits
 
-    def cross_step(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
-        """The pseudo-values' second forward pass over a batch, one per strength."""
+    def cross_step(self, tokens: torch.Tensor, mask: torch.Tensor) -> PassPlan:
+        """The pseudo-values' second forward pass over a batch, one per strength (a stream's
+        pass plan)."""
         run = self.run
         for si, plan in enumerate(run.plans):
             hooks = [
@@ -491,7 +499,7 @@ class _Passes:
                 for i, layer in enumerate(run.entries)
             ]
             jobs, checks = self.jobs_of(plan, [], 0)
-            self.head.loss(tokens, hooks, mask, jobs=jobs)
+            yield from self.head.loss_of(Pass(tokens, hooks, jobs=jobs, attention_mask=mask))
             checks.collect(int(tokens.shape[1]))
 
     def readouts(self) -> BiasReadouts:
@@ -568,7 +576,7 @@ def run_passes(run: BiasRun) -> BiasReadouts:
         batch_size=run.batch_size,
         desc=f"attention bias ({run.kind})",
         progress=run.progress,
-        step=passes.step,
+        passes=passes.step,
     )
     if run.replay and world()[1] == 1:  # nothing to merge: no stream needed
         _Replay(passes.sums)(None, None)
@@ -581,6 +589,6 @@ def run_passes(run: BiasRun) -> BiasReadouts:
             batch_size=run.batch_size,
             desc=f"attention bias ({run.kind}, pseudo-values)",
             progress=run.progress and replay is None,
-            step=replay or passes.cross_step,
+            passes=passes.cross_step if replay is None else replay.passes,
         )
     return passes.readouts()

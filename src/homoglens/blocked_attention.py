@@ -375,7 +375,8 @@ def merged_jobs(parts: Sequence[Mapping[int, AttentionJob]]) -> dict[int, Attent
     gets one job that hands its rows to each in turn).
 
     Raises:
-        ValueError: a reducer's job changes attention (only a ``step`` may run such passes).
+        ValueError: a reducer's job changes attention (only a pass plan,
+            ``stream(passes=...)``, may run such passes).
     """
     grouped: dict[int, list[AttentionJob]] = {}
     for part in parts:

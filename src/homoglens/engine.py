@@ -5,8 +5,12 @@ Every measurement that runs a model over a corpus runs through :func:`stream`: i
 merge them), and the engine runs the batches: right-aligned padding, ``torch.inference_mode``
 (or gradients, for attribution), device placement, the progress bar, the pass ended right after
 the deepest hook point read, and the shard of the data and the all-reduce of the sums under
-``torch.distributed``. Hooks are attached only here, through ``model.run_with_hooks`` (which
-removes them however the pass ends).
+``torch.distributed``. A measurement that needs several passes per batch (patching, the
+attention-bias study, attribution) hands the engine a pass plan: a generator of :class:`Pass`
+es, each run here (:func:`run_plan`) through the single-pass primitives of
+:mod:`homoglens.forward`, so every forward pass of a measurement is run by the engine. Hooks are
+attached only there, through ``model.run_with_hooks`` (which removes them however the pass
+ends).
 
 Threads: every pass holds the model's lock (:func:`homoglens.models.model_lock`), so two
 threads measuring one model take turns, and the hooks a pass attaches act in the thread that
@@ -16,7 +20,6 @@ runs it only: a user's own ``model(x)`` in another thread passes through them un
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
@@ -36,7 +39,11 @@ from homoglens.distributed import (
     world,
 )
 from homoglens.errors import ModelStateError, NonFiniteActivationError
-from homoglens.fast_attention import fast_attention
+from homoglens.forward import Pass as Pass
+from homoglens.forward import PassPlan as PassPlan
+from homoglens.forward import run_logits as run_logits
+from homoglens.forward import run_through as run_through
+from homoglens.forward import this_thread as this_thread
 from homoglens.models import model_lock
 
 # Re-exported (issue 40 moved them to homoglens.provenance; the measurements and the tests
@@ -109,130 +116,40 @@ def batch_bounds(
     return bounds
 
 
-class _Through(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """Raised by the hook that ends a forward pass after the last hook point it needs."""
+def _run(model: HookedModel, p: Pass) -> torch.Tensor | None:
+    """Run one :class:`Pass`: :func:`run_logits` without ``last`` (its logits), else
+    :func:`run_through` (``None``); ``attention_mask`` and ``start_at_layer`` passed only when
+    set."""
+    kwargs: dict[str, Any] = {}
+    if p.attention_mask is not None:
+        kwargs["attention_mask"] = p.attention_mask
+    if p.start_at_layer is not None:
+        kwargs["start_at_layer"] = p.start_at_layer
+    if p.last is None:
+        return run_logits(model, p.inputs, p.hooks, jobs=p.jobs, **kwargs)
+    run_through(model, p.inputs, p.last, p.hooks, return_type=p.return_type, jobs=p.jobs, **kwargs)
+    return None
 
 
-def run_through(
-    model: HookedModel,
-    inputs: torch.Tensor,
-    last: str | Sequence[str],
-    fwd_hooks: Sequence[HookSpec],
-    *,
-    return_type: str | None = None,
-    jobs: Mapping[int, AttentionJob] | None = None,
-    **kwargs: Any,
-) -> None:
-    """``model.run_with_hooks(inputs, return_type=None, fwd_hooks=..., **kwargs)``, ended right
-    after every hook point in ``last`` has fired (and every hook on it has run): no later block,
-    no final norm and no unembedding run.
-
-    TransformerLens' ``stop_at_layer`` stops before a block, so on the bridge it cannot stop
-    after the last one; this stops anywhere, on every backend, and needs no table of which hook
-    point fires last. The hooks are removed by ``run_with_hooks`` as the exception leaves it.
-    A pass that hooks no attention internals runs SDPA attention on the bridge
-    (:mod:`homoglens.fast_attention`).
+def run_plan(model: HookedModel, plan: PassPlan) -> Any:
+    """Run every pass ``plan`` yields, sending each one's logits (or ``None``) back, and give
+    the plan's return value. The plan is closed however this ends, so that no context it
+    entered around a ``yield`` stays entered after an error.
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
-        inputs: ``[batch pos]`` token ids, or the residual stream with ``start_at_layer``.
-        last: The hook point(s) read; the pass ends once all of them have fired.
-        fwd_hooks: ``(hook name, hook function)`` pairs, attached for this pass only.
-        return_type: Passed to ``run_with_hooks``: ``"logits"`` to end at a hook point of the
-            unembedding (``HookedTransformer`` skips the unembedding with ``None``).
-        jobs: ``{block: AttentionJob}``: what the pass reads from (or changes in) attention,
-            a block of queries at a time (:mod:`homoglens.blocked_attention`); ``last`` must
-            reach every block named.
-        **kwargs: Passed to ``run_with_hooks`` (``attention_mask``, ``start_at_layer``).
+        plan: The passes (see :data:`PassPlan`).
+
+    Returns:
+        What the plan returns.
     """
-    names = {last} if isinstance(last, str) else set(last)
-    fired: set[str] = set()
-
-    def ender(name: str) -> HookFn:
-        # Keyed by the name it was attached under: the bridge hands hooks its canonical name
-        # (``hook.name``), which can differ from the alias the caller used.
-        def end_when_all_fired(activation: torch.Tensor, hook: Any) -> None:
-            fired.add(name)
-            if fired >= names:
-                raise _Through
-
-        return end_when_all_fired
-
-    enders = [(name, ender(name)) for name in sorted(names)]
-    hooks = [*fwd_hooks, *enders]
-    with model_lock(model):
+    with contextlib.closing(plan):
         try:
-            with fast_attention(model, hooks, jobs) as job_hooks:
-                hooks = this_thread([*fwd_hooks, *job_hooks, *enders])
-                model.run_with_hooks(inputs, return_type=return_type, fwd_hooks=hooks, **kwargs)
-        except _Through:
-            pass
-    _check_jobs(jobs, model)
-
-
-def this_thread(hooks: Sequence[HookSpec]) -> list[HookSpec]:
-    """``hooks`` that act only in the thread attaching them: in another thread's pass through
-    the same model (a user's ``model(x)`` while a measurement runs) each returns ``None``,
-    leaving the activation as it was, and reads nothing."""
-    owner = threading.get_ident()
-
-    def owned(fn: HookFn) -> HookFn:
-        def hook(activation: torch.Tensor, hook: Any) -> Any:
-            if threading.get_ident() != owner:
-                return None
-            return fn(activation, hook=hook)
-
-        return hook
-
-    return [(name, owned(fn)) for name, fn in hooks]
-
-
-def _check_jobs(jobs: Mapping[int, AttentionJob] | None, model: HookedModel) -> None:
-    """Every attention job of a finished pass ran (else its block's attention was computed
-    where homoglens could not see it, and the measurement would be silently empty).
-
-    Raises:
-        ModelStateError: names the blocks, the attention implementation the model's Hugging
-            Face config asks for, and the fix.
-    """
-    missing = sorted(layer for layer, job in (jobs or {}).items() if job.calls == 0)
-    if not missing:
-        return
-    config = getattr(getattr(model, "original_model", None), "config", None)
-    implementation = getattr(config, "_attn_implementation", None)
-    if implementation not in (None, "eager"):
-        fix = (
-            f"its Hugging Face config asks for {implementation!r} attention, which computes the "
-            "pattern where no hook sees it; set model.original_model.config."
-            "_attn_implementation = 'eager' (homoglens.load_model does), or unset "
-            "HOMOGLENS_EAGER so that homoglens serves the attention itself"
-        )
-    else:
-        fix = "set HOMOGLENS_EAGER=1 to read the eager pattern instead, and please report it"
-    raise ModelStateError(
-        f"homoglens: the attention of blocks {missing} ran without the measurement's attention "
-        f"job, so nothing of it was read: {fix}"
-    )
-
-
-def run_logits(
-    model: HookedModel,
-    inputs: torch.Tensor,
-    fwd_hooks: Sequence[HookSpec],
-    *,
-    jobs: Mapping[int, AttentionJob] | None = None,
-    **kwargs: Any,
-) -> Float[torch.Tensor, "batch pos d_vocab"]:
-    """A full pass with ``fwd_hooks`` attached for it only: ``model.run_with_hooks(inputs,
-    return_type="logits", fwd_hooks=..., **kwargs)``; the hooks are removed however it ends.
-    A pass that hooks no attention internals runs SDPA attention on the bridge
-    (:mod:`homoglens.fast_attention`); ``jobs`` as for :func:`run_through`."""
-    hooks = list(fwd_hooks)
-    with model_lock(model), fast_attention(model, hooks, jobs) as job_hooks:
-        hooks = this_thread([*hooks, *job_hooks])
-        logits = model.run_with_hooks(inputs, return_type="logits", fwd_hooks=hooks, **kwargs)
-    _check_jobs(jobs, model)
-    return logits
+            asked = next(plan)
+            while True:
+                asked = plan.send(_run(model, asked))
+        except StopIteration as done:
+            return done.value
 
 
 class Reducer:
@@ -254,7 +171,7 @@ class Reducer:
     def jobs(self) -> dict[int, AttentionJob]:
         """``{block: AttentionJob}``: what the pass reads from each block's attention, a block
         of queries at a time (:mod:`homoglens.blocked_attention`); none by default. Reading
-        jobs only (no ``edit``): a pass that changes attention runs its own ``step``."""
+        jobs only (no ``edit``): a pass that changes attention runs its own ``passes``."""
         return {}
 
     def begin(
@@ -355,7 +272,7 @@ def stream(
     desc: str,
     progress: bool,
     extra_hooks: Sequence[HookSpec] = (),
-    step: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    passes: Callable[[torch.Tensor, torch.Tensor], PassPlan] | None = None,
     uniform_length: bool = False,
     needs_grad: bool = False,
 ) -> torch.device:
@@ -364,11 +281,14 @@ def stream(
     Each rank takes its shard of ``batch`` (:func:`homoglens.distributed.shard_bounds`; all of
     it without a process group); batches are right-aligned and moved to the model's device and
     run under ``torch.inference_mode`` (``needs_grad``: with gradients on, for attribution).
-    Without ``step``, each batch runs one pass with ``extra_hooks`` (interventions) and every
+    Without ``passes``, each batch runs one pass with ``extra_hooks`` (interventions) and every
     reducer's hooks, ended after the last hook point read, or to the logits if a reducer needs
-    them. With ``step``, ``step(tokens, mask)`` runs the batch's passes itself (several per
-    batch: patching, exact attribution) through :func:`run_through` / :func:`run_logits`.
-    After the last batch, under ``torch.distributed``, each reducer merges its sums over ranks.
+    them. With ``passes``, ``passes(tokens, mask)`` is the batch's pass plan (several passes
+    per batch: patching, the bias study's strengths, exact attribution): a generator that
+    yields each :class:`Pass` and is sent back its logits (:data:`PassPlan`); the engine runs
+    them, one after the other (:func:`run_plan`). Every forward pass of a measurement runs
+    here. After the last batch, under ``torch.distributed``, each reducer merges its sums over
+    ranks.
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``, in eval mode.
@@ -378,7 +298,7 @@ def stream(
         desc: Progress-bar label.
         progress: Show a tqdm progress bar.
         extra_hooks: Hooks that change the pass (interventions), attached before the reducers'.
-        step: Runs a batch's passes itself, instead of the one pass per batch.
+        passes: A batch's pass plan, instead of the one pass per batch.
         uniform_length: No forward batch mixes sequence lengths.
         needs_grad: Run with gradients enabled (and check the weights allow a backward pass).
 
@@ -406,7 +326,7 @@ def stream(
     read = [name for name, _ in reader_hooks]
     if jobs:  # the deepest attention read has run (eager bridges fire some patterns late)
         read.append(component_hook_name(max(jobs), "resid_post"))
-    if step is None and not needs_logits and not read:
+    if passes is None and not needs_logits and not read:
         raise ValueError("stream: no reducer reads a hook point and none needs the logits")
     batches = forward_batches(
         batch[start:stop],
@@ -425,16 +345,17 @@ def stream(
             guard.mask = mask
             for reducer in reducers:
                 reducer.begin(tokens, mask)
-            if step is not None:
-                step(tokens, mask)
+            if passes is not None:
+                run_plan(model, passes(tokens, mask))
             elif needs_logits:
-                logits = run_logits(model, tokens, fwd_hooks, jobs=jobs, attention_mask=mask)
+                logits = _run(model, Pass(tokens, fwd_hooks, jobs=jobs, attention_mask=mask))
+                assert logits is not None
                 for reducer in reducers:
                     if reducer.needs_logits:
                         reducer.logits(logits, tokens, mask)
                 del logits
             else:
-                run_through(model, tokens, read, fwd_hooks, jobs=jobs, attention_mask=mask)
+                _run(model, Pass(tokens, fwd_hooks, read, jobs=jobs, attention_mask=mask))
             guard.check()
             for reducer in reducers:
                 reducer.end()

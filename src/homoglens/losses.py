@@ -3,22 +3,23 @@
 Per-target cross-entropy read from the logits a block of rows at a time
 (:func:`next_token_nll`), its mean per sequence over real targets (:func:`next_token_loss`,
 :func:`mean_nll`), the loss of full passes read from the unembedding's input
-(:class:`LossHead`, whose passes run through :func:`homoglens.engine.run_through` and
-:func:`homoglens.engine.run_logits`), and the in-context-learning score and induction loss of
-Olsson et al. 2022 (:func:`icl_score`, :func:`induction_tokens`, :func:`induction_loss`).
+(:class:`LossHead`, whose passes the engine runs: :class:`homoglens.engine.Pass`), and the
+in-context-learning score and induction loss of Olsson et al. 2022 (:func:`icl_score`,
+:func:`induction_tokens`, :func:`induction_loss`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 
 from homoglens.blocked_attention import AttentionJob
-from homoglens.engine import Sums, run_logits, run_through
+from homoglens.engine import Pass, Sums, run_plan
 from homoglens.types import HookedModel, HookSpec
 
 
@@ -94,21 +95,31 @@ class LossHead:
         jobs: Mapping[int, AttentionJob] | None = None,
     ) -> Float[torch.Tensor, " batch"]:
         """One full pass with ``fwd_hooks`` (and attention ``jobs``): the mean next-token loss
-        per sequence (nats, float32 as :func:`next_token_loss` gives it)."""
-        hooks = [*fwd_hooks, ("unembed.hook_in", self._capture)]
+        per sequence (nats, float32 as :func:`next_token_loss` gives it): the plan of
+        :meth:`loss_of`, run by the engine (:func:`homoglens.engine.run_plan`)."""
+        asked = Pass(tokens, fwd_hooks, jobs=jobs, attention_mask=mask)
+        return run_plan(self.model, self.loss_of(asked))
+
+    def loss_of(
+        self, asked: Pass
+    ) -> Generator[Pass, torch.Tensor | None, Float[torch.Tensor, " batch"]]:
+        """The pass plan (:data:`homoglens.engine.PassPlan`) of :meth:`loss`: the full pass
+        ``asked`` (token ids, hooks, attention jobs and mask; no ``last``), ended at the
+        unembedding's input where the check allows; ``yield from`` it gives the mean
+        next-token loss per sequence.
+
+        Args:
+            asked: The pass to the logits whose loss is read.
+        """
+        tokens, mask = asked.inputs, asked.attention_mask
+        assert mask is not None
+        hooks = [*asked.hooks, ("unembed.hook_in", self._capture)]
         try:
             if self.exact:
-                run_through(
-                    self.model,
-                    tokens,
-                    "unembed.hook_in",
-                    hooks,
-                    return_type="logits",
-                    jobs=jobs,
-                    attention_mask=mask,
-                )
+                yield replace(asked, hooks=hooks, last="unembed.hook_in", return_type="logits")
                 return self._from_hidden(tokens, mask)
-            logits = run_logits(self.model, tokens, hooks, jobs=jobs, attention_mask=mask)
+            logits = yield replace(asked, hooks=hooks)
+            assert logits is not None
             full = next_token_loss(logits, tokens, mask)
             del logits  # before the check allocates its buffer
             if self.exact is None:  # (a backend whose unembedding fires no hook_in: never)

@@ -214,7 +214,7 @@ def positional_patching(
         batch_size=batch_size,
         desc="patching",
         progress=progress,
-        step=passes.step,
+        passes=passes.step,
         uniform_length=True,
     )
     blocks_run = float(passes.red.sums["blocks_run"])

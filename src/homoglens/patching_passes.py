@@ -7,15 +7,15 @@ and the position-ablated run (caching the activations the patches copy and the r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from jaxtyping import Float
 
 from homoglens.architectures import component_hook_name, resid_hook_name
-from homoglens.engine import Sums, run_logits, run_through
+from homoglens.engine import Pass, PassPlan, Sums
 from homoglens.errors import InvalidInputError
 from homoglens.homogenization import homogenization_sums, positions_from_mask
 from homoglens.interventions import residual_write_hooks
@@ -30,10 +30,11 @@ __all__ = ["PatchPasses", "PatchRunner", "keep_hook", "patch_hook", "write_hooks
 @dataclass
 class PatchPasses:
     """The passes of one batch of :func:`~homoglens.patching.positional_patching`, as the
-    ``step`` of :func:`~homoglens.engine.stream`: the normal and the ablated run (adding into
-    ``normal`` / ``ablated``, caching what the source run's patches copy and the receiving run's
-    ``resid_pre`` at the blocks whose passes start there), then the patched runs of every cell
-    (adding into ``patched``; ``red.sums["blocks_run"]`` counts the blocks run)."""
+    pass plan of :func:`~homoglens.engine.stream` (:meth:`step`): the normal and the ablated
+    run (adding into ``normal`` / ``ablated``, caching what the source run's patches copy and
+    the receiving run's ``resid_pre`` at the blocks whose passes start there), then the patched
+    runs of every cell (adding into ``patched``; ``red.sums["blocks_run"]`` counts the blocks
+    run)."""
 
     model: HookedModel
     runner: PatchRunner
@@ -55,8 +56,8 @@ class PatchPasses:
     ablated: torch.Tensor
     red: Sums
 
-    def step(self, tokens: torch.Tensor, mask: torch.Tensor) -> None:
-        """Run one batch: both unpatched runs, then every cell's patched run.
+    def step(self, tokens: torch.Tensor, mask: torch.Tensor) -> PassPlan:
+        """One batch's pass plan: both unpatched runs, then every cell's patched run.
 
         Args:
             tokens: The batch's token ids ``[batch pos]`` (sequences of one length).
@@ -76,19 +77,21 @@ class PatchPasses:
                 ]
                 wanted = wanted if self.component != "positions" else []
             grab = [(name, keep_hook(stores[run], name)) for name in dict.fromkeys(wanted)]
-            out += self.runner.run(tokens, mask, [*hooks, *grab], copies=1, start=None)[:, 0]
+            out += (
+                yield from self.runner.run(tokens, mask, [*hooks, *grab], copies=1, start=None)
+            )[:, 0]
         self.red.sums["blocks_run"] += 2 * self.end * len(tokens)
         if self.component == "positions":
             for i, hooks in enumerate(self.ablation_of):
-                values = self.runner.run(tokens, mask, hooks, copies=1, start=None)
+                values = yield from self.runner.run(tokens, mask, hooks, copies=1, start=None)
                 self.patched[:, i, 0] += values[:, 0]
                 self.red.sums["blocks_run"] += self.end * len(tokens)
             return
-        self._cell_runs(tokens, mask, stores)
+        yield from self._cell_runs(tokens, mask, stores)
 
     def _cell_runs(
         self, tokens: torch.Tensor, mask: torch.Tensor, stores: dict[str, dict[str, torch.Tensor]]
-    ) -> None:
+    ) -> PassPlan:
         """The patched runs of one batch: per block, ``cell_batch`` cells per pass, each pass
         from the receiving run's cached ``resid_pre`` where ``starts`` says so.
 
@@ -104,7 +107,7 @@ class PatchPasses:
             for lo in range(0, n_c, self.cell_batch):
                 chunk = self.cells[lo : lo + self.cell_batch]
                 patch = patch_hook(source, chunk, self.cell_axis)
-                values = self.runner.run(
+                values = yield from self.runner.run(
                     tokens,
                     mask,
                     [
@@ -166,7 +169,8 @@ def patch_hook(
 
 
 class PatchRunner:
-    """Runs (copies of) a batch with hooks and returns each metric summed per copy."""
+    """Runs (copies of) a batch with hooks and returns each metric summed per copy (a pass
+    plan, :meth:`run`)."""
 
     def __init__(
         self,
@@ -192,8 +196,9 @@ class PatchRunner:
         copies: int,
         start: torch.Tensor | None,
         start_layer: int | None = None,
-    ) -> Float[torch.Tensor, "metric copy"]:
-        """Metric contributions (already divided by the corpus size) of each copy."""
+    ) -> Generator[Pass, torch.Tensor | None, Float[torch.Tensor, "metric copy"]]:
+        """Metric contributions (already divided by the corpus size) of each copy: the pass
+        plan of one run, whose ``yield from`` gives them."""
         b = tokens.shape[0]
         out = torch.zeros(len(self.metrics), copies, dtype=torch.float64, device="cpu")
         rows_mask = mask.repeat(copies, 1)
@@ -214,17 +219,19 @@ class PatchRunner:
                 else resid_hook_name(self.measured)
             )
             fwd_hooks.append((measured, measure))
-        kwargs: dict[str, Any] = {"attention_mask": rows_mask}
         if start is not None:
             inputs = start.repeat(copies, *([1] * (start.ndim - 1)))
-            kwargs["start_at_layer"] = start_layer
+            asked = Pass(inputs, fwd_hooks, attention_mask=rows_mask, start_at_layer=start_layer)
         else:
             inputs = tokens.repeat(copies, 1)
+            asked = Pass(inputs, fwd_hooks, attention_mask=rows_mask)
         logits = torch.empty(0, device=tokens.device)
         if self.needs_logits or not self.homog:
-            logits = run_logits(self.model, inputs, fwd_hooks, **kwargs)
+            full = yield asked
+            assert full is not None
+            logits = full
         else:  # end the pass at the measured entry: no later block, no unembedding
-            run_through(self.model, inputs, measured, fwd_hooks, **kwargs)
+            yield replace(asked, last=measured)
         if self.homog:
             lengths = rows_mask.sum(1)
             sums = homogenization_sums(

@@ -11,11 +11,7 @@ from jaxtyping import Int
 
 from homoglens.architectures import architecture_of
 from homoglens.data import DataInput, TokenBatch, require_min_tokens, to_token_batch
-from homoglens.engine import (
-    model_device,
-    provenance_of,
-    run_logits,
-)
+from homoglens.engine import Sums, provenance_of, stream
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import (
     massive_activation_hooks,
@@ -135,10 +131,7 @@ def position_ablation_study(
         for mode in chosen_modes
     }
     _check_reach(model, chosen_modes, positions, shift, int(batch.lengths.max()))
-    tables = _paired_passes(
-        model, batch, hooks, chosen, inverse, info=info, batch_size=batch_size,
-        exclude_first=exclude_first, effective_rank=effective_rank, seed=seed, progress=progress,
-    )  # fmt: skip
+    tables = _paired_passes(model, batch, hooks, options, inverse, info=info, progress=progress)
     settings: dict[str, Any] = {"seed": seed}
     if "shift" in chosen_modes:
         settings["shift"] = shift
@@ -246,10 +239,8 @@ def massive_ablation_study(
     hooks = _massive_hooks(model, ref, layer, site_dims, site_pos, batch_size, progress)
     order = torch.sort(batch.lengths, stable=True).indices
     tables = _paired_passes(
-        model, batch[order], hooks, chosen, torch.argsort(order), info=info,
-        batch_size=batch_size, exclude_first=exclude_first, effective_rank=effective_rank,
-        seed=seed, progress=progress,
-    )  # fmt: skip
+        model, batch[order], hooks, options, torch.argsort(order), info=info, progress=progress
+    )
     settings: dict[str, Any] = {
         "intervention": "massive activations (Sun et al. set_mean / set_zero)",
         "layer": layer,
@@ -278,6 +269,15 @@ class _StudyOptions(NamedTuple):
     exclude_first: bool
     effective_rank: bool
     layers: tuple[int, ...]
+
+    def pass_options(self) -> dict[str, Any]:
+        """The keyword options of :func:`~homoglens.profile.profile_pass` these hold:
+        ``batch_size``, ``exclude_first`` and ``effective_rank``."""
+        return {
+            "batch_size": self.batch_size,
+            "exclude_first": self.exclude_first,
+            "effective_rank": self.effective_rank,
+        }
 
 
 def _study_options(
@@ -458,35 +458,34 @@ def _paired_passes(
     model: HookedModel,
     batch: TokenBatch,
     hooks: dict[str, list[HookSpec]],
-    chosen: tuple[int, ...],
+    options: _StudyOptions,
     inverse: torch.Tensor,
     *,
     info: Any,
-    batch_size: int,
-    exclude_first: bool,
-    effective_rank: bool,
-    seed: int,
     progress: bool,
 ) -> dict[str, Any]:
     """One profile pass with loss per mode (``hooks[mode]`` attached) over the same sequences,
     and the induction loss on repeated random tokens: the fields of a
     :class:`PositionAblationStudy` other than its settings (rows back in input order via
-    ``inverse``)."""
+    ``inverse``). The passes measure ``options.layers`` with ``options``' batch size,
+    ``exclude_first`` and ``effective_rank``; ``options.seed`` draws the induction tokens."""
+    chosen, exclude_first, seed = options.layers, options.exclude_first, options.seed
     n_pos = int(batch.lengths.max())
     profiles, loss, pairwise, others, icl, induction = {}, [], [], [], [], []
     half = max(2, min(32, (int(model.cfg.n_ctx) - 1) // 2))
     bos_id = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
-    repeated = induction_tokens(
-        int(model.cfg.d_vocab), half=half, bos=bos_id if batch.bos else None, seed=seed
-    ).to(model_device(model))  # the inputs and the targets of the induction loss
+    repeated = to_token_batch(  # the inputs and the targets of the induction loss
+        model,
+        induction_tokens(
+            int(model.cfg.d_vocab), half=half, bos=bos_id if batch.bos else None, seed=seed
+        ),
+    )
     for mode, mode_hooks in hooks.items():
         run = profile_pass(
             model,
             batch,
             chosen,
-            batch_size=batch_size,
-            exclude_first=exclude_first,
-            effective_rank=effective_rank,
+            **options.pass_options(),
             progress=progress,
             extra_hooks=mode_hooks,
             per_sequence=True,
@@ -498,10 +497,17 @@ def _paired_passes(
         profiles[mode] = run.accumulator.profile(chosen, prov)
         loss.append(torch.cat(run.seq_loss).double()[inverse])
         icl.append(torch.cat(run.seq_icl).double()[inverse])
-        with torch.inference_mode():
-            logits = run_logits(model, repeated, mode_hooks)
-            induction.append(induction_loss(next_token_nll(logits, repeated), half).cpu())
-        del logits
+        reducer = _InductionLoss(half)
+        stream(
+            model,
+            repeated,
+            [reducer],
+            batch_size=len(repeated),
+            desc=f"induction {mode}",
+            progress=False,
+            extra_hooks=mode_hooks,
+        )
+        induction.append(reducer.row_values("induction"))
         pairwise.append(torch.cat(run.seq_mean_pairwise)[inverse])
         others.append(
             torch.cat(
@@ -519,3 +525,19 @@ def _paired_passes(
         "mean_pairwise": torch.stack(pairwise),
         "to_others": torch.stack(others),
     }
+
+
+class _InductionLoss(Sums):
+    """A reducer of one streamed pass over :func:`~homoglens.losses.induction_tokens`
+    sequences to the logits: each sequence's induction loss (:func:`induction_loss` of its
+    :func:`next_token_nll`, float64), kept as the per-sequence rows ``"induction"``."""
+
+    needs_logits = True
+
+    def __init__(self, half: int) -> None:
+        super().__init__(rows={"induction": ()})
+        self.half = half
+
+    def logits(self, logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> None:
+        """Keep the batch's induction losses (every token is real: ``mask`` is all ones)."""
+        self.rows["induction"].append(induction_loss(next_token_nll(logits, tokens), self.half))

@@ -48,7 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plotting_plotly", "model_state", "backend_loaders"),
     ("folder_loading", "hub_loading"),
     ("models", "hooks", "bias_hooks", "results", "training", "fast_attention"),
-    ("provenance",),
+    ("provenance", "forward"),
     ("engine", "interventions"),
     ("bias_interventions", "losses"),
     ("bias_passes",),

@@ -290,34 +290,42 @@ def test_loss_head_is_the_loss_of_the_model_logits_bit_for_bit(arch: str, backen
 def test_loss_head_keeps_the_logits_where_the_unembedding_is_not_all(monkeypatch) -> None:
     # Something after W_U (here a hook on the logits; in Gemma 2 a soft-cap) fails the check:
     # every pass then reads the model's own logits, and the loss is theirs.
+    import homoglens.engine as engine_mod
     import homoglens.losses as losses_mod
 
     model = _model()
     mask = torch.ones_like(WINDOWS)
     doubled = [("unembed.hook_out", lambda z, hook: z * 2.0)]
     calls = []
-    monkeypatch.setattr(losses_mod, "run_through", lambda *a, **k: calls.append(a))
+    real = engine_mod._run
+
+    def counted(model, asked):
+        calls.append(asked.last)
+        return real(model, asked)
+
+    monkeypatch.setattr(engine_mod, "_run", counted)
     with torch.inference_mode(), eager_attention():
         want = next_token_loss(2.0 * model(WINDOWS), WINDOWS, mask)
         head = losses_mod.LossHead(model)
         losses = [head.loss(WINDOWS, doubled, mask) for _ in range(2)]
-    assert head.exact is False and not calls
+    assert head.exact is False and calls == [None, None]  # both passes to the logits
     assert all(torch.equal(loss, want) for loss in losses)
 
 
 def test_the_study_reads_logits_once_only(monkeypatch) -> None:
-    import homoglens.losses as losses_mod
+    import homoglens.engine as engine_mod
 
     calls = []
-    real = losses_mod.run_logits
+    real = engine_mod._run
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+    def counted(model, asked):
+        calls.append(asked.last)
+        return real(model, asked)
 
-    monkeypatch.setattr(losses_mod, "run_logits", counted)
+    monkeypatch.setattr(engine_mod, "_run", counted)
     attention_bias_study(_model(), WINDOWS, kind="first", strengths=[-1.0, 0.0, 1.0], **COMMON)
-    assert len(calls) == 1  # the check; 5 more passes (3 strengths x 2 batches) end at W_U
+    assert calls.count(None) == 1  # the check; 5 more passes (3 strengths x 2 batches) end at W_U
+    assert calls.count("unembed.hook_in") == 5
 
 
 def test_doses_per_unit_of_attention_mass_and_like_for_like_cross_check() -> None:

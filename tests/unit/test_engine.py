@@ -121,6 +121,63 @@ def test_an_error_inside_a_reducer_leaves_no_hook(get_model) -> None:
     assert hook_count(model) == 0
 
 
+def test_a_pass_plan_is_run_by_the_engine_pass_by_pass(get_model) -> None:
+    """Issue 40: a measurement's passes are a generator of ``Pass`` es the engine runs; a pass
+    to the logits sends them back (the same as ``run_logits``), one with ``last`` sends
+    ``None``; the thread state a plan enters around its ``yield`` holds while its pass runs."""
+    from homoglens import to_token_batch
+    from homoglens.engine import Pass, run_logits, stream
+
+    model = get_model("gpt2", "bridge")
+    batch = to_token_batch(model, SHORT_TEXTS)
+    seen: list[object] = []
+    inference: list[bool] = []
+
+    def note(resid: torch.Tensor, hook) -> None:
+        inference.append(torch.is_inference_mode_enabled())
+
+    def plan(tokens: torch.Tensor, mask: torch.Tensor):
+        logits = yield Pass(tokens, attention_mask=mask)
+        seen.append(torch.equal(logits, run_logits(model, tokens, [], attention_mask=mask)))
+        hooks = [("blocks.0.hook_resid_post", note)]
+        with torch.inference_mode(False), torch.no_grad():
+            read = yield Pass(tokens, hooks, "blocks.0.hook_resid_post", attention_mask=mask)
+        seen.append(read)
+        return "done"
+
+    stream(model, batch, [], batch_size=1, desc="x", progress=False, passes=plan)
+    assert seen == [True, None] * len(batch)
+    assert inference == [False] * len(batch)
+    assert hook_count(model) == 0
+
+
+def test_a_failed_pass_closes_its_plan(get_model) -> None:
+    """An error in a pass closes the plan at its ``yield`` (its contexts exit) and leaves no
+    hook on the model."""
+    from homoglens import to_token_batch
+    from homoglens.engine import Pass, stream
+
+    model = get_model("gpt2", "bridge")
+    closed: list[bool] = []
+
+    def boom(resid: torch.Tensor, hook) -> None:
+        raise RuntimeError("boom")
+
+    def plan(tokens: torch.Tensor, mask: torch.Tensor):
+        try:
+            yield Pass(tokens, [("blocks.0.hook_resid_post", boom)], "blocks.1.hook_resid_post")
+        finally:
+            closed.append(True)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        stream(
+            model, to_token_batch(model, SHORT_TEXTS), [], batch_size=2, desc="x",
+            progress=False, passes=plan,
+        )  # fmt: skip
+    assert closed == [True]
+    assert hook_count(model) == 0
+
+
 def test_provenance_records_versions_revision_and_the_data_hash(get_model, tmp_path) -> None:
     import json
     from importlib.metadata import version

@@ -5,6 +5,7 @@ the attention-pattern view of a sequence (circuitsvis).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -12,7 +13,7 @@ from jaxtyping import Int
 
 from homoglens.architectures import pattern_hook_name
 from homoglens.data import DataInput, to_token_batch
-from homoglens.engine import model_device, stream
+from homoglens.engine import Pass, PassPlan, stream
 from homoglens.errors import InvalidInputError
 from homoglens.results.sinks import SinkAnalysis
 from homoglens.sinks.attribution import sink_attribution
@@ -57,10 +58,15 @@ def attention_view(
         raise InvalidInputError(f"text must be one string, got {type(text).__name__}")
     batch = to_token_batch(model, [text], bos=bos)
     names = {pattern_hook_name(lay) for lay, _ in chosen}
-    with torch.inference_mode():
-        _, cache = model.run_with_cache(
-            batch.tokens.to(model_device(model)), names_filter=lambda n: n in names
-        )
+    cache: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, activation: torch.Tensor, hook: Any) -> None:
+        cache[name] = activation.detach()
+
+    def view(tokens: torch.Tensor, mask: torch.Tensor) -> PassPlan:
+        yield Pass(tokens, [(name, partial(keep, name)) for name in sorted(names)], sorted(names))
+
+    stream(model, batch, [], batch_size=1, desc="attention view", progress=False, passes=view)
     patterns = torch.stack([cache[pattern_hook_name(lay)][0, h].float().cpu() for lay, h in chosen])
     tokenizer = model.tokenizer
     tokens = [tokenizer.decode([int(t)]) for t in batch.tokens[0]]

@@ -17,7 +17,7 @@ from homoglens.architectures import (
     z_hook_name,
 )
 from homoglens.data import DataInput, TokenBatch, to_token_batch
-from homoglens.engine import Sums, model_device, provenance_of, run_through, stream
+from homoglens.engine import Pass, PassPlan, Sums, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import nan_div
 from homoglens.models import model_info
@@ -369,7 +369,7 @@ def _exact_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
     hooks = {i: _ablation_hooks(pairs, ablation, key, mean_z) for i, pairs in enumerate(variants)}
     red = Sums(sums={"values": values, "curve": curve, "count": count})
 
-    def step(tokens: torch.Tensor, mask: torch.Tensor) -> None:
+    def step(tokens: torch.Tensor, mask: torch.Tensor) -> PassPlan:
         lengths = mask.sum(1)
         state.update(
             mask=mask,
@@ -378,27 +378,24 @@ def _exact_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
             v=0,
         )
         count[: mask.shape[1]] += mask.sum(0).to(f64).cpu()
-        run_through(
-            model, tokens, measure_hook[0], [*cache_hooks, measure_hook], attention_mask=mask
-        )
+        yield Pass(tokens, [*cache_hooks, measure_hook], measure_hook[0], attention_mask=mask)
         for i, start in enumerate(starts):
             state["v"] = i + 1
             fwd_hooks = [*hooks[i], measure_hook]
             if skip:
-                run_through(
-                    model,
+                yield Pass(
                     state["cache"][start],
-                    measure_hook[0],
                     fwd_hooks,
-                    start_at_layer=start,
+                    measure_hook[0],
                     attention_mask=mask,
+                    start_at_layer=start,
                 )
             else:
-                run_through(model, tokens, measure_hook[0], fwd_hooks, attention_mask=mask)
+                yield Pass(tokens, fwd_hooks, measure_hook[0], attention_mask=mask)
 
     try:
         stream(model, batch, [red], batch_size=job.batch_size, desc="sink attribution",
-               progress=job.progress, step=step)  # fmt: skip
+               progress=job.progress, passes=step)  # fmt: skip
     finally:
         state.clear()
     to_others = nan_div(curve, count)
@@ -458,14 +455,14 @@ def _fast_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
     fwd_hooks.append((resid_hook_name(target), keep))
     red = Sums(sums={"total": total, "base": base, "curve": curve, "count": count})
 
-    def step(tokens: torch.Tensor, mask: torch.Tensor) -> None:
+    def step(tokens: torch.Tensor, mask: torch.Tensor) -> PassPlan:
         micro = gradient_micro_batch(model, int(tokens.shape[1]), int(tokens.shape[0]))
         for part, part_mask in zip(tokens.split(micro), mask.split(micro), strict=True):
-            micro_step(part, part_mask)
+            yield from micro_step(part, part_mask)
 
-    def micro_step(tokens: torch.Tensor, mask: torch.Tensor) -> None:
-        with torch.enable_grad():
-            run_through(model, tokens, resid_hook_name(target), fwd_hooks, attention_mask=mask)
+    def micro_step(tokens: torch.Tensor, mask: torch.Tensor) -> PassPlan:
+        with torch.enable_grad():  # on while the engine runs the pass
+            yield Pass(tokens, fwd_hooks, resid_hook_name(target), attention_mask=mask)
             to_others = token_to_others(store["resid"], mask)
             w = scalar_metric_weights(mask.sum(1), mask.shape[1], key, edge_k, totals)
             w = w.to(device)
@@ -499,7 +496,7 @@ def _fast_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
 
     try:
         stream(model, batch, [red], batch_size=job.batch_size, desc="fast sink attribution",
-               progress=job.progress, step=step, needs_grad=True)  # fmt: skip
+               progress=job.progress, passes=step, needs_grad=True)  # fmt: skip
     finally:
         store.clear()
     if not bool(torch.isfinite(total[..., list(wanted)]).all()):
