@@ -35,6 +35,37 @@ DEFAULT_STRENGTHS: dict[str, tuple[float, ...]] = {
 """Default strengths: b for every kind but temperature (nats per unit of phi), beta for it; each
 holds a small symmetric pair around the baseline for :meth:`AttentionBiasStudy.slope_at_zero`."""
 
+_RUN_FIELDS = (
+    "kind",
+    "value_zero_first",
+    "edge_k",
+    "pseudo_values",
+    "gradient_windows",
+    "ci",
+    "block",
+    "seed",
+)
+"""The fields of an :class:`AttentionBiasStudy` that its :class:`BiasRun` holds by the same
+name."""
+
+_READ_FIELDS = ("window_sp", "sp", "to_first", "window_attention", "window_loss")
+"""The fields of an :class:`AttentionBiasStudy` that its :class:`BiasReadouts` hold by the same
+name."""
+
+_PLAN_FIELDS = ("first_k", "window", "blocks")
+"""The fields of an :class:`AttentionBiasStudy` that every strength's plan holds by the same
+name."""
+
+_GRADIENT_FIELDS = (
+    "window_gradient_statistics",
+    "gradient_statistics",
+    "gradient_sp",
+    "window_gradient_attention",
+    "window_gradient_loss",
+)
+"""The fields of an :class:`AttentionBiasStudy` that ``BiasReadouts.gradient`` holds, in its
+order."""
+
 
 def _strengths(kind: str, strengths: Any) -> tuple[float, ...]:
     """Ascending distinct strengths, the baseline added (values are checked by the plans)."""
@@ -298,36 +329,19 @@ def _assembled(run: BiasRun, read: BiasReadouts) -> AttentionBiasStudy:
     """The study's result: its checked arguments and every window's readouts."""
     plan0 = run.plans[0]
     provenance = provenance_of(run.info, run.batch, run.entries, bool(run.first))
-    g_rows, g_stats, g_sp, g_attention, g_loss = read.gradient
+    same = {name: getattr(run, name) for name in _RUN_FIELDS}
+    same.update((name, getattr(plan0, name)) for name in _PLAN_FIELDS)
+    same.update((name, getattr(read, name)) for name in _READ_FIELDS)
+    same.update(zip(_GRADIENT_FIELDS, read.gradient, strict=True))
     stacked = read.window_statistics  # [strength batch layer stat]
     return AttentionBiasStudy(
-        kind=run.kind,
+        **same,
         strengths=run.values,
-        first_k=plan0.first_k,
-        window=plan0.window,
-        blocks=plan0.blocks,
         heads=() if plan0.heads is None else plan0.heads,
-        value_zero_first=run.value_zero_first,
         layers=run.entries,
-        edge_k=run.edge_k,
         first_position=run.first,
         n_sequences=len(run.batch),
         statistics=stacked.mean(1),
         window_statistics=stacked,
-        pseudo_values=run.pseudo_values,
-        window_sp=read.window_sp,
-        sp=read.sp,
-        to_first=read.to_first,
-        window_attention=read.window_attention,
-        window_loss=read.window_loss,
-        gradient_windows=run.gradient_windows,
-        gradient_statistics=g_stats,
-        window_gradient_statistics=g_rows,
-        gradient_sp=g_sp,
-        window_gradient_attention=g_attention,
-        window_gradient_loss=g_loss,
-        ci=run.ci,
-        block=run.block,
-        seed=run.seed,
         provenance=provenance,
     )

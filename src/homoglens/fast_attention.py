@@ -69,7 +69,7 @@ import warnings
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -91,6 +91,7 @@ _POSITIONS = ATTENTION_POSITION_POINTS  # fired too, where the module is handed 
 _STATUS: weakref.WeakKeyDictionary[Any, _Status] = weakref.WeakKeyDictionary()
 _TOLD: weakref.WeakSet[Any] = weakref.WeakSet()
 _NORMS: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+_T = TypeVar("_T")
 
 
 def fast_attention_status(model: HookedModel) -> str:
@@ -145,9 +146,14 @@ def _status(model: Any) -> _Status:
         return _STATUS[model]
     except (KeyError, TypeError):
         pass
-    found = _inspect(model)
+    return _remember(_STATUS, model, _inspect(model))
+
+
+def _remember(cache: weakref.WeakKeyDictionary[Any, _T], model: Any, found: _T) -> _T:
+    """Keep ``found`` as ``model``'s entry of ``cache`` (not for a model that cannot be a weak
+    key) and return it."""
     try:
-        _STATUS[model] = found
+        cache[model] = found
     except TypeError:
         pass
     return found
@@ -250,11 +256,7 @@ def _norms(model: Any) -> list[Any]:
         and isinstance(getattr(module, "original_component", None), torch.nn.Module)
         and not isinstance(module.original_component, torch.nn.Identity)
     ]
-    try:
-        _NORMS[model] = found
-    except TypeError:
-        pass
-    return found
+    return _remember(_NORMS, model, found)
 
 
 def _native(norm: Any) -> bool:

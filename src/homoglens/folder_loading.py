@@ -133,6 +133,27 @@ def _check_folder_complete(folder: Path) -> None:
         )
 
 
+def _shipped_source(folder: Path) -> str:
+    """The provenance source of a shipped model, from its folder's ``training.json``."""
+    record = json.loads((folder / "training.json").read_text())
+    return (
+        f"shipped with homoglens: trained by homoglens.training (variant "
+        f"{record['config']['variant']}"
+        + (", BOS at every window" if record["config"].get("bos") else "")
+        + f", seed {record['config']['seed']}, held-out loss "
+        f"{record['heldout_loss']:.3f} nats/token on {record['heldout']})"
+    )
+
+
+def _embedded_source(folder: Path) -> str:
+    """The provenance source of the embedded model, from its folder's
+    ``homoglens_provenance.json``."""
+    prov = json.loads((folder / "homoglens_provenance.json").read_text())
+    return (
+        f"{prov['package']} {prov['package_version']}: {prov['gguf_file']} ({prov['quantization']})"
+    )
+
+
 def resolve_source(
     name_or_path: str | os.PathLike[str], name: str, hub: dict[str, Any]
 ) -> tuple[Path, str, bool]:
@@ -157,21 +178,10 @@ def resolve_source(
         shipped_model_folder(name)  # raises: names the training command
     if name in SHIPPED_MODELS:
         folder = shipped_model_folder(name)
-        record = json.loads((folder / "training.json").read_text())
-        source = (
-            f"shipped with homoglens: trained by homoglens.training (variant "
-            f"{record['config']['variant']}"
-            + (", BOS at every window" if record["config"].get("bos") else "")
-            + f", seed {record['config']['seed']}, held-out loss "
-            f"{record['heldout_loss']:.3f} nats/token on {record['heldout']})"
-        )
+        source = _shipped_source(folder)
     elif name in EMBEDDED_MODELS:
         folder = embedded_model_folder(name)
-        prov = json.loads((folder / "homoglens_provenance.json").read_text())
-        source = (
-            f"{prov['package']} {prov['package_version']}: {prov['gguf_file']} "
-            f"({prov['quantization']})"
-        )
+        source = _embedded_source(folder)
     else:
         folder = Path(name).expanduser()
     is_folder = name in EMBEDDED_MODELS or name in SHIPPED_MODELS or folder.exists()

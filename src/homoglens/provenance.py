@@ -17,6 +17,19 @@ from homoglens.data import TokenBatch
 from homoglens.results import Provenance
 from homoglens.results.provenance import ROW_DIGITS
 
+_INFO_FIELDS = {
+    "model": "name",
+    "family": "family",
+    "backend": "backend",
+    "weights": "weights",
+    "dtype": "dtype",
+    "model_source": "source",
+    "model_revision": "revision",
+    "foreign_hooks": "hooks",
+}
+"""The fields of a :class:`~homoglens.results.Provenance` that copy a ``model_info``: each
+field's attribute there."""
+
 
 def provenance_of(
     info: Any, batch: TokenBatch, chosen: Sequence[int], exclude_first: bool
@@ -25,12 +38,7 @@ def provenance_of(
     on ``batch`` at the residual-axis entries ``chosen``: the model, the data and its
     :func:`token_sha256`, and the homoglens, TransformerLens, torch and transformers versions."""
     return Provenance(
-        model=info.name,
-        family=info.family,
-        backend=info.backend,
-        weights=info.weights,
-        dtype=info.dtype,
-        model_source=info.source,
+        **{field: getattr(info, name) for field, name in _INFO_FIELDS.items()},
         hook_points=tuple(resid_hook_name(layer) for layer in chosen),
         bos=batch.bos,
         data=batch.description,
@@ -39,10 +47,8 @@ def provenance_of(
         transformer_lens_version=package_version("transformer-lens"),
         torch_version=torch.__version__,
         transformers_version=package_version("transformers"),
-        model_revision=info.revision,
         data_sha256=token_sha256(batch),
         data_rows=token_rows(batch),
-        foreign_hooks=info.hooks,
     )
 
 

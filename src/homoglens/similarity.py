@@ -37,25 +37,17 @@ from homoglens.similarity_math import (
     ACTIVATION_CACHE_BYTES,
     ONE_WINDOW,
     activation_fields,
+    edge_groups,
     first_counted,
+    run_similarity_passes,
+    similarity_fields,
 )
 from homoglens.similarity_options import (
     SimilarityOptions,
     check_drop_dims,
     check_similarity_options,
 )
-from homoglens.similarity_passes import (
-    Feed,
-    Merged,
-    SimilaritySums,
-    Take,
-    centre_moments,
-    cross_pass,
-    drop_dimensions,
-    edge_groups,
-    finish_fields,
-    main_pass,
-)
+from homoglens.similarity_passes import Feed, Merged, SimilaritySums, Take
 from homoglens.types import (
     CENTRES,
     SPACES,
@@ -329,43 +321,19 @@ class _Passes:
         """The passes asked for, in this order: ``drop_dims``'s dimension energy, the
         centring, the main pass, the pseudo-values' cross-window shares; then the kept vectors
         are freed."""
-        sums, options, n_layer = self.sums, self.options, len(self.chosen)
 
         def feed(desc: str) -> Feed:
             return lambda fn, merged: self.feed(fn, merged, desc, progress=progress)
 
-        if self.drop_dims:
-            drop_dimensions(
-                sums, feed("similarity (dimension energy)"), self.drop_dims, self.device
-            )
-        if options.centre is not None:
-            centre_moments(
-                sums,
-                feed("similarity (centring)"),
-                options.centre,
-                options.standardize,
-                options.massive_threshold,
-                self.device,
-            )
-        main_pass(sums, feed("similarity"), n_layer)
-        if options.pseudo_values:
-            cross_pass(sums, feed("similarity (pseudo-values)"), n_layer)
+        n_layer = len(self.chosen)
+        run_similarity_passes(self.sums, feed, self.options, self.drop_dims, n_layer, self.device)
         self.cache = None
 
     def fields(self) -> dict[str, Any]:
         """The result's fields but its provenance, after :meth:`run`."""
-        options = self.options
-        return finish_fields(
-            self.sums,
-            self.chosen,
-            len(self.batch),
-            first=self.first,
-            edge_k=options.edge_k,
-            space=options.space,
-            centre=options.centre,
-            standardize=options.standardize,
-            massive_threshold=options.massive_threshold,
-            pseudo=options.pseudo_values,
+        n_all = len(self.batch)
+        return similarity_fields(
+            self.sums, self.chosen, n_all, first=self.first, options=self.options
         )
 
     def feed(self, fn: Take, merged: Merged, desc: str, *, progress: bool) -> None:

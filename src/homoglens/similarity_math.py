@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -15,9 +16,14 @@ import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
-from homoglens.similarity_options import check_drop_dims, check_similarity_options
+from homoglens.similarity_options import (
+    SimilarityOptions,
+    check_drop_dims,
+    check_similarity_options,
+)
 from homoglens.similarity_passes import (
     SIMILARITY_STATISTICS,
+    Feed,
     Merged,
     SimilaritySums,
     Take,
@@ -41,6 +47,8 @@ __all__ = [
     "edge_groups",
     "first_counted",
     "similarity_coefficients",
+    "similarity_fields",
+    "run_similarity_passes",
     "window_statistics",
     "WindowSums",
     "cross_shares",
@@ -52,6 +60,17 @@ ACTIVATION_CACHE_BYTES = 2 * 2**30
 :func:`~homoglens.attention_bias_study` and :func:`~homoglens.length_study`) may use to keep
 the vectors of its first pass (per rank), so that the later passes read them instead of running
 the model again; above it, every pass runs the model."""
+
+RECORDED_OPTIONS: tuple[str, ...] = (
+    "edge_k",
+    "space",
+    "centre",
+    "standardize",
+    "massive_threshold",
+)
+"""The fields of a :class:`~homoglens.results.similarity.PositionalSimilarity` that record a
+:class:`~homoglens.similarity_options.SimilarityOptions`' values as they are, in the result's
+order."""
 
 _C_STATS = (2, 3, 4)
 """The statistics of ``W = M - C`` that subtract ``C`` (matched_first, matched_last,
@@ -254,9 +273,10 @@ def activation_fields(
     n_layer, n_seq, width, d_model = (int(s) for s in x_all.shape)
     if min(n_layer, n_seq, width, d_model) == 0:
         raise InvalidInputError(f"resid {tuple(resid.shape)} is empty")
-    _, centre, standardize, edge_k, massive_threshold, pseudo_values = check_similarity_options(
+    options = check_similarity_options(
         "resid", centre, standardize, edge_k, massive_threshold, pseudo_values
     )
+    edge_k = options.edge_k
     first = int(as_bool("exclude_first", exclude_first))
     drop_dims = check_drop_dims(drop_dims, d_model)
     batch_size = as_int("batch_size", batch_size, low=1)
@@ -293,25 +313,50 @@ def activation_fields(
                 x = x_all[i, start:stop][rows].view(stop - start, length, d_model)
                 fn(i, x.to(work), first)
 
+    run_similarity_passes(sums, lambda _desc: feed, options, drop_dims, n_layer, device)
+    return similarity_fields(sums, tuple(range(n_layer)), n_seq, first=first, options=options)
+
+
+def run_similarity_passes(
+    sums: SimilaritySums,
+    feed: Callable[[str], Feed],
+    options: SimilarityOptions,
+    drop_dims: int,
+    n_layer: int,
+    device: torch.device,
+) -> None:
+    """The passes a similarity measurement with the checked ``options`` asks for, in this
+    order: ``drop_dims``'s dimension energy, the centring, the main pass, the pseudo-values'
+    cross-window shares; ``feed(desc)`` feeds the pass that ``desc`` names."""
     if drop_dims:
-        drop_dimensions(sums, feed, drop_dims, device)
-    if centre is not None:
-        centre_moments(sums, feed, centre, standardize, massive_threshold, device)
-    main_pass(sums, feed, n_layer)
-    if pseudo_values:
-        cross_pass(sums, feed, n_layer)
-    return finish_fields(
-        sums,
-        tuple(range(n_layer)),
-        n_seq,
-        first=first,
-        edge_k=edge_k,
-        space="resid",
-        centre=centre,
-        standardize=standardize,
-        massive_threshold=massive_threshold,
-        pseudo=pseudo_values,
-    )
+        drop_dimensions(sums, feed("similarity (dimension energy)"), drop_dims, device)
+    if options.centre is not None:
+        centre_moments(
+            sums,
+            feed("similarity (centring)"),
+            options.centre,
+            options.standardize,
+            options.massive_threshold,
+            device,
+        )
+    main_pass(sums, feed("similarity"), n_layer)
+    if options.pseudo_values:
+        cross_pass(sums, feed("similarity (pseudo-values)"), n_layer)
+
+
+def similarity_fields(
+    sums: SimilaritySums,
+    layers: tuple[int, ...],
+    n_all: int,
+    *,
+    first: int,
+    options: SimilarityOptions,
+) -> dict[str, Any]:
+    """:func:`~homoglens.similarity_passes.finish_fields` of a measurement with the checked
+    ``options``: the result's fields but its provenance."""
+    recorded = {name: getattr(options, name) for name in RECORDED_OPTIONS}
+    pseudo = options.pseudo_values
+    return finish_fields(sums, layers, n_all, first=first, pseudo=pseudo, recorded=recorded)
 
 
 def first_counted(exclude_first: Any, bos: bool | None) -> int:

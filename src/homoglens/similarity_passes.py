@@ -8,7 +8,7 @@ pass declares (:class:`Merged`); nothing here talks to other ranks or runs a mod
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
@@ -412,16 +412,14 @@ def finish_fields(
     n_all: int,
     *,
     first: int,
-    edge_k: int,
-    space: str,
-    centre: str | None,
-    standardize: bool,
-    massive_threshold: float,
     pseudo: bool,
+    recorded: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The fields of a :class:`~homoglens.results.similarity.PositionalSimilarity` but its
     provenance, from the sums and every window's rows (merged over ranks by the passes'
-    feed)."""
+    feed); ``recorded``: the fields that record the measurement's options as they are
+    (``edge_k``, ``space``, ``centre``, ``standardize``, ``massive_threshold``, in this
+    order)."""
     n_layer, n_stat = len(layers), len(SIMILARITY_STATISTICS)
 
     def rows(parts: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -437,11 +435,7 @@ def finish_fields(
         window_cross=rows(sums.cross_rows, n_stat) if pseudo else None,
         window_same_position=rows(sums.same_rows, sums.n_pos) if pseudo else None,
         first_position=first,
-        edge_k=edge_k,
-        space=space,
-        centre=centre,
-        standardize=standardize,
-        massive_threshold=massive_threshold,
+        **recorded,
         n_massive=sums.n_massive,
         dropped_dims=sums.dropped,
     )

@@ -329,6 +329,10 @@ class _GroupParts(NamedTuple):
     seed_sd: float  # pooled between-seed sd of the per-seed means (NaN: one seed per group)
 
 
+_PART_FIELDS = ("value", "n_seeds", "seed_sd")
+"""The fields of an :class:`Estimate` that :class:`_GroupParts` holds by the same name."""
+
+
 def _group_parts(
     groups: Sequence[torch.Tensor],
     weights: Sequence[float],
@@ -456,7 +460,7 @@ def estimate(
             stacklevel=2,
         )
     parts = _group_parts(groups, weights, windows, resample_seeds, seed)
-    dist, flat, value, n_seeds = parts.dist, parts.flat, parts.value, parts.n_seeds
+    dist, flat, value = parts.dist, parts.flat, parts.value
     seed_var, seed_df_den = parts.seed_var, parts.seed_df_den
     se = float(dist.std(unbiased=True)) if n_boot > 1 else math.nan
     fewest = min(int(g.shape[0]) for g in groups)
@@ -476,7 +480,7 @@ def estimate(
     q = _t_quantile(1 - (1 - ci) / 2, df)
     p, p_tost = _p_values(value, se, df, sesoi)
     return Estimate(
-        value=value,
+        **{name: getattr(parts, name) for name in _PART_FIELDS},
         se=se,
         ci_low=value - q * se,
         ci_high=value + q * se,
@@ -485,8 +489,6 @@ def estimate(
         sesoi=sesoi,
         df=df,
         n_windows=n_real,
-        n_seeds=n_seeds,
-        seed_sd=parts.seed_sd,
     )
 
 

@@ -12,7 +12,8 @@ homoglens length --lengths 64,128,256,512 --out length-report
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import click
 
@@ -34,6 +35,8 @@ from homoglens.cli.sections import bias_job, patching_job, sinks_job
 from homoglens.types import PatchComponent, PatchDirection, PatchMetric, PositionAblation
 
 __all__ = ["main"]
+
+_T = TypeVar("_T")
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -127,22 +130,22 @@ def profile(
 
 
 def _floats(name: str, text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as err:
-        raise click.BadParameter(f"{name} must be comma-separated numbers ({err})") from err
-    if not values:
-        raise click.BadParameter(f"{name} is empty")
-    return values
+    return _separated(name, text, float, "numbers")
 
 
 def _ints(name: str, text: str | None) -> list[int] | None:
     if text is None:
         return None
+    return _separated(name, text, int, "integers")
+
+
+def _separated(name: str, text: str, parse: Callable[[str], _T], what: str) -> list[_T]:
+    """The comma-separated values of option ``name`` read by ``parse`` (``what`` they must be,
+    for the message); none is an error."""
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [parse(v) for v in text.split(",") if v.strip()]
     except ValueError as err:
-        raise click.BadParameter(f"{name} must be comma-separated integers ({err})") from err
+        raise click.BadParameter(f"{name} must be comma-separated {what} ({err})") from err
     if not values:
         raise click.BadParameter(f"{name} is empty")
     return values

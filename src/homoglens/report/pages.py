@@ -3,7 +3,6 @@ self-contained HTML report (figures embedded, no network needed to view it)."""
 
 from __future__ import annotations
 
-import functools
 import html
 from collections.abc import Callable
 from dataclasses import asdict
@@ -67,10 +66,9 @@ def write_sinks_report(
     Returns:
         The path of ``report.html``.
     """
-    heading = title or f"Attention sinks: {analysis.scores.provenance.model}"
-    section = functools.partial(sinks_section, analysis)
+    provenance = analysis.scores.provenance
     return _one_section_page(
-        Path(out), heading, section, analysis.scores.provenance, interactive=interactive
+        out, title, "Attention sinks", sinks_section, analysis, interactive, provenance
     )
 
 
@@ -83,9 +81,9 @@ def write_bias_report(
     Returns:
         The path of ``report.html``.
     """
-    heading = title or f"Attention bias ({study.kind}): {study.provenance.model}"
-    section = functools.partial(bias_section, study)
-    return _one_section_page(Path(out), heading, section, study.provenance, interactive=interactive)
+    return _one_section_page(
+        out, title, f"Attention bias ({study.kind})", bias_section, study, interactive
+    )
 
 
 def write_length_report(
@@ -97,9 +95,7 @@ def write_length_report(
     Returns:
         The path of ``report.html``.
     """
-    heading = title or f"Over sequence length: {study.provenance.model}"
-    section = functools.partial(length_section, study)
-    return _one_section_page(Path(out), heading, section, study.provenance, interactive=interactive)
+    return _one_section_page(out, title, "Over sequence length", length_section, study, interactive)
 
 
 def write_patching_report(
@@ -115,25 +111,29 @@ def write_patching_report(
     Returns:
         The path of ``report.html``.
     """
-    heading = title or f"Positional activation patching: {result.provenance.model}"
-    section = functools.partial(patching_section, result)
     return _one_section_page(
-        Path(out), heading, section, result.provenance, interactive=interactive
+        out, title, "Positional activation patching", patching_section, result, interactive
     )
 
 
 def _one_section_page(
     out: Path,
-    heading: str,
-    section: Callable[[Path], str],
-    provenance: Any,
-    *,
-    interactive: bool = False,
+    title: str | None,
+    what: str,
+    section: Callable[[Any, Path], str],
+    result: Any,
+    interactive: bool,
+    provenance: Any = None,
 ) -> Path:
-    """Draw one section's figures into ``out`` (off-screen) and write its ``report.html``."""
+    """Draw the section of ``result`` (its figures into ``out``, off-screen) and write its
+    ``report.html``, headed ``title`` or ``"<what>: <model>"`` (``provenance``: the result's
+    own unless given)."""
+    provenance = result.provenance if provenance is None else provenance
+    heading = title or f"{what}: {provenance.model}"
+    out = Path(out)
     _off_screen()
     with interactive_figures(interactive):
-        return section_page(out, heading, section(out), provenance)
+        return section_page(out, heading, section(result, out), provenance)
 
 
 def _off_screen() -> None:

@@ -5,7 +5,7 @@ attention heads lose their sink: ``SinkAttribution``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args, overload
 
 import torch
 from jaxtyping import Float
@@ -14,7 +14,7 @@ from homoglens.errors import InvalidInputError
 from homoglens.results import Provenance, SavedResult
 from homoglens.results.base import Plotted
 from homoglens.results.validation import COSINE_OR_NAN, NON_NEGATIVE, Bounds, FieldError
-from homoglens.types import ATTRIBUTION_METRICS
+from homoglens.types import ATTRIBUTION_METRICS, AttributionMethod, HeadAblation
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,8 +57,8 @@ class SinkAttribution(SavedResult, Plotted):
     _stem: ClassVar[str] = "attribution"
     _figure: ClassVar[str] = "attribution_figure"
     _choices: ClassVar[dict[str, tuple[str, ...]]] = {
-        "method": ("exact", "fast"),
-        "ablation": ("sink", "mean"),
+        "method": get_args(AttributionMethod),
+        "ablation": get_args(HeadAblation),
     }
     _bounds: ClassVar[dict[str, Bounds]] = {
         "heads": NON_NEGATIVE,

@@ -12,7 +12,7 @@ from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
 from homoglens.results.base import LayerPlotted, SavedResult
-from homoglens.results.bias_metrics import ATTENTION_CHECKS, BIAS_METRICS
+from homoglens.results.bias_metrics import ATTENTION_CHECKS, BIAS_METRICS, MetricRead
 from homoglens.results.bias_slope import SlopeAtZero, slope_at_zero
 from homoglens.results.bias_tables import bias_frame, curve_table
 from homoglens.results.provenance import Provenance
@@ -260,6 +260,14 @@ class AttentionBiasStudy(SavedResult, LayerPlotted):
             self.seed if seed is None else seed,
         )
 
+    def _read(self, metric: str, layer: int | None, ci: Any, block: Any, seed: Any) -> MetricRead:
+        """``metric`` at ``layer`` with the bootstrap settings (the study's by default), as a
+        table of it reads them first."""
+        ci, block, seed = self._bootstrap(ci, block, seed)
+        li = self._layer(metric, layer)
+        values, per = self._values(metric, li)
+        return MetricRead(metric, li, values, per, ci, block, seed)
+
     def _mass(self) -> torch.Tensor | None:
         """``[strength batch]`` mass on the biased keys per window, averaged over the biased
         blocks (None for ``"temperature"``, which has no biased keys)."""
@@ -385,7 +393,7 @@ class AttentionBiasStudy(SavedResult, LayerPlotted):
         Raises:
             InvalidInputError: unknown metric, a layer the study did not read, bad ``ci``.
         """
-        return curve_table(self, metric, layer, ci=ci, block=block, seed=seed, n_boot=n_boot)
+        return curve_table(self, self._read(metric, layer, ci, block, seed), n_boot=n_boot)
 
     def _sesoi(self, metric: str, li: int) -> float:
         """The default SESOI of ``metric`` per unit of attention mass moved (see

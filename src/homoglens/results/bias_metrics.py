@@ -1,9 +1,29 @@
 """The metrics of an :class:`~homoglens.AttentionBiasStudy`: the manipulation checks of the
-attention and every metric whose dose-response a study reports."""
+attention, every metric whose dose-response a study reports, and one metric read for a table
+(:class:`MetricRead`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
 from homoglens.similarity_math import SIMILARITY_STATISTICS
+
+if TYPE_CHECKING:
+    import torch
+
+
+class MetricRead(NamedTuple):
+    """One metric of a study read for a table (``AttentionBiasStudy._read``): the index into
+    its axis, its values and the bootstrap settings, the study's defaults filled in."""
+
+    metric: str
+    li: int
+    values: torch.Tensor
+    per: torch.Tensor | None
+    ci: float
+    block: int | Literal["auto"]
+    seed: int
+
 
 ATTENTION_CHECKS: tuple[str, ...] = ("mass", "entropy", "kl")
 """Manipulation checks per biased row (means over the chosen heads and query positions):

@@ -5,7 +5,7 @@ KL), and the tidy export of every metric at every strength."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from homoglens.results.bias_metrics import ATTENTION_CHECKS
 from homoglens.results.bias_slope import dose_per_mass
@@ -16,26 +16,16 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from homoglens.results.bias import AttentionBiasStudy
+    from homoglens.results.bias_metrics import MetricRead
 
 
-def curve_table(
-    study: AttentionBiasStudy,
-    metric: str,
-    layer: int | None,
-    *,
-    ci: float | None,
-    block: int | Literal["auto"] | None,
-    seed: int | None,
-    n_boot: int,
-) -> pd.DataFrame:
-    """The dose-response table of ``study``: one row per strength, the metric and its paired
-    change from the baseline, as :meth:`AttentionBiasStudy.curve` (its arguments, returns and
-    errors)."""
+def curve_table(study: AttentionBiasStudy, read: MetricRead, *, n_boot: int) -> pd.DataFrame:
+    """The dose-response table of ``study``: one row per strength, the metric ``read`` and its
+    paired change from the baseline, as :meth:`AttentionBiasStudy.curve` (its arguments,
+    returns and errors)."""
     import pandas as pd
 
-    ci, block, seed = study._bootstrap(ci, block, seed)
-    li = study._layer(metric, layer)
-    values, per = study._values(metric, li)
+    metric, li, values, per, ci, block, seed = read
     base = study._index(study.baseline)
     mass = study._mass()
     sesoi = study._sesoi(metric, li)

@@ -26,9 +26,10 @@ from homoglens.results.comparison_tables import (
     layer_homogenization_table,
     summary_table,
 )
+from homoglens.results.folder_saved import FolderSaved
+from homoglens.results.keyword_repr import keyword_repr
 from homoglens.results.similarity import CROSS_INPUT_STATISTICS, PositionalSimilarity
 from homoglens.results.sinks import SinkScores
-from homoglens.results.storage import save_folder
 from homoglens.results.validation import (
     COSINE,
     FINITE_OR_NAN,
@@ -71,7 +72,7 @@ STATISTICS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True, eq=False)
-class ModelComparison(Plotted):
+class ModelComparison(FolderSaved, Plotted):
     """Several models measured on the same windows, paired by window.
 
     ``plot()`` draws, left: centred homogenization by layer per model; middle: the matched and
@@ -393,6 +394,9 @@ class ModelComparison(Plotted):
     _figure: ClassVar[str] = "comparison_figure"
 
     # ------------------------------------------------------------------ persistence
+    _own: ClassVar[tuple[str, ...]] = ("comparison.json", "comparison.safetensors", "model_[0-9]*")
+    _manifest: ClassVar[str] = "comparison.json"
+
     def export_statistics(self, label: str, path: str | Path) -> Path:
         """Write one model's per-window statistics (every mode) as ``{name}.safetensors`` +
         ``{name}.json`` into ``path``, the format :func:`compare_models` reads for shipped
@@ -415,9 +419,7 @@ class ModelComparison(Plotted):
         Raises:
             InvalidInputError: ``path`` is a file or cannot be created.
         """
-        return save_folder(path, self._write_into,
-                           own=("comparison.json", "comparison.safetensors", "model_[0-9]*"),
-                           manifest="comparison.json")  # fmt: skip
+        return self._save_folder(path)
 
     def _write_into(self, folder: Path) -> None:
         write_comparison(self, folder)
@@ -436,10 +438,14 @@ class ModelComparison(Plotted):
         return load_comparison(cls, path)
 
     def __repr__(self) -> str:
-        return (
-            f"ModelComparison(models={list(self.entities())}, labels={len(self.labels)}, "
-            f"n_sequences={self.n_sequences}, group_by={self.group_by!r}, "
-            f"no_positions={self.no_positions!r}, edge_k={self.edge_k})"
+        return keyword_repr(
+            "ModelComparison",
+            models=list(self.entities()),
+            labels=len(self.labels),
+            n_sequences=self.n_sequences,
+            group_by=repr(self.group_by),
+            no_positions=repr(self.no_positions),
+            edge_k=self.edge_k,
         )
 
 

@@ -65,11 +65,9 @@ class MassiveActivations(SavedResult, Plotted):
     _choices: ClassVar[dict[str, tuple[str, ...]]] = {"median": MASSIVE_MEDIANS}
     _bounds: ClassVar[dict[str, Bounds]] = {
         "n_sequences": Bounds(1.0),
-        "ratio_mean": Bounds(0.0, nan=True),  # NaN: no real token at the position
-        "ratio_max": Bounds(0.0, nan=True),
-        "top_value": Bounds(0.0, nan=True),
-        "layer_top": NON_NEGATIVE,
-        "layer_median": NON_NEGATIVE,
+        # NaN: no real token at the position
+        **dict.fromkeys(("ratio_mean", "ratio_max", "top_value"), Bounds(0.0, nan=True)),
+        **dict.fromkeys(("layer_top", "layer_median"), NON_NEGATIVE),
     }
 
     layers: tuple[int, ...]

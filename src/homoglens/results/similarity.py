@@ -22,6 +22,7 @@ from homoglens.assets import package_version
 from homoglens.results import Provenance, SavedResult
 from homoglens.results.base import Plotted
 from homoglens.results.cache import cached_residuals
+from homoglens.results.keyword_repr import keyword_repr
 from homoglens.results.provenance import check_mergeable, merge_parts
 from homoglens.results.similarity_checks import check_similarity_fields, check_similarity_values
 from homoglens.results.similarity_merge import (
@@ -532,16 +533,16 @@ class PositionalSimilarity(SavedResult, Plotted):
         return select_layers(self, layers)
 
     def __repr__(self) -> str:
-        p = self.provenance
-        return (
-            f"PositionalSimilarity(model={p.model!r}, layers={len(self.layers)}, "
-            f"pos={self.n_pos} (from {self.first_position}), n_sequences={self.n_sequences}, "
-            f"space={self.space}, centre={self.centre}, edge_k={self.edge_k}, "
-            f"pseudo_values={self.has_pseudo_values}"
-            + (
-                ""
-                if self.dropped_dims is None
-                else f", drop_dims={int(self.dropped_dims.shape[1])}"
-            )
-            + ")"
+        dropped = self.dropped_dims
+        return keyword_repr(
+            "PositionalSimilarity",
+            model=repr(self.provenance.model),
+            layers=len(self.layers),
+            pos=f"{self.n_pos} (from {self.first_position})",
+            n_sequences=self.n_sequences,
+            space=self.space,
+            centre=self.centre,
+            edge_k=self.edge_k,
+            pseudo_values=self.has_pseudo_values,
+            **({} if dropped is None else {"drop_dims": int(dropped.shape[1])}),
         )

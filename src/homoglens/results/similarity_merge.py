@@ -67,8 +67,6 @@ def merge_similarity(
     Returns:
         The merged result.
     """
-    from homoglens.results.similarity import PositionalSimilarity
-
     if len(parts) > 1 and any(p.has_pseudo_values for p in parts):
         warnings.warn(
             "merge() drops the second-pass (pseudo-value) columns: they depend on the "
@@ -77,22 +75,17 @@ def merge_similarity(
         )
     datas = list(dict.fromkeys(p.provenance.data for p in parts))
     single = len(parts) == 1
-    return PositionalSimilarity(
-        layers=first.layers,
+    # every other field is the first part's: layers and the settings; n_massive and
+    # dropped_dims too (merging is refused for centred results and for those with
+    # dimensions dropped)
+    return replace(
+        first,
         within_sum=torch.stack([p.within_sum for p in parts]).sum(0),
         unit_sum=torch.stack([p.unit_sum for p in parts]).sum(0),
         n_sequences=sum(p.n_sequences for p in parts),
         window_within=torch.cat([p.window_within for p in parts]),
         window_cross=first.window_cross if single else None,
         window_same_position=first.window_same_position if single else None,
-        first_position=first.first_position,
-        edge_k=first.edge_k,
-        space=first.space,
-        centre=first.centre,
-        standardize=first.standardize,
-        massive_threshold=first.massive_threshold,
-        n_massive=first.n_massive,  # merging is refused for centred results
-        dropped_dims=first.dropped_dims,  # and for those with dimensions dropped
         provenance=replace(
             first.provenance,
             data=" + ".join(datas) if len(datas) <= 3 else f"{len(parts)} merged parts",

@@ -14,8 +14,10 @@ from jaxtyping import Float
 
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results.base import Plotted, checked_result
+from homoglens.results.folder_saved import FolderSaved
+from homoglens.results.keyword_repr import keyword_repr
 from homoglens.results.profile import HomogenizationProfile
-from homoglens.results.storage import folder_path, read_saved, save_folder, write_pair
+from homoglens.results.storage import folder_path, read_saved, write_pair
 from homoglens.results.validation import (
     COSINE,
     COSINE_OR_NAN,
@@ -102,7 +104,7 @@ def paired_bootstrap(
 
 
 @dataclass(frozen=True, eq=False)
-class PositionAblationStudy(Plotted):
+class PositionAblationStudy(FolderSaved, Plotted):
     """Homogenization and next-token loss under several positional ablations, paired by
     sequence (every mode ran on the same sequences).
 
@@ -130,6 +132,8 @@ class PositionAblationStudy(Plotted):
     """
 
     _figure: ClassVar[str] = "study_figure"
+    _own: ClassVar[tuple[str, ...]] = ("study.json", "study.safetensors", "profile_*")
+    _manifest: ClassVar[str] = "study.json"
 
     _choices: ClassVar[dict[str, tuple[str, ...]]] = {"modes": POSITION_ABLATIONS}
     _ranges: ClassVar[dict[str, tuple[float, float]]] = {"ci": (0.0, 1.0)}
@@ -385,9 +389,7 @@ class PositionAblationStudy(Plotted):
         Raises:
             InvalidInputError: ``path`` is a file or cannot be created.
         """
-        return save_folder(path, self._write_into,
-                           own=("study.json", "study.safetensors", "profile_*"),
-                           manifest="study.json")  # fmt: skip
+        return self._save_folder(path)
 
     def _write_into(self, folder: Path) -> None:
         """Write the study's files into ``folder``."""
@@ -460,10 +462,12 @@ class PositionAblationStudy(Plotted):
         return checked_result(cls, folder, kwargs, stem="study")
 
     def __repr__(self) -> str:
-        p = self.profiles["none"].provenance
-        return (
-            f"PositionAblationStudy(model={p.model!r}, modes={list(self.modes)}, "
-            f"n_sequences={self.loss.shape[1]}, layers={len(self.layers)})"
+        return keyword_repr(
+            "PositionAblationStudy",
+            model=repr(self.profiles["none"].provenance.model),
+            modes=list(self.modes),
+            n_sequences=self.loss.shape[1],
+            layers=len(self.layers),
         )
 
 
