@@ -5,6 +5,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-bash scripts/env.sh .venv "${HOMOGLENS_TL_VERSION:-4.3.0}" smollm2  # no test/docs tools
+# The Jupyter kernel and widget progress bars (notebook) and plotly figures (plotly) come
+# with it; no test/docs tools. HOMOGLENS_TORCH_INDEX=cpu: CPU torch (scripts/env.sh).
+bash scripts/env.sh .venv "${HOMOGLENS_TL_VERSION:-4.3.0}" smollm2,notebook,plotly
 exec .venv/bin/homoglens profile --model smollm2-135m-instruct --corpus austen \
   --n-seq 64 --seq-len 256 --out homoglens-report --overwrite "$@"

@@ -55,8 +55,15 @@ class ArchitectureSpec:
             ``hook_pos_embed`` for learned tables; for rotary, the rotated queries/keys
             ``hook_rot_q``/``hook_rot_k``.
         bridge_position_hooks: The same on ``TransformerBridge``: ``hook_pos_embed``, or the
-            per-block rotary tables ``hook_cos``/``hook_sin``; empty where TransformerLens
-            exposes no hook that carries position (the ablations then refuse the bridge).
+            per-block rotary tables ``hook_cos``/``hook_sin``, or (GPT-J, see
+            ``bridge_prerotates``) the queries/keys ``hook_q``/``hook_k`` that the Hugging Face
+            module rotates next; empty where TransformerLens exposes no hook that carries
+            position (the ablations then refuse the bridge).
+        bridge_prerotates: Whether the bridge's position hooks carry the queries/keys *before*
+            the Hugging Face attention module rotates them by the positions it is given (GPT-J:
+            its bridge fires neither ``hook_rot_q/k`` nor ``hook_cos/sin``). The ablations then
+            rotate them beforehand by (source - position) with the Hugging Face module's own
+            sin/cos table, so the module's rotation by p lands on the source position.
         hf_position_module: Attribute path, inside the Hugging Face model, of the module that
             makes the positional signal (the ``wpe`` table or the rotary-embedding module; for
             ALiBi, the model method that builds the bias, whose slopes homoglens reads).
@@ -82,6 +89,7 @@ class ArchitectureSpec:
     bridge_position_hooks: tuple[str, ...]
     hf_position_module: str
     rotary_layout: Literal["none", "half", "interleaved"] = "none"
+    bridge_prerotates: bool = False
     position_offset: int = 0
     rotary_per_layer: str | None = None
     nope_layers: str | None = None
@@ -99,6 +107,7 @@ class ArchitectureSpec:
 
 _HOOKED_ROTARY = ("blocks.{i}.attn.hook_rot_q", "blocks.{i}.attn.hook_rot_k")
 _BRIDGE_ROTARY = ("blocks.{i}.attn.hook_cos", "blocks.{i}.attn.hook_sin")
+_BRIDGE_PROJECTIONS = ("blocks.{i}.attn.hook_q", "blocks.{i}.attn.hook_k")  # before the rotation
 _LEARNED = ("hook_pos_embed",)
 
 
@@ -267,19 +276,21 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
             "mosaicml/mpt-7b",
             caveats="HookedTransformer (TransformerLens 3.9) does not load MPT",
         ),
-        # rotary on interleaved channel pairs; TransformerLens 4.3's bridge never fires
-        # hook_rot_q/k (nor has hook_cos/sin) for GPT-J, so only HookedTransformer ablates it
+        # rotary on interleaved channel pairs; the bridge never fires hook_rot_q/k (nor has
+        # hook_cos/sin) for GPT-J: its queries/keys are rotated at hook_q/k, before the
+        # Hugging Face module rotates them, with that module's own sin/cos table
         _rotary(
             "gptj",
             ("GPTJForCausalLM",),
             "EleutherAI/gpt-j-6b",
             rotary="partial",
             rotary_layout="interleaved",
-            module="",
+            module="transformer.rotary_emb",
             parallel=True,
-            bridge_position_hooks=(),
-            caveats="positional ablations need HookedTransformer (TransformerLens 3.9): the "
-            "bridge exposes no hook where GPT-J's rotation happens",
+            bridge_position_hooks=_BRIDGE_PROJECTIONS,
+            bridge_prerotates=True,
+            caveats="on the bridge, queries and keys are rotated by (source - position) at "
+            "hook_q/hook_k, before the Hugging Face module rotates them by their position",
         ),
     )
 }

@@ -19,6 +19,7 @@ from homoglens.distributed import shard_bounds, world
 from homoglens.engine import model_device, provenance_of
 from homoglens.errors import InvalidInputError, warn_user
 from homoglens.fast_attention import serves_jobs
+from homoglens.model_objects import as_hooked
 from homoglens.models import check_writable, model_info
 from homoglens.results.bias import AttentionBiasStudy
 from homoglens.similarity_math import ACTIVATION_CACHE_BYTES, edge_groups, first_counted
@@ -209,6 +210,7 @@ def attention_bias_study(
         >>> study.curve("homogenization").shape
         (3, 15)
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     run = _checked(**locals())  # every parameter above, by name
     return _assembled(run, run_passes(run))
 

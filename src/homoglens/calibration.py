@@ -40,6 +40,7 @@ from homoglens.assets import atomic_folder, cache_dir
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.interventions import ablated_positions
+from homoglens.model_objects import as_hooked
 from homoglens.models import load_model, model_info, model_lock
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.results.storage import HASHES, read_json, save_folder, sha256_of, write_json
@@ -326,6 +327,8 @@ def calibrated_readings(
     References:
         Yusupov et al. 2025, arXiv 2508.17126; Wu et al. 2025, arXiv 2502.01951.
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
+    reference = as_hooked(reference)  # likewise a reference model object ("offset" stays)
     check_model(model)
     batch = to_token_batch(model, data)
     if int(batch.attention_mask.min()) == 0:
@@ -425,6 +428,7 @@ def random_reference(model: HookedModel, *, seed: int = 0) -> HookedModel:
     References:
         Kazemnejad et al. 2023, arXiv 2305.19466 (NoPE); Wu et al. 2025, arXiv 2502.01951.
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     import hashlib
 
     from transformers import AutoModelForCausalLM

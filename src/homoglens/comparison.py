@@ -60,6 +60,7 @@ from homoglens.comparison_options import (
 from homoglens.data import TokenBatch, corpus_windows, to_token_batch
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import ablated_positions
+from homoglens.model_objects import as_hooked
 from homoglens.models import load_model, model_info, model_lock
 from homoglens.results import PositionAblationStudy
 from homoglens.results.comparison import LAYER_STATISTICS, STATISTICS, ModelComparison
@@ -283,6 +284,7 @@ def compare_models(
         >>> result = compare_models(n_seq=8, n_boot=50, progress=False)  # doctest: +SKIP
         >>> result.claims()[["claim", "model", "primary", "verdict"]]  # doctest: +SKIP
     """
+    models = {k: as_hooked(m) for k, m in models.items()} if isinstance(models, Mapping) else models
     progress = as_bool("progress", progress)
     named = named_models(models, no_positions, group_by, centre)
     numbers = check_numbers(

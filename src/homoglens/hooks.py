@@ -231,10 +231,14 @@ def rerotate_hook(
 
     Rotary rotations of one frequency compose, R(a) R(b) = R(a + b), so R(source - p) R(p) q =
     R(source) q; a token whose source is its own position is returned unchanged, bitwise.
+    They also commute, so the same hook serves *before* a rotation by p: GPT-J's bridge
+    (``blocks.{l}.attn.hook_q/hook_k`` ``[batch pos head_index d_head]``, rotated next by the
+    Hugging Face module) gets R(p) R(source - p) q = R(source) q.
 
     Args:
-        cos: The attention layer's ``rotary_cos`` buffer (rows = positions 0..n_ctx-1).
-        sin: The attention layer's ``rotary_sin`` buffer.
+        cos: The attention layer's ``rotary_cos`` buffer (rows = positions 0..n_ctx-1), or
+            GPT-J's Hugging Face table in the same layout (each frequency repeated per pair).
+        sin: The attention layer's ``rotary_sin`` buffer (or GPT-J's, likewise).
         rotate: The layer's own ``rotate_every_two`` (handles both pairing conventions).
         plan: Source position of each token.
 

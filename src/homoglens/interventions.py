@@ -50,7 +50,14 @@ from homoglens.hooks import (
     rotary_table_hook,
     set_massive_hook,
 )
+from homoglens.model_objects import as_hooked
 from homoglens.models import is_hooked_transformer, model_lock
+from homoglens.position_tables import (
+    alibi_slopes,
+    bridge_prerotary,
+    bridge_rotary,
+    learned_table,
+)
 from homoglens.types import (
     MASSIVE_ABLATIONS,
     POSITION_ABLATIONS,
@@ -153,77 +160,6 @@ def _blocks(model: HookedModel, layers: Any, spec: ArchitectureSpec) -> list[int
     return list(check_layers(layers, n_layers, blocks=True))
 
 
-def _hf_module(model: HookedModel, path: str) -> Any:
-    module = model.original_model
-    for part in path.split("."):
-        module = getattr(module, part)
-    return module
-
-
-def _bridge_rotary(
-    model: HookedModel, spec: ArchitectureSpec, layer: int, caches: dict[Any, Any]
-) -> Any:
-    """The model's own rotary module as ``(source positions, device) -> (cos, sin)`` for block
-    ``layer`` (Gemma 3: the module is asked for that layer's kind, local or global base).
-    Blocks of one kind share a table cache in ``caches``."""
-    module = _hf_module(model, spec.hf_position_module)
-    dtype = next(model.parameters()).dtype
-    extra: tuple[Any, ...] = ()
-    if spec.rotary_per_layer is not None:
-        extra = (getattr(model.original_model.config, spec.rotary_per_layer)[layer],)
-    cache: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    cache = caches.setdefault(extra, {})
-
-    def rotary(source: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        # Every block and both tables of one forward ask for the same source positions (the
-        # plan caches them per length), so compute the tables once per source and device.
-        key = (id(source), str(device))
-        hit = cache.get(key)
-        if hit is not None and hit[0] is source:
-            return hit[1], hit[2]
-        dummy = torch.zeros(1, dtype=dtype, device=device)
-        # Cached across passes: made outside inference mode so a pass with gradients can use it.
-        with torch.inference_mode(False), torch.no_grad():
-            cos, sin = module(dummy, source.to(device)[None], *extra)
-        if len(cache) > 64:
-            cache.clear()
-        cache[key] = (source, cos, sin)
-        return cos, sin
-
-    return rotary
-
-
-def _alibi_slopes(model: HookedModel, spec: ArchitectureSpec) -> torch.Tensor:
-    """Per-head ALiBi slopes ``[head_index]``, read from the model's own bias builder (BLOOM's
-    ``build_alibi_tensor``, MPT's ``build_mpt_alibi_tensor``) as the bias step from key 0 to
-    key 1, so they are the slopes the model uses (HookedTransformer: its own
-    ``create_alibi_multipliers``)."""
-    n_heads = int(model.cfg.n_heads)
-    if is_hooked_transformer(model):
-        from transformer_lens.components import (  # pyright: ignore[reportMissingImports]
-            AbstractAttention,  # TransformerLens 3.9 only
-        )
-
-        return AbstractAttention.create_alibi_multipliers(n_heads, device="cpu").float()
-    build = _hf_module(model, spec.hf_position_module)
-    with torch.no_grad():
-        if spec.family == "mpt":
-            bias_max = model.original_model.config.attn_config.alibi_bias_max
-            bias = build(n_heads, 2, bias_max).reshape(n_heads, 2)
-        else:
-            bias = build(torch.ones(1, 2, device="cpu"), n_heads, torch.float32).reshape(n_heads, 2)
-    return (bias[:, 1] - bias[:, 0]).float()
-
-
-def _learned_table(model: HookedModel, spec: ArchitectureSpec) -> torch.Tensor:
-    """The table as the model adds it: row p is position p (OPT's first ``position_offset``
-    rows, which no token uses, are dropped; HookedTransformer drops them when it converts)."""
-    if is_hooked_transformer(model):
-        return model.W_pos.detach()
-    table = _hf_module(model, spec.hf_position_module).weight.detach()
-    return table[spec.position_offset :]
-
-
 def position_ablation_hooks(
     model: HookedModel,
     how: PositionAblation,
@@ -243,9 +179,12 @@ def position_ablation_hooks(
     recomputed by the model's own rotary module at the new positions (Gemma 3: for the block's
     layer type); on ``HookedTransformer`` the rotated queries/keys at ``hook_rot_q/hook_rot_k``
     are rotated once more by (source - position) with the layer's own ``rotary_cos/sin`` tables
-    (rotations compose). ALiBi models (BLOOM, MPT) get ``slope_h * (s_j - j)`` added at
-    ``blocks.{i}.attn.hook_attn_scores``. All equal Hugging Face with the corresponding
-    ``position_ids`` (ALiBi: the recomputed bias).
+    (rotations compose). GPT-J's bridge fires neither: its queries/keys at
+    ``blocks.{i}.attn.hook_q/hook_k`` are rotated by (source - position) with the Hugging Face
+    rotary module's own sin/cos table just before that module rotates them by their position
+    (R(p) R(source - p) = R(source)). ALiBi models (BLOOM, MPT) get ``slope_h * (s_j - j)``
+    added at ``blocks.{i}.attn.hook_attn_scores``. All equal Hugging Face with the
+    corresponding ``position_ids`` (ALiBi: the recomputed bias).
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge`` of a supported architecture.
@@ -272,7 +211,8 @@ def position_ablation_hooks(
             a shift outside ``n_ctx``, ``"mean"`` on a rotary or ALiBi model, ``layers`` on a
             learned one (each message names the family).
         UnsupportedArchitectureError: the architecture is not in the table (lists supported),
-            or GPT-J on the bridge (which exposes no hook where its rotation happens).
+            or GPT-J on the bridge with a ``transformers`` whose GPT-J has no
+            ``GPTJRotaryEmbedding`` module.
 
     References:
         Yusupov et al. 2025, arXiv 2508.17126 (positional bias and homogenization); Su et al.
@@ -297,10 +237,10 @@ def position_ablation_hooks(
     bridge = not is_hooked_transformer(model)
     if spec.positional == "learned_absolute":  # one table, at the embedding
         (name,) = spec.position_hook_names(0, bridge=bridge)
-        return [(name, learned_position_hook(_learned_table(model, spec), plan))]
+        return [(name, learned_position_hook(learned_table(model, spec), plan))]
     hooks: FwdHooks = []
     if spec.positional == "alibi":
-        hook = alibi_score_hook(_alibi_slopes(model, spec), plan)
+        hook = alibi_score_hook(alibi_slopes(model, spec), plan)
         return [(name, hook) for i in blocks for name in spec.position_hook_names(i, bridge=bridge)]
     if not bridge:  # the rotated queries and keys, rotated once more
         for i in blocks:
@@ -313,9 +253,13 @@ def position_ablation_hooks(
             f"positional ablations of {spec.family} need HookedTransformer: {spec.caveats}. "
             "Load the model with backend='hooked' (TransformerLens 3.9)"
         )
+    if spec.bridge_prerotates:  # queries and keys rotated ahead of the HF module's rotation
+        # R(p) R(s - p) = R(s): the module then rotates each token by its source position.
+        hook = rerotate_hook(*bridge_prerotary(model, spec), plan)
+        return [(name, hook) for i in blocks for name in spec.position_hook_names(i, bridge=True)]
     caches: dict[Any, Any] = {}
     for i in blocks:  # the rotary tables, recomputed at the new positions
-        rotary = _bridge_rotary(model, spec, i, caches)
+        rotary = bridge_rotary(model, spec, i, caches)
         cos, sin = spec.position_hook_names(i, bridge=True)
         hooks.append((cos, rotary_table_hook(rotary, "cos", plan)))
         hooks.append((sin, rotary_table_hook(rotary, "sin", plan)))
@@ -361,6 +305,7 @@ def ablated_positions(
         >>> tuple(logits.shape)
         (1, 5, 50257)
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     fwd_hooks = position_ablation_hooks(model, how, **options)
     # Held: another thread's measurement waits for the block to end instead of reading
     # through these hooks.
@@ -588,6 +533,7 @@ def ablated_massive_activations(
         >>> tuple(logits.shape)
         (1, 3, 50257)
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     fwd_hooks = massive_activation_hooks(model, how, **options)
     # Held: another thread's measurement waits for the block to end instead of reading
     # through these hooks.

@@ -16,6 +16,7 @@ from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.distributed import shard_bounds, world
 from homoglens.engine import Sums, merge, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError, SequenceTooLongError, UnsupportedArchitectureError
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results.lengths import LengthStudy
 from homoglens.results.similarity import PositionalSimilarity
@@ -143,6 +144,7 @@ def length_study(
         >>> tuple(study.statistics.shape), tuple(study.sp.shape)
         ((2, 3, 5), (3, 32))
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     info = model_info(model)
     _check_length_free(model)
     edge_k = as_int("edge_k", edge_k, low=1)

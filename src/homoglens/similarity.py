@@ -30,6 +30,7 @@ from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.distributed import world
 from homoglens.engine import Sums, merge, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results import Provenance
 from homoglens.results.similarity import PositionalSimilarity
@@ -196,6 +197,7 @@ def positional_similarity(
         >>> tuple(sim.M.shape), tuple(sim.SP.shape)
         ((3, 24, 24), (3, 24))
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     info = model_info(model)
     options = check_similarity_options(
         space, centre, standardize, edge_k, massive_threshold, pseudo_values

@@ -19,6 +19,7 @@ from homoglens.interventions import (
     position_ablation_hooks,
 )
 from homoglens.losses import induction_loss, induction_tokens, next_token_nll
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.profile import profile_pass
 from homoglens.results import PositionAblationStudy
@@ -100,6 +101,7 @@ def position_ablation_study(
         arXiv 2305.19466 (NoPE models still infer position from the causal mask); Olsson et al.
         2022, arXiv 2209.11895 (in-context-learning score, induction on repeated tokens).
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     progress = as_bool("progress", progress)
     info = model_info(model)
     chosen_modes = _check_modes(model, modes)
@@ -222,6 +224,7 @@ def massive_ablation_study(
         >>> study.modes
         ('none', 'mean', 'zero')
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     progress = as_bool("progress", progress)
     info = model_info(model)
     options = _study_options(
@@ -490,7 +493,7 @@ def _paired_passes(
             extra_hooks=mode_hooks,
             per_sequence=True,
             loss=True,
-            desc=f"ablation {mode}",
+            desc="profile (no ablation)" if mode == "none" else f"ablation {mode}",
             uniform_length=True,
         )
         prov = provenance_of(info, batch, chosen, exclude_first)

@@ -320,6 +320,9 @@ def check_heads(heads: Any, n_layers: int, n_heads: int) -> list[tuple[int, int]
 def check_model(model: Any) -> None:
     """Refuse anything that is not a loaded TransformerLens model (a name, None, a module).
 
+    Model objects (``transformers`` / nnsight) are wrapped before this check, by
+    :func:`homoglens.model_objects.as_hooked` at the top of each public measurement.
+
     Raises:
         InvalidInputError: ``model`` has no ``cfg``/``hook_dict`` or cannot run hooks.
         ModelStateError: weights on the ``meta`` device (they hold no values).
@@ -330,7 +333,9 @@ def check_model(model: Any) -> None:
         raise InvalidInputError(
             f"expected a HookedTransformer or TransformerBridge, got {type(model).__name__}"
             + (f" {model!r}" if isinstance(model, str) else "")
-            + "; load one first with homoglens.load_model(name)"
+            + "; load one first with homoglens.load_model(name), or pass a transformers "
+            "PreTrainedModel of a decoder-only causal LM or an nnsight LanguageModel (wrapped "
+            "without copying its weights)"
         )
     parameters = getattr(model, "parameters", None)
     found = parameters() if callable(parameters) else ()

@@ -7,8 +7,10 @@ The checks of ``--out`` live in :mod:`homoglens.cli.output`, the option limits i
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,106 @@ def init_distributed(opts: dict[str, Any]) -> None:
         opts["device"] = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
 
 
+@contextlib.contextmanager
+def collected_notes() -> Iterator[None]:
+    """Hold back the warnings of a command's measurements and report (a bootstrap block lowered
+    for a few windows, an interval left out for no spread, ...) and print each distinct one
+    once at the end as a one-line ``note:`` on stderr, without the source path and line a
+    plain warning shows; they are notes on the run's own defaults, not errors of the user's.
+    Nothing is printed when the body raises (its error says what went wrong)."""
+    with warnings.catch_warnings(record=True) as caught:
+        yield
+    seen: set[str] = set()
+    for item in caught:
+        text = str(item.message).removeprefix("homoglens: ")
+        if text not in seen:
+            seen.add(text)
+            click.echo(f"note: {text}", err=True)
+
+
+def _clock(seconds: float) -> str:
+    """``seconds`` as ``m:ss`` (or ``h:mm:ss``)."""
+    minutes, sec = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{sec:02d}" if hours else f"{minutes}:{sec:02d}"
+
+
+class SectionClock:
+    """The overall progress of the profile command: one stderr line as each section starts
+    (``[k/n] name, elapsed, about ... left``), the time left estimated from the sections done
+    so far, each weighed by its forward passes over windows (a rough cost model).
+
+    Args:
+        plan: ``(section, weight)`` in the order they run; the weight is the section's
+            sequence-passes (windows x passes over them).
+        start: ``time.perf_counter()`` at the command's start (elapsed counts from it).
+        show: Whether to print (``--progress``).
+    """
+
+    def __init__(self, plan: list[tuple[str, float]], start: float, *, show: bool) -> None:
+        self.plan = dict(plan)
+        self.order = [name for name, _ in plan]
+        self.start = start
+        self.show = show
+        self.spent = 0.0  # seconds inside the sections done
+        self.done = 0.0  # their weight
+
+    def begin(self, section: str) -> None:
+        """Print the overall line of ``section`` (a section outside the plan prints nothing)."""
+        if not self.show or section not in self.plan:
+            return
+        k = self.order.index(section) + 1
+        elapsed = _clock(time.perf_counter() - self.start)
+        line = f"[{k}/{len(self.order)}] {section}: {elapsed} elapsed"
+        left = sum(self.plan[name] for name in self.order[k - 1 :])
+        if self.done > 0 and self.spent > 0:
+            line += f", about {_clock(self.spent / self.done * left)} left"
+        else:
+            line += " (time left known after this section)"
+        click.echo(line, err=True)
+
+    def end(self, section: str, seconds: float) -> None:
+        """Record that ``section`` took ``seconds``."""
+        if section in self.plan:
+            self.spent += seconds
+            self.done += self.plan[section]
+
+
+def section_plan(
+    opts: dict[str, Any],
+    model: Any,
+    n_windows: int,
+    *,
+    first: str,
+    n_modes: int,
+    sections: dict[str, bool],
+) -> list[tuple[str, float]]:
+    """The sections :func:`run_profile` will run, each with its rough cost in sequence-passes
+    (for :class:`SectionClock`): ``first`` (the profile, ``n_modes`` passes), then the optional
+    ones ``sections`` turns on, in :func:`_profile_sections`' order."""
+    n = float(n_windows)
+    n_layers = int(model.cfg.n_layers)
+    blocks = len(set(range(0, n_layers, max(1, int(opts.get("patch_layer_step") or 1)))))
+    bins = int(opts.get("patch_bins") or 1)
+    patch_n = min(n, float(opts.get("patch_n_seq") or n))
+    bias_n = min(n, float(opts.get("bias_n_seq") or n))
+    massive_n = min(n, float(opts.get("massive_n_seq") or n))
+    plan = [(first, n * max(1, n_modes))]
+    if sections["similarity"]:
+        plan += [("similarity", 2 * n), ("readings", 2 * n), ("standardized", 2 * n),
+                 ("dimensions dropped", 3 * n)]  # fmt: skip
+    if sections["bias"]:
+        plan.append(("attention bias", 10 * bias_n))
+    if sections["sinks"]:
+        plan.append(("sinks", 2 * n))
+    if sections["massive"]:
+        plan.append(("massive activations", 3 * massive_n + 16))
+    if sections["patching"]:
+        plan.append(("patching", (blocks * (bins + 1) + 4) * patch_n))
+    plan.append(("report", n))  # figures, tables and their bootstrap intervals
+    return plan
+
+
 def load_job(opts: dict[str, Any]) -> tuple[Any, Any]:
     """Load the model and cut the corpus windows the options ask for."""
     from homoglens.data import corpus_windows
@@ -125,10 +227,10 @@ def report_job(
         check_interactive(opts["interactive"])
         start = time.perf_counter()
         model, windows = load_job(opts)
-        result = measure(model, windows)
-        with staged_output(folder) as tmp:
-            write(result, tmp, interactive=opts["interactive"])
-    click.echo(repr(result), err=True)
+        with collected_notes():
+            result = measure(model, windows)
+            with staged_output(folder) as tmp:
+                write(result, tmp, interactive=opts["interactive"])
     click.echo(f"wrote {folder / 'report.html'} in {time.perf_counter() - start:.1f} s")
 
 
@@ -175,9 +277,11 @@ def run_profile(
         timings: dict[str, float] = {}
 
         def timed(section: str, job: Callable[[], Any]) -> Any:
+            clock.begin(section)
             begin = time.perf_counter()
             out = job()
             timings[section] = time.perf_counter() - begin
+            clock.end(section, timings[section])
             return out
 
         timings["load"] = time.perf_counter() - start
@@ -191,38 +295,48 @@ def run_profile(
             )
             modes = None if modes == [] else modes
         study = None
-        if modes is None:
-            profile = timed("profile", lambda: homogenization_profile(model, windows, **common))
-        else:
-            chosen = modes or default_ablation_modes(model)
-            study = timed(
-                "profile + ablations",
-                lambda: position_ablation_study(model, windows, modes=chosen, **ablation, **common),
-            )
-            profile = study.profiles["none"]
-        counted = int((profile.count > 0).sum())
-        if (counted - 1) // 2 >= 1:  # as the report's edge-versus-middle table cuts it
-            fit(
-                opts, "edge_k", (counted - 1) // 2,
-                f"{counted} counted positions allow at most {(counted - 1) // 2} per edge",
-                "the edge-versus-middle table", required=False,
-            )  # fmt: skip
-        found = _profile_sections(
-            model, windows, opts, timed, sinks=sinks, patching=patching and knows_positions,
-            similarity=similarity, bias=bias, massive=massive,
+        chosen = (modes or default_ablation_modes(model)) if modes is not None else ["none"]
+        first = "profile" if modes is None else "profile + ablations"
+        plan = section_plan(
+            opts, model, len(windows), first=first, n_modes=len(chosen),
+            sections={"similarity": similarity, "bias": bias, "sinks": sinks, "massive": massive,
+                      "patching": patching and knows_positions},
         )  # fmt: skip
-        with staged_output(folder) as tmp:
-            write_profile_report(
-                profile,
-                tmp,
-                edge_k=opts["edge_k"],
-                study=study,
-                **found,
-                interactive=opts["interactive"],
-            )
+        clock = SectionClock(plan, start, show=bool(opts["progress"]))
+        with collected_notes():  # said once each, at the end, without source paths
+            if modes is None:
+                profile = timed("profile", lambda: homogenization_profile(model, windows, **common))
+            else:
+                study = timed(
+                    first,
+                    lambda: position_ablation_study(
+                        model, windows, modes=chosen, **ablation, **common
+                    ),
+                )
+                profile = study.profiles["none"]
+            counted = int((profile.count > 0).sum())
+            if (counted - 1) // 2 >= 1:  # as the report's edge-versus-middle table cuts it
+                fit(
+                    opts, "edge_k", (counted - 1) // 2,
+                    f"{counted} counted positions allow at most {(counted - 1) // 2} per edge",
+                    "the edge-versus-middle table", required=False,
+                )  # fmt: skip
+            found = _profile_sections(
+                model, windows, opts, timed, sinks=sinks, patching=patching and knows_positions,
+                similarity=similarity, bias=bias, massive=massive,
+            )  # fmt: skip
+            clock.begin("report")
+            with staged_output(folder) as tmp:
+                write_profile_report(
+                    profile,
+                    tmp,
+                    edge_k=opts["edge_k"],
+                    study=study,
+                    **found,
+                    interactive=opts["interactive"],
+                )
         report = folder / "report.html"
         timings["report"] = time.perf_counter() - start - sum(timings.values())
-    click.echo(repr(study if study is not None else profile), err=True)
     click.echo(
         "time by section: " + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()), err=True
     )

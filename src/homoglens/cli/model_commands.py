@@ -244,7 +244,6 @@ def compare(
         ):
             warnings.filterwarnings("ignore", message=message, category=UserWarning)
         claims = result.claims()
-    click.echo(repr(result), err=True)
     for row in claims[claims["primary"]].itertuples():
         click.echo(
             f"{row.claim} {row.verdict:>12}  p_holm={row.p_holm:.3g}  {row.model}: {row.test}",
@@ -360,7 +359,6 @@ def sweep(
             result.save(tmp)
             result.to_pandas().to_csv(tmp / "sweep.csv", index=False)
             result.plot().savefig(tmp / "sweep.png", dpi=120)
-    click.echo(repr(result), err=True)
     frame = result.to_pandas()
     table = frame[frame["layer"].isna()].pivot(index="step", columns="metric", values="value")
     click.echo(table.to_string(float_format=lambda v: f"{v:.4g}"), err=True)

@@ -95,14 +95,34 @@ def os_error_message(err: OSError, out: Path | None = None) -> str:
     return f"could not read or write {filename}: {cause}; check that path and its permissions"
 
 
+_CLI_WORDING: tuple[tuple[str, str], ...] = (
+    ("(before starting Python)", "(before running homoglens)"),
+    ("(load_model('/path/to/folder'), ", "(--model /path/to/folder, "),
+    ("homoglens.load_model(name, device='cpu')", "--device cpu"),
+    ("homoglens.load_model(name)", "--model NAME"),
+)
+"""Phrases of the Python API's error messages and what a command-line user types instead."""
+
+
+def cli_message(message: str) -> str:
+    """A typed error's message in command-line words: the Python calls it suggests
+    (``load_model('/path/to/folder')``, "before starting Python") become the options and steps
+    of the ``homoglens`` command (``--model /path/to/folder``, "before running homoglens").
+    The Python API keeps its own wording; only the CLI's copy is reworded."""
+    for python, cli in _CLI_WORDING:
+        message = message.replace(python, cli)
+    return message
+
+
 @contextlib.contextmanager
 def cli_errors(out: Path | None = None) -> Iterator[None]:
     """Turn typed homoglens errors and failed file operations into one-line CLI errors (no
-    traceback); ``out``, the output folder, tells failed writes of the output apart."""
+    traceback), in command-line words (:func:`cli_message`); ``out``, the output folder, tells
+    failed writes of the output apart."""
     try:
         yield
     except HomoglensError as err:
-        raise click.ClickException(str(err)) from err
+        raise click.ClickException(cli_message(str(err))) from err
     except OSError as err:  # a full disk, a read-only folder, no permission
         raise click.ClickException(os_error_message(err, out)) from err
 

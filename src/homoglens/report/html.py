@@ -29,7 +29,9 @@ body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0
 color:#222;line-height:1.45}
 h1{font-size:1.6em}
 h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
-table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0;display:block;max-width:100%;
+overflow-x:auto}
+th{overflow-wrap:anywhere;min-width:4em}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f4f4f4}
 td:first-child,th:first-child{text-align:left}img{max-width:100%}
 .note{color:#555;font-size:.9em}
@@ -138,9 +140,18 @@ def _plotly_script() -> str:
     return f'<script type="text/javascript">{get_plotlyjs()}</script>'
 
 
-def table_html(frame: Any) -> str:
-    """A DataFrame as an HTML table, floats to 4 decimals."""
-    return str(frame.to_html(index=False, float_format=lambda v: f"{v:.4f}"))
+def table_html(frame: Any, *, missing: str = "NaN") -> str:
+    """A DataFrame as an HTML table, floats to 4 decimals.
+
+    Args:
+        frame: The table.
+        missing: What a NaN cell shows (a dash where the section's note says why it is empty).
+
+    Returns:
+        The ``<table>`` HTML; it scrolls sideways inside its column when wider than the page
+        (:data:`CSS`).
+    """
+    return str(frame.to_html(index=False, float_format=lambda v: f"{v:.4f}", na_rep=missing))
 
 
 def page_html(heading: str, body: str) -> str:
@@ -156,8 +167,25 @@ def page_html(heading: str, body: str) -> str:
 """
 
 
+def shown_revision(rows: dict[str, Any]) -> str:
+    """The ``model_revision`` a report shows: the recorded one (a Hub name's revision and
+    commit), else what is known of a model that has none: the package, its version and the
+    file of the embedded model or the shipped model's training record (``model_source``), or
+    ``"n/a (local ...)"`` for a folder or a model object (no Hub revision exists)."""
+    revision = str(rows.get("model_revision") or "")
+    if revision:
+        return revision
+    source = str(rows.get("model_source") or "")
+    if source:
+        return f"n/a (not from the Hub; version: {source})"
+    return "n/a (local folder or model object: no Hub revision)"
+
+
 def provenance_table(rows: dict[str, Any]) -> str:
-    """A two-column HTML table of provenance fields."""
+    """A two-column HTML table of provenance fields (a blank ``model_revision`` shown as
+    :func:`shown_revision` says)."""
+    if "model_revision" in rows:
+        rows = {**rows, "model_revision": shown_revision(rows)}
     return (
         "<table>"
         + "".join(

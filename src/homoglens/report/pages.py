@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from homoglens.report.bias_sections import bias_section, length_section
 from homoglens.report.html import (
     figure_tag,
     interactive_figures,
@@ -17,10 +18,8 @@ from homoglens.report.html import (
     section_page,
 )
 from homoglens.report.sections import (
-    bias_section,
     comparison_section,
     first_token_warning,
-    length_section,
     massive_section,
     patching_section,
     readings_section,

@@ -3,7 +3,8 @@ format tag (:class:`SavedResult`, :func:`save_result`, :func:`load_result`), its
 on load (:mod:`homoglens.results.validation`); the files and their sha256 are
 :mod:`homoglens.results.storage`'s, the provenance :mod:`homoglens.results.provenance`'s. And the
 one ``plot()`` of every result (:class:`Plotted`), drawn by its function in
-:mod:`homoglens.results.figures`, the one module here that imports the figures.
+:mod:`homoglens.results.figures` (which, with its shared parts in
+:mod:`homoglens.results.figure_parts`, is the only code here that imports the drawing modules).
 """
 
 from __future__ import annotations

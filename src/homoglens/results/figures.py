@@ -11,13 +11,18 @@ a matplotlib figure keeps the titles it always had.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from homoglens.errors import InvalidInputError
-from homoglens.types import PLOT_BACKENDS
+from homoglens.results.figure_parts import LAYER_AXIS as LAYER_AXIS
+from homoglens.results.figure_parts import AnyFigure as AnyFigure
+from homoglens.results.figure_parts import figure_kit as figure_kit
+from homoglens.results.figure_parts import headline as headline
+from homoglens.results.figure_parts import provenance_title as provenance_title
+from homoglens.results.figure_parts import sink_rate_label as sink_rate_label
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -33,75 +38,10 @@ if TYPE_CHECKING:
     from homoglens.results.massive import MassiveActivations
     from homoglens.results.patching import PositionalPatchingResult
     from homoglens.results.profile import HomogenizationProfile
-    from homoglens.results.provenance import Provenance
     from homoglens.results.similarity import PositionalSimilarity
     from homoglens.results.sinks import AttentionReceived, SinkScores
     from homoglens.results.studies import PositionAblationStudy
     from homoglens.results.sweeps import CheckpointSweep
-
-LAYER_AXIS = "layer (0 = embeddings, l = output of block l-1)"
-
-
-def sink_rate_label(key: int, eps: float) -> str:
-    """Gu et al.'s name of the sink rate on 0-indexed ``key``: they count keys from 1, so key 0
-    is their Sink_1 (``sink_rate_label(0, 0.3) == "Sink_1^0.3 (key 0)"``)."""
-    return f"Sink_{key + 1}^{eps:g} (key {key})"
-
-
-AnyFigure: TypeAlias = Any
-"""A matplotlib ``Figure`` or a ``plotly.graph_objects.Figure`` (``Plotted.plot`` says which)."""
-
-
-def figure_kit(backend: str) -> ModuleType:
-    """The primitives that draw with ``backend``: :mod:`homoglens.plotting` or
-    :mod:`homoglens.plotting_plotly` (same functions, same arguments).
-
-    Raises:
-        InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
-        MissingDependencyError: ``"plotly"`` without plotly installed.
-    """
-    if backend == "matplotlib":
-        import homoglens.plotting as plotting
-
-        return plotting
-    if backend == "plotly":
-        import homoglens.plotting_plotly as plotting_plotly
-
-        plotting_plotly.require_plotly()
-        return plotting_plotly
-    raise InvalidInputError(
-        f"backend={backend!r} is not one of {', '.join(map(repr, PLOT_BACKENDS))}: "
-        "'matplotlib' (static, the default) or 'plotly' (interactive)"
-    )
-
-
-def provenance_title(p: Provenance, what: str = "") -> str:
-    """``"<model> (<backend>, <weights> weights)[: what]"``, the provenance of a figure title."""
-    return f"{p.model} ({p.backend}, {p.weights} weights)" + (f": {what}" if what else "")
-
-
-def headline(
-    kit: ModuleType,
-    fig: AnyFigure,
-    title: str | None,
-    default: str,
-    *,
-    matplotlib: bool,
-    provenance: Provenance | None = None,
-) -> None:
-    """Title the figure ``title``, else ``default``.
-
-    A matplotlib figure gets the default only where it always had one (``matplotlib=True``); a
-    plotly figure always gets a title, with the ``provenance`` (model, backend, weights) before
-    the default where it is given.
-    """
-    if kit.__name__ == "homoglens.plotting":
-        if title or matplotlib:
-            kit.suptitle(fig, title or default)
-        return
-    if not title and provenance is not None:
-        default = provenance_title(provenance, default)
-    kit.suptitle(fig, title or default)
 
 
 def _profile_panel(
@@ -354,13 +294,26 @@ def sink_scores_figure(scores: SinkScores, *, backend: str = "matplotlib") -> An
 def massive_figure(massive: MassiveActivations, *, backend: str = "matplotlib") -> AnyFigure:
     """Heatmap of log10 of the mean max/median ratio per (layer, position)."""
     kit = figure_kit(backend)
-    fig, (ax,) = kit.new_figure(7, 4)
-    kit.heatmap(
-        ax, massive.ratio_mean.clamp_min(1).log10().numpy(), xlabel="position",
-        ylabel="layer (0 = embeddings)",
-        title="Massive activations: log10 mean(max |x| / median |x|)",
-        label="log10 of max |x| / median |x| (ratio, no unit)",
-    )  # fmt: skip
+    values = massive.ratio_mean.clamp_min(1).log10().numpy()
+    label = "log10 of max |x| / median |x| (ratio, no unit)"
+    title = "Massive activations: log10 mean(max |x| / median |x|)"
+    n_pos = values.shape[1]
+    if n_pos < 2:
+        fig, (ax,) = kit.new_figure(7, 4)
+        kit.heatmap(ax, values, xlabel="position", ylabel="layer (0 = embeddings)", title=title,
+                    label=label)  # fmt: skip
+    else:  # position 0 (where the massive activations sit) in a panel of its own, readable
+        fig, (first, rest) = kit.new_figure(8, 4, ncols=2, width_ratios=(1.6, 6))
+        finite = values[np.isfinite(values)]
+        shared = {"vmin": float(finite.min()), "vmax": float(finite.max())} if finite.size else {}
+        kit.heatmap(
+            first, values[:, :1], xlabel="position", ylabel="layer (0 = embeddings)",
+            title="position 0", label=label, xticklabels=["0"], **shared,
+        )  # fmt: skip
+        kit.heatmap(
+            rest, values[:, 1:], xlabel="position", title=title, label=label,
+            extent=(0.5, n_pos - 0.5, -0.5, values.shape[0] - 0.5), **shared,
+        )  # fmt: skip
     what = f"massive activations over {massive.n_sequences} sequences"
     headline(kit, fig, None, what, matplotlib=False, provenance=massive.provenance)
     return fig
@@ -404,6 +357,15 @@ def attribution_figure(
     return fig
 
 
+def _effect_levels(effect: torch.Tensor) -> tuple[float, ...]:
+    """The reference lines of a patching curve: 0 always (so the axis keeps it), and 1 (the
+    source run) only where an effect comes within half of it; small effects (often <= 0.03)
+    are then drawn on an axis scaled to them, not flattened on a 0-1 axis."""
+    finite = effect[torch.isfinite(effect)]
+    near_one = finite.numel() > 0 and float(finite.abs().max()) >= 0.5
+    return (0.0, 1.0) if near_one else (0.0,)
+
+
 def patching_figure(
     result: PositionalPatchingResult, m: int, *, backend: str = "matplotlib"
 ) -> AnyFigure:
@@ -417,7 +379,8 @@ def patching_figure(
     if len(result.cells) == 1:  # one cell per block: a curve over blocks
         kit.curves(
             ax, list(result.layers), {"effect": result.effect[m, :, 0].numpy()},
-            styles={"effect": "o-"}, hlines=(0.0, 1.0), legend=None, xlabel="block",
+            styles={"effect": "o-"}, hlines=_effect_levels(result.effect[m, :, 0]), legend=None,
+            xlabel="block",
             ylabel="normalised effect", title=title,
         )  # fmt: skip
         kit.panel_title(ax, title, fontsize=10)

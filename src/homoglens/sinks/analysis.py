@@ -15,6 +15,7 @@ from homoglens.architectures import pattern_hook_name
 from homoglens.data import DataInput, to_token_batch
 from homoglens.engine import Pass, PassPlan, stream
 from homoglens.errors import InvalidInputError
+from homoglens.model_objects import as_hooked
 from homoglens.results.sinks import SinkAnalysis
 from homoglens.sinks.attribution import sink_attribution
 from homoglens.sinks.massive import massive_reducer
@@ -51,6 +52,7 @@ def attention_view(
     References:
         Cooney & Nanda, CircuitsVis (github.com/TransformerLensOrg/CircuitsVis).
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     import circuitsvis.attention as cv_attention
 
     chosen = check_heads(heads, int(model.cfg.n_layers), int(model.cfg.n_heads))
@@ -119,6 +121,7 @@ def sink_analysis(
         Gu et al. 2024, arXiv 2410.10781; Sun et al. 2024, arXiv 2402.17762;
         Barbero et al. 2025, arXiv 2504.02732; Syed, Rager, Conmy 2023, arXiv 2310.10348.
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     progress = as_bool("progress", progress)
     key, eps = check_key_eps(key, eps, int(model.cfg.n_ctx))
     top_k = as_int("top_k", top_k, low=1)

@@ -20,6 +20,7 @@ from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Pass, PassPlan, Sums, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import nan_div
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results.attribution import SinkAttribution
 from homoglens.sink_math import edge_totals, scalar_metric_weights, token_to_others
@@ -228,6 +229,7 @@ def sink_attribution(
         >>> tuple(result.delta.shape)
         (1, 3)
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     from homoglens.validate import as_bool, as_int
 
     progress = as_bool("progress", progress)

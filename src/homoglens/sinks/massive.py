@@ -27,6 +27,7 @@ from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import massive_activation_sites
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results.massive import MassiveActivations
 from homoglens.sink_math import massive_sums
@@ -105,6 +106,7 @@ def massive_activations(
         >>> acts.median, tuple(acts.ratio_mean.shape), tuple(acts.layer_top.shape)
         ('layer', (3, 3), (3, 3))
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     progress = as_bool("progress", progress)
     if not isinstance(median, str) or median not in MASSIVE_MEDIANS:
         raise InvalidInputError(f"median={median!r} must be one of {list(MASSIVE_MEDIANS)}")
@@ -261,6 +263,7 @@ def massive_activation_means(
         >>> tuple(means.shape)
         (1, 2)
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     progress = as_bool("progress", progress)
     layer, chosen_dims, chosen_pos = massive_activation_sites(
         model, layer=layer, dims=dims, positions=positions
@@ -348,6 +351,7 @@ def find_massive_sites(
         >>> find_massive_sites(model, ["Hello world", "Hi there"], progress=False) is None
         True
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     progress = as_bool("progress", progress)
     threshold = as_float("threshold", threshold, low=1.0, high=math.inf)
     min_magnitude = as_float("min_magnitude", min_magnitude, low=-math.inf, high=math.inf)

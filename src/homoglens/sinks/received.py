@@ -15,6 +15,7 @@ from homoglens.blocked_attention import AttentionJob, PatternRows
 from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.homogenization import nan_div
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results.sinks import AttentionReceived
 from homoglens.types import BosPolicy, HookedModel, HookFn
@@ -77,6 +78,7 @@ def attention_received(
         >>> tuple(got.received.shape), tuple(got.slope.shape)
         ((2, 10), (2,))
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     info = model_info(model)
     n_layers = int(model.cfg.n_layers)
     blocks = check_layers(layers, n_layers, blocks=True)

@@ -17,6 +17,7 @@ from homoglens.data import DataInput, TokenBatch, to_token_batch
 from homoglens.engine import Sums, model_device, provenance_of, stream
 from homoglens.errors import InvalidInputError, NonFiniteActivationError
 from homoglens.homogenization import nan_div
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results.sinks import SinkScores
 from homoglens.types import BosPolicy, HookedModel
@@ -174,6 +175,7 @@ def sink_scores(
         >>> tuple(scores.mass.shape)
         (2, 4)
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     progress = as_bool("progress", progress)
     return sink_pass(model, data, key, eps, batch_size, attention_mask, bos, progress)[0]
 
