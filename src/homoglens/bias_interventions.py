@@ -19,7 +19,7 @@ from homoglens.architectures import pattern_hook_name
 from homoglens.bias_hooks import AttentionBiasPlan, attention_bias_hook
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import chosen_indices
-from homoglens.model_objects import as_hooked
+from homoglens.model_objects import refuse_in_context
 from homoglens.models import check_writable, model_lock
 from homoglens.types import (
     ATTENTION_BIAS_KINDS,
@@ -159,7 +159,8 @@ def biased_attention(
         The same model, with the hooks attached.
 
     Raises:
-        InvalidInputError: as :func:`attention_bias_hooks`, before anything is attached.
+        InvalidInputError: as :func:`attention_bias_hooks`, before anything is attached; a
+            ``transformers`` / nnsight model object (wrap it with ``load_model(obj)`` first).
 
     Examples:
         >>> import torch
@@ -171,7 +172,7 @@ def biased_attention(
         >>> tuple(logits.shape)
         (1, 3, 50257)
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
+    refuse_in_context(model, "biased_attention")
     fwd_hooks = attention_bias_hooks(model, kind, strength, **options)
     # Held: another thread's measurement waits for the block to end instead of reading
     # through these hooks.

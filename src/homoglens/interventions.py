@@ -50,7 +50,7 @@ from homoglens.hooks import (
     rotary_table_hook,
     set_massive_hook,
 )
-from homoglens.model_objects import as_hooked
+from homoglens.model_objects import refuse_in_context
 from homoglens.models import is_hooked_transformer, model_lock
 from homoglens.position_tables import (
     alibi_slopes,
@@ -292,7 +292,8 @@ def ablated_positions(
 
     Raises:
         InvalidInputError, UnsupportedArchitectureError: as :func:`position_ablation_hooks`,
-            before anything is attached.
+            before anything is attached; InvalidInputError for a ``transformers`` / nnsight
+            model object (wrap it with ``load_model(obj)`` first).
 
     Examples:
         >>> import torch
@@ -305,7 +306,7 @@ def ablated_positions(
         >>> tuple(logits.shape)
         (1, 5, 50257)
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
+    refuse_in_context(model, "ablated_positions")
     fwd_hooks = position_ablation_hooks(model, how, **options)
     # Held: another thread's measurement waits for the block to end instead of reading
     # through these hooks.
@@ -518,7 +519,8 @@ def ablated_massive_activations(
         The same model, with the hooks attached.
 
     Raises:
-        InvalidInputError: as :func:`massive_activation_hooks`, before anything is attached.
+        InvalidInputError: as :func:`massive_activation_hooks`, before anything is attached; a
+            ``transformers`` / nnsight model object (wrap it with ``load_model(obj)`` first).
 
     References:
         Sun et al. 2024, arXiv 2402.17762.
@@ -533,7 +535,7 @@ def ablated_massive_activations(
         >>> tuple(logits.shape)
         (1, 3, 50257)
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
+    refuse_in_context(model, "ablated_massive_activations")
     fwd_hooks = massive_activation_hooks(model, how, **options)
     # Held: another thread's measurement waits for the block to end instead of reading
     # through these hooks.

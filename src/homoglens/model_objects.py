@@ -100,6 +100,24 @@ def is_model_object(model: Any) -> bool:
     return isinstance(model, torch.nn.Module) or _nnsight_inner(model) is not None
 
 
+def refuse_in_context(model: Any, what: str) -> None:
+    """Refuse a model object in a context manager that changes a model's own passes (``what``,
+    e.g. ``"ablated_positions"``): homoglens leaves the object unchanged, so the object's own
+    forward inside the block would not see the change, and its outputs would silently be the
+    unchanged model's.
+
+    Raises:
+        InvalidInputError: ``model`` is a ``transformers`` / nnsight model object.
+    """
+    if is_model_object(model):
+        raise InvalidInputError(
+            f"{what}(...) changes the passes of a TransformerLens model, and homoglens leaves "
+            f"your {type(model).__name__} unchanged, so its own forward inside the block would "
+            "not see the change. Wrap it once (its weights are shared, not copied): "
+            f"model = homoglens.load_model(obj); then `with {what}(model, ...): model(tokens)`"
+        )
+
+
 def _check_hf_model(hf: Any, given: Any) -> str:
     """Refuse what the bridge cannot wrap as a decoder-only causal LM; return the Hugging Face
     architecture (class) name."""

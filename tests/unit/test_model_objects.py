@@ -227,3 +227,73 @@ def test_nnsight_language_model(folder: Path, reference: Any) -> None:
     with lm.trace("The cat sat"):
         hidden = lm.model.layers[0].output.save()
     assert hidden is not None
+
+
+WINDOWS = torch.randint(0, 900, (2, 24), generator=torch.Generator().manual_seed(5))
+
+
+def _same_result(a: Any, b: Any, name: str) -> int:
+    """Compare every tensor of two results (or two outputs) at 1e-6; the number compared."""
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-6, rtol=0, equal_nan=True)
+        return 1
+    if not dataclasses.is_dataclass(a):
+        return 0
+    n = 0
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, torch.Tensor):
+            torch.testing.assert_close(
+                x.double(), y.double(), atol=1e-6, rtol=0, equal_nan=True, msg=f"{name}.{f.name}"
+            )
+            n += 1
+        elif dataclasses.is_dataclass(x):
+            n += _same_result(x, y, f"{name}.{f.name}")
+        elif isinstance(x, dict):
+            for k in x:
+                n += _same_result(x[k], y[k], f"{name}.{f.name}[{k}]")
+    return n
+
+
+def _every_measurement() -> dict[str, Any]:
+    from helpers import public_measurements
+
+    return public_measurements(WINDOWS)
+
+
+CONTEXTS = ("ablated_positions", "biased_attention", "ablated_massive_activations")
+"""Context managers change a TransformerLens model's own passes; the user's object is left
+unchanged, so they refuse it (its own forward would silently not see the change)."""
+
+
+@pytest.mark.parametrize("name", [n for n in _every_measurement() if n not in CONTEXTS])
+def test_every_public_measurement_takes_the_object(name: str, folder: Path, reference: Any) -> None:
+    """The acceptance line: a ``transformers`` object runs every public measurement, equal to
+    the folder path at 1e-6, and is unchanged afterwards."""
+    import homoglens as hg
+
+    run = _every_measurement()[name]
+    if name == "compare_models":  # the windows tokenized once, by the reference's tokenizer
+        batch = hg.to_token_batch(reference, WINDOWS)
+        run = lambda m: hg.compare_models(  # noqa: E731
+            {"m": m}, batch, edge_k=2, n_boot=50, progress=False
+        )
+    hf = _hf(folder)
+    before = _snapshot(hf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        got = run(hf)
+        torch.manual_seed(0)
+        want = run(reference)
+    _same_result(got, want, name)
+    _same_snapshot(before, _snapshot(hf))
+
+
+@pytest.mark.parametrize("name", CONTEXTS)
+def test_context_managers_refuse_a_model_object(name: str, folder: Path) -> None:
+    hf = _hf(folder)
+    before = _snapshot(hf)
+    with pytest.raises(InvalidInputError, match="load_model"):
+        _every_measurement()[name](hf)
+    _same_snapshot(before, _snapshot(hf))
