@@ -18,9 +18,8 @@ from typing import Any
 from homoglens.architectures import pattern_hook_name
 from homoglens.bias_hooks import AttentionBiasPlan, attention_bias_hook
 from homoglens.errors import InvalidInputError
-from homoglens.interventions import chosen_indices
-from homoglens.model_objects import refuse_in_context
-from homoglens.models import check_writable, model_lock
+from homoglens.interventions import chosen_indices, hooks_attached
+from homoglens.models import check_writable
 from homoglens.types import (
     ATTENTION_BIAS_KINDS,
     AttentionBiasKind,
@@ -172,9 +171,5 @@ def biased_attention(
         >>> tuple(logits.shape)
         (1, 3, 50257)
     """
-    refuse_in_context(model, "biased_attention")
-    fwd_hooks = attention_bias_hooks(model, kind, strength, **options)
-    # Held: another thread's measurement waits for the block to end instead of reading
-    # through these hooks.
-    with model_lock(model).hold(), model.hooks(fwd_hooks=fwd_hooks):
+    with hooks_attached(model, "biased_attention", attention_bias_hooks, kind, strength, **options):
         yield model

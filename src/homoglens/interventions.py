@@ -29,7 +29,7 @@ arXiv 2305.19466), so these ablations remove the *explicit* positional signal on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -306,10 +306,26 @@ def ablated_positions(
         >>> tuple(logits.shape)
         (1, 5, 50257)
     """
-    refuse_in_context(model, "ablated_positions")
-    fwd_hooks = position_ablation_hooks(model, how, **options)
-    # Held: another thread's measurement waits for the block to end instead of reading
-    # through these hooks.
+    with hooks_attached(model, "ablated_positions", position_ablation_hooks, how, **options):
+        yield model
+
+
+@contextlib.contextmanager
+def hooks_attached(
+    model: HookedModel, what: str, make: Callable[..., FwdHooks], *args: Any, **options: Any
+) -> Iterator[HookedModel]:
+    """The block of a user-facing context manager (``what``, e.g. ``"ablated_positions"``):
+    refuse a model object (:func:`homoglens.model_objects.refuse_in_context`), build the hooks
+    with ``make(model, *args, **options)`` (its checks run before anything is attached), and
+    keep them attached through ``model.hooks`` (removed however the block ends) while holding
+    the model's lock, so that another thread's measurement waits for the block to end instead
+    of reading through these hooks.
+
+    Raises:
+        InvalidInputError: a model object, or what ``make`` raises.
+    """
+    refuse_in_context(model, what)
+    fwd_hooks = make(model, *args, **options)
     with model_lock(model).hold(), model.hooks(fwd_hooks=fwd_hooks):
         yield model
 
@@ -535,9 +551,7 @@ def ablated_massive_activations(
         >>> tuple(logits.shape)
         (1, 3, 50257)
     """
-    refuse_in_context(model, "ablated_massive_activations")
-    fwd_hooks = massive_activation_hooks(model, how, **options)
-    # Held: another thread's measurement waits for the block to end instead of reading
-    # through these hooks.
-    with model_lock(model).hold(), model.hooks(fwd_hooks=fwd_hooks):
+    with hooks_attached(
+        model, "ablated_massive_activations", massive_activation_hooks, how, **options
+    ):
         yield model

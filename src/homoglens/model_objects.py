@@ -106,10 +106,16 @@ def refuse_in_context(model: Any, what: str) -> None:
     forward inside the block would not see the change, and its outputs would silently be the
     unchanged model's.
 
+    Anything else (a TransformerLens model, or what is no model at all) passes, for the
+    context manager's own checks.
+
     Raises:
         InvalidInputError: ``model`` is a ``transformers`` / nnsight model object.
     """
-    if is_model_object(model):
+    from transformers import PreTrainedModel
+
+    inner = _nnsight_inner(model)
+    if inner is not None or (is_model_object(model) and isinstance(model, PreTrainedModel)):
         raise InvalidInputError(
             f"{what}(...) changes the passes of a TransformerLens model, and homoglens leaves "
             f"your {type(model).__name__} unchanged, so its own forward inside the block would "
