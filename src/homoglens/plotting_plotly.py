@@ -16,7 +16,9 @@ both backends colour the same values alike.
 from __future__ import annotations
 
 import html
+import importlib.util
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,8 +41,9 @@ __all__ = [
     "log_scale",
 ]
 
-INSTALL = 'pip install "homoglens[plotly]"'
-"""The command that installs the plotly extra."""
+INSTALL = 'pip install "homoglens[plotly]" (from a source checkout: pip install -e ".[plotly]")'
+"""The command that installs the plotly extra (plotly and nbformat), for an installed package
+and for a source checkout."""
 
 TAB10 = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -63,8 +66,10 @@ def require_plotly() -> Any:
         The module.
 
     Raises:
-        MissingDependencyError: plotly is not installed (the message gives the install
-            command).
+        MissingDependencyError: plotly is not installed, or (in a Jupyter kernel) nbformat is
+            not, without which plotly cannot display the figure in the notebook (it prints
+            "Mime type rendering requires nbformat>=4.2.0" instead). The message gives the
+            install command.
     """
     try:
         import plotly.graph_objects as go
@@ -73,7 +78,21 @@ def require_plotly() -> Any:
             f'backend="plotly" needs plotly, which is not installed: {INSTALL} '
             '(or draw with backend="matplotlib", the default)'
         ) from error
+    if _in_jupyter_kernel() and importlib.util.find_spec("nbformat") is None:
+        raise MissingDependencyError(
+            'backend="plotly" in Jupyter needs nbformat to display the figure, which is not '
+            f'installed: {INSTALL}, then restart the kernel (or draw with backend="matplotlib")'
+        )
     return go
+
+
+def _in_jupyter_kernel() -> bool:
+    """Whether this code runs in a Jupyter (IPython) kernel, where plotly shows a figure through
+    nbformat."""
+    shell = sys.modules.get("IPython")
+    get_ipython = getattr(shell, "get_ipython", None)
+    ip = get_ipython() if callable(get_ipython) else None
+    return ip is not None and getattr(ip, "kernel", None) is not None
 
 
 @dataclass(eq=False)

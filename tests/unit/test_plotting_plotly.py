@@ -193,6 +193,27 @@ def test_missing_plotly_names_the_extra(results, monkeypatch) -> None:
     assert results["sink_scores"].plot() is not None  # matplotlib needs no plotly
 
 
+def test_missing_nbformat_in_jupyter_names_the_extra(results, monkeypatch) -> None:
+    # In a Jupyter kernel plotly displays a figure through nbformat; without it the user saw a
+    # red "Mime type rendering requires nbformat>=4.2.0" ValueError when the cell ended.
+    import importlib.util
+
+    import homoglens.plotting_plotly as plotting_plotly
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(plotting_plotly, "_in_jupyter_kernel", lambda: True)
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "nbformat" else real_find_spec(name, *a),
+    )
+    with pytest.raises(MissingDependencyError, match=r'nbformat.*-e "\.\[plotly\]"'):
+        results["profile"].plot(backend="plotly")
+    monkeypatch.setattr(plotting_plotly, "_in_jupyter_kernel", lambda: False)
+    assert results["profile"].plot(backend="plotly") is not None  # a script needs no nbformat
+    assert plotting_plotly._in_jupyter_kernel() in (True, False)
+
+
 def test_homoglens_imports_no_plotly() -> None:
     code = "import sys, homoglens, homoglens.results.figures; sys.exit('plotly' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

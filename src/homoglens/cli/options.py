@@ -113,7 +113,7 @@ INTERACTIVE = click.option(
     is_flag=True,
     help="Embed interactive plotly figures (hover values, zoom) in report.html, with plotly.js "
     "inlined so it opens offline (about 5 MB more); PNGs still go to figures/. Needs plotly: "
-    'pip install "homoglens[plotly]".',
+    'pip install "homoglens[plotly]" (from a source checkout: pip install -e ".[plotly]").',
 )
 """``--interactive``."""
 
