@@ -10,6 +10,7 @@ one ``plot()`` of every result (:class:`Plotted`), drawn by its function in
 from __future__ import annotations
 
 from dataclasses import asdict, fields
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
@@ -184,7 +185,9 @@ class Plotted:
     overrides ``plot`` with them, documents only them, and draws through :meth:`_draw`."""
 
     _figure: ClassVar[str]
-    """The name of this result's figure function in :mod:`homoglens.results.figures`, called as
+    """The name of this result's figure function in :mod:`homoglens.results.figures`, or
+    ``"module.function"`` for one in another module of :mod:`homoglens.results` (a result with
+    figures of its own, such as a reproduction's); called as
     ``figure(result, *options, backend=backend, **keyword_options)``."""
 
     @overload
@@ -217,7 +220,9 @@ class Plotted:
         Raises:
             InvalidInputError: an unknown ``backend``. MissingDependencyError: plotly missing.
         """
-        figure = getattr(figures, self._figure)
+        module, _, name = self._figure.rpartition(".")
+        source = import_module(f"homoglens.results.{module}") if module else figures
+        figure = getattr(source, name)
         return figure(self, *options, backend=backend, **keyword_options)
 
 
