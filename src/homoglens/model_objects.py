@@ -19,11 +19,13 @@ look-up) and rebuilt when the object's parameters, device or dtype have changed 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import tempfile
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,10 +155,11 @@ def _check_hf_model(hf: Any, given: Any) -> str:
     return name
 
 
-def _tokenizer_folder(hf: Any, tokenizer: Any, family_hint: str) -> Path:
-    """The folder the bridge reads the tokenizer from (the bridge re-loads a tokenizer from its
-    ``name_or_path``, so an in-memory one is saved to a temporary folder first; the user's
-    tokenizer object is never modified)."""
+@contextlib.contextmanager
+def _tokenizer_folder(hf: Any, tokenizer: Any, family_hint: str) -> Iterator[Path]:
+    """The folder the bridge's tokenizer is loaded from (a fresh copy, so the user's tokenizer
+    object is never modified): an in-memory one is saved to a temporary folder first, removed
+    once the copy is loaded."""
     from homoglens.assets import gpt2_tokenizer_folder, has_tokenizer
 
     if tokenizer is not None:
@@ -167,18 +170,22 @@ def _tokenizer_folder(hf: Any, tokenizer: Any, family_hint: str) -> Path:
             )
         source = getattr(tokenizer, "name_or_path", "") or ""
         if source and Path(source).is_dir() and has_tokenizer(Path(source)):
-            return Path(source)
-        folder = Path(tempfile.mkdtemp(prefix="homoglens-tokenizer-"))
-        tokenizer.save_pretrained(str(folder))
-        return folder
+            yield Path(source)
+            return
+        with tempfile.TemporaryDirectory(prefix="homoglens-tokenizer-") as folder:
+            tokenizer.save_pretrained(folder)
+            yield Path(folder)
+        return
     for source in (
         getattr(hf, "name_or_path", None),
         getattr(getattr(hf, "config", None), "_name_or_path", None),
     ):
         if source and os.path.isdir(str(source)) and has_tokenizer(Path(str(source))):
-            return Path(str(source))
+            yield Path(str(source))
+            return
     if family_hint.startswith("GPT2"):
-        return gpt2_tokenizer_folder()
+        yield gpt2_tokenizer_folder()
+        return
     raise InvalidInputError(
         f"no tokenizer found for the {family_hint}: its name_or_path "
         f"({getattr(hf, 'name_or_path', '')!r}) is not a folder holding one. Pass it: "
@@ -276,8 +283,8 @@ def wrap_model_object(model: Any, tokenizer: Any = None) -> tuple[HookedModel, s
     known = _WRAPPED.get(hf)
     if known is not None and key in known:
         return known[key], source
-    folder = _tokenizer_folder(hf, tokenizer, name)
-    bridge = _boot(hf, folder, name)
+    with _tokenizer_folder(hf, tokenizer, name) as folder:
+        bridge = _boot(hf, folder, name)
     _WRAPPED.setdefault(hf, {}).clear()
     _WRAPPED[hf][key] = bridge
     return bridge, source

@@ -149,8 +149,14 @@ def test_wrapper_shares_weights_is_cached_and_weak(folder: Path) -> None:
     assert alive() is None  # the cache holds the object weakly
 
 
-def test_tokenizer_passed_or_refused(folder: Path, reference: Any, tmp_path: Path) -> None:
+def test_tokenizer_passed_or_refused(
+    folder: Path, reference: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
     from transformers import AutoTokenizer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the temporary copy goes
 
     hf = _hf(folder)
     hf.name_or_path = "not-a-folder"
@@ -163,6 +169,7 @@ def test_tokenizer_passed_or_refused(folder: Path, reference: Any, tmp_path: Pat
     got = homogenization_profile(as_hooked(hf, tokenizer), TEXTS, progress=False)
     _assert_results_equal(got, homogenization_profile(reference, TEXTS, progress=False))
     assert (dict(tokenizer.init_kwargs), tokenizer.padding_side) == state
+    assert not list(tmp_path.glob("homoglens-tokenizer-*"))  # the temporary copy is removed
     with pytest.raises(InvalidInputError, match="model object"):
         load_model(folder, tokenizer=tokenizer)
 
