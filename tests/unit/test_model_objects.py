@@ -273,10 +273,14 @@ CONTEXTS = ("ablated_positions", "biased_attention", "ablated_massive_activation
 unchanged, so they refuse it (its own forward would silently not see the change)."""
 
 
+@pytest.mark.parametrize("kind", ["transformers", "nnsight"])
 @pytest.mark.parametrize("name", [n for n in _every_measurement() if n not in CONTEXTS])
-def test_every_public_measurement_takes_the_object(name: str, folder: Path, reference: Any) -> None:
-    """The acceptance line: a ``transformers`` object runs every public measurement, equal to
-    the folder path at 1e-6, and is unchanged afterwards."""
+def test_every_public_measurement_takes_the_object(
+    name: str, kind: str, folder: Path, reference: Any
+) -> None:
+    """The acceptance line: a ``transformers`` object and an nnsight ``LanguageModel`` run every
+    public measurement, equal to the folder path at 1e-6, and the object is unchanged
+    afterwards."""
     import homoglens as hg
 
     run = _every_measurement()[name]
@@ -286,11 +290,20 @@ def test_every_public_measurement_takes_the_object(name: str, folder: Path, refe
             {"m": m}, batch, edge_k=2, n_boot=50, progress=False
         )
     hf = _hf(folder)
+    given: Any = hf
+    if kind == "nnsight":
+        pytest.importorskip("nnsight")
+        from nnsight import LanguageModel
+        from transformers import AutoTokenizer
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nnsight 0.8 deprecates LanguageModel's name
+            given = LanguageModel(hf, tokenizer=AutoTokenizer.from_pretrained(str(folder)))
     before = _snapshot(hf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.manual_seed(0)
-        got = run(hf)
+        got = run(given)
         torch.manual_seed(0)
         want = run(reference)
     _same_result(got, want, name)
