@@ -24,7 +24,7 @@ from homoglens.models import check_writable, model_info
 from homoglens.results.bias import AttentionBiasStudy
 from homoglens.similarity_math import ACTIVATION_CACHE_BYTES, edge_groups, first_counted
 from homoglens.stats import MIN_WINDOWS, as_block
-from homoglens.types import AttentionBiasKind, BosPolicy, HookedModel
+from homoglens.types import AttentionBiasKind, BosPolicy, HookedModel, ModelInput
 from homoglens.validate import as_bool, as_float, as_int, at_most
 
 __all__ = ["DEFAULT_STRENGTHS", "attention_bias_study"]
@@ -94,7 +94,7 @@ def _strengths(kind: str, strengths: Any) -> tuple[float, ...]:
 
 
 def attention_bias_study(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     kind: AttentionBiasKind,

@@ -46,7 +46,7 @@ from homoglens.results.similarity import PositionalSimilarity
 from homoglens.results.storage import HASHES, read_json, save_folder, sha256_of, write_json
 from homoglens.similarity import positional_similarity
 from homoglens.stats import as_block, default_sesoi, estimate, holm, verdict
-from homoglens.types import HookedModel, PositionAblation
+from homoglens.types import HookedModel, ModelInput, PositionAblation
 from homoglens.validate import as_float, as_int, check_model
 
 if TYPE_CHECKING:
@@ -287,7 +287,7 @@ def _late_copy(batch: TokenBatch, offset: int) -> TokenBatch:
 
 
 def calibrated_readings(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     reference: Literal["offset"] | HookedModel = "offset",
@@ -404,7 +404,7 @@ def _hf_config(model: HookedModel) -> object:
         ) from None
 
 
-def random_reference(model: HookedModel, *, seed: int = 0) -> HookedModel:
+def random_reference(model: ModelInput, *, seed: int = 0) -> HookedModel:
     """A randomly initialised copy of ``model``'s architecture: its causal null.
 
     Random weights attend almost uniformly and have learned no positional preference, so read

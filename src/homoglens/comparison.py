@@ -70,7 +70,7 @@ from homoglens.results.storage import read_saved
 from homoglens.similarity import positional_similarity
 from homoglens.sinks import sink_pass
 from homoglens.studies import position_ablation_study
-from homoglens.types import Backend, Centring, GroupBy, HookedModel, PositionAblation
+from homoglens.types import Backend, Centring, GroupBy, HookedModel, ModelInput, PositionAblation
 from homoglens.validate import as_bool, check_key_eps
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ def _is_statistics_only(name: Any) -> bool:
 
 
 def compare_models(
-    models: Mapping[str, HookedModel | str] | Sequence[str] = REPLICATED_MODELS,
+    models: Mapping[str, ModelInput | str] | Sequence[str] = REPLICATED_MODELS,
     data: TokenBatch | str | os.PathLike[str] | None = None,
     *,
     n_seq: int | None = None,

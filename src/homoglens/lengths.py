@@ -29,7 +29,7 @@ from homoglens.similarity_math import (
     first_counted,
     similarity_coefficients,
 )
-from homoglens.types import BosPolicy, HookedModel, HookFn
+from homoglens.types import BosPolicy, HookedModel, HookFn, ModelInput
 from homoglens.validate import as_bool, as_int
 
 __all__ = ["length_study"]
@@ -78,7 +78,7 @@ def _lengths(values: Any, n_ctx: int, low: int) -> tuple[int, ...]:
 
 
 def length_study(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     lengths: Sequence[int] = (64, 128, 256, 512, 1024),

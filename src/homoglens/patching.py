@@ -52,6 +52,7 @@ from homoglens.types import (
     BosPolicy,
     HookedModel,
     HookSpec,
+    ModelInput,
     PatchComponent,
     PatchDirection,
     PatchMetric,
@@ -124,7 +125,7 @@ def _check_cells(
 
 
 def positional_patching(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     how: PositionAblation = "zero",

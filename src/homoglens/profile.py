@@ -55,7 +55,7 @@ from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results import HomogenizationProfile, Provenance
 from homoglens.results.profile import ProfileSums
-from homoglens.types import BosPolicy, HookedModel, HookFn, HookSpec
+from homoglens.types import BosPolicy, HookedModel, HookFn, HookSpec, ModelInput
 from homoglens.validate import as_bool, check_attention_mask, check_layers, positive_int
 
 __all__ = [
@@ -67,7 +67,7 @@ __all__ = [
 
 
 def homogenization_profile(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     layers: list[int] | tuple[int, ...] | int | None = None,

@@ -55,6 +55,7 @@ from homoglens.types import (
     BosPolicy,
     Centring,
     HookedModel,
+    ModelInput,
     SimilaritySpace,
     signature_of,
 )
@@ -95,7 +96,7 @@ def _space_fn(model: HookedModel, space: str) -> Callable[[torch.Tensor], torch.
 
 
 def positional_similarity(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     layers: list[int] | tuple[int, ...] | int | None = None,

@@ -23,7 +23,14 @@ from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.profile import profile_pass
 from homoglens.results import PositionAblationStudy
-from homoglens.types import POSITION_ABLATIONS, BosPolicy, HookedModel, HookSpec, PositionAblation
+from homoglens.types import (
+    POSITION_ABLATIONS,
+    BosPolicy,
+    HookedModel,
+    HookSpec,
+    ModelInput,
+    PositionAblation,
+)
 from homoglens.validate import as_bool, as_float, as_int, check_layers, int_list
 
 __all__ = ["position_ablation_study", "default_ablation_modes", "massive_ablation_study"]
@@ -43,7 +50,7 @@ def default_ablation_modes(model: HookedModel) -> tuple[str, ...]:
 
 
 def position_ablation_study(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     modes: Sequence[str] | None = None,
@@ -146,7 +153,7 @@ def position_ablation_study(
 
 
 def massive_ablation_study(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     reference: DataInput | None = None,

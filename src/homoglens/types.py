@@ -10,6 +10,7 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import (
+    TYPE_CHECKING,
     Any,
     Literal,
     ParamSpec,
@@ -23,6 +24,10 @@ from typing import (
 import torch
 from jaxtyping import Bool, Float, Int
 
+if TYPE_CHECKING:  # the model objects a measurement also takes (for static checkers only)
+    from nnsight import LanguageModel
+    from transformers import PreTrainedModel
+
 __all__ = [
     "signature_of",
     "Backend",
@@ -35,6 +40,7 @@ __all__ = [
     "HookSpec",
     "FwdHooks",
     "HookedModel",
+    "ModelInput",
     "SimilaritySpace",
     "Centring",
     "SPACES",
@@ -232,6 +238,12 @@ class HookedModel(Protocol):
         """The model's parameters (``torch.nn.Module.parameters``)."""
         ...
 
+
+ModelInput: TypeAlias = "HookedModel | PreTrainedModel | LanguageModel"
+"""What a public measurement takes as ``model``: a TransformerLens model (``HookedTransformer``
+or ``TransformerBridge``), a ``transformers`` decoder-only causal LM or an nnsight
+``LanguageModel`` (both wrapped by :func:`homoglens.model_objects.as_hooked` without copying
+weights). A type for static checkers only (the entry points check the object themselves)."""
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")

@@ -20,7 +20,7 @@ from homoglens.results.sinks import SinkAnalysis
 from homoglens.sinks.attribution import sink_attribution
 from homoglens.sinks.massive import massive_reducer
 from homoglens.sinks.scores import check_edge, check_key_in, sink_reducer
-from homoglens.types import BosPolicy, HookedModel
+from homoglens.types import BosPolicy, ModelInput
 from homoglens.validate import as_bool, as_int, at_most, check_heads, check_key_eps, positive_int
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 def attention_view(
-    model: HookedModel,
+    model: ModelInput,
     text: str,
     heads: list[tuple[int, int]],
     *,
@@ -80,7 +80,7 @@ def attention_view(
 
 
 def sink_analysis(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     key: int = 0,

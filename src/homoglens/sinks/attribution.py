@@ -33,6 +33,7 @@ from homoglens.types import (
     HeadAblation,
     HookedModel,
     HookFn,
+    ModelInput,
 )
 from homoglens.validate import check_heads, check_key_eps
 
@@ -151,7 +152,7 @@ def _can_start_at_layer(model: HookedModel) -> bool:
 
 
 def sink_attribution(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     method: AttributionMethod = "exact",

@@ -31,7 +31,14 @@ from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results.massive import MassiveActivations
 from homoglens.sink_math import massive_sums
-from homoglens.types import MASSIVE_MEDIANS, BosPolicy, HookedModel, HookFn, MassiveMedian
+from homoglens.types import (
+    MASSIVE_MEDIANS,
+    BosPolicy,
+    HookedModel,
+    HookFn,
+    MassiveMedian,
+    ModelInput,
+)
 from homoglens.validate import as_bool, as_float, positive_int, require_finite
 
 SUN_THRESHOLD = 1000.0
@@ -45,7 +52,7 @@ LAYER_TOP_K = 3
 
 
 def massive_activations(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     median: MassiveMedian = "token",
@@ -213,7 +220,7 @@ def _finish_massive(
 
 
 def massive_activation_means(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     layer: int,
@@ -303,7 +310,7 @@ def massive_activation_means(
 
 
 def find_massive_sites(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     threshold: float = SUN_THRESHOLD,

@@ -18,7 +18,7 @@ from homoglens.homogenization import nan_div
 from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results.sinks import AttentionReceived
-from homoglens.types import BosPolicy, HookedModel, HookFn
+from homoglens.types import BosPolicy, HookFn, ModelInput
 from homoglens.validate import as_bool, check_layers, positive_int
 
 
@@ -29,7 +29,7 @@ def _units(x: torch.Tensor) -> torch.Tensor:
 
 
 def attention_received(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     layers: Sequence[int] | int | None = None,

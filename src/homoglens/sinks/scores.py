@@ -20,7 +20,7 @@ from homoglens.homogenization import nan_div
 from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results.sinks import SinkScores
-from homoglens.types import BosPolicy, HookedModel
+from homoglens.types import BosPolicy, HookedModel, ModelInput
 from homoglens.validate import as_bool, check_key_eps, positive_int
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def check_edge(batch: TokenBatch, key: int, edge_k: int) -> None:
 
 
 def sink_scores(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     key: int = 0,
