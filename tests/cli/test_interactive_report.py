@@ -138,6 +138,11 @@ def test_the_report_renders_offline_in_a_headless_browser(report: Path) -> None:
 
             page.route("**/*", route)
             page.goto(url, wait_until="load")
+            # nothing overflows the page at 1200 px: wide tables scroll inside their column
+            overflow = page.evaluate(
+                "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+            )
+            assert overflow <= 0, f"the page is {overflow} px wider than the window"
             n = page.locator(".plotly-graph-div").count()
             assert n >= 12
             page.wait_for_function(
