@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
 from jaxtyping import Float, Int
@@ -22,13 +22,19 @@ from homoglens.types import MASSIVE_MEDIANS, MassiveMedian
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.figure import Figure
+    from plotly.graph_objects import Figure as PlotlyFigure
+
+    from homoglens.types import PlotBackend
 
 
 @dataclass(frozen=True, eq=False)
 class MassiveActivations(SavedResult, Plotted):
     """Massive-activation statistics of the residual stream (Sun et al. 2024).
 
-    ``plot()`` draws a heatmap of log10 of the mean max/median ratio per (layer, position).
+    ``plot()`` draws a heatmap of log10 of the mean max/median ratio per (layer, position);
+    ``plot(kind="layers")`` Sun et al.'s Fig. 2: the mean top 1-3 |x| and median |x| of the
+    hidden state by layer, log y (:meth:`layer_table` holds its numbers).
 
     Attributes:
         layers: Entries of the ``n_layers + 1`` residual axis (0 = embeddings).
@@ -57,7 +63,7 @@ class MassiveActivations(SavedResult, Plotted):
     """
 
     _stem: ClassVar[str] = "massive"
-    _figure: ClassVar[str] = "massive_figure"
+    _figure: ClassVar[str] = "massive_figures.massive_plot"
     _ranges: ClassVar[dict[str, tuple[float, float]]] = {
         "threshold": (1.0, math.inf),
         "min_magnitude": (-1e-300, math.inf),
@@ -254,6 +260,52 @@ class MassiveActivations(SavedResult, Plotted):
         if self.layer_top is None or self.layer_median is None:  # saved before they existed
             return torch.full((len(self.layers),), math.nan, dtype=torch.float64, device="cpu")
         return self.layer_top[:, 0] / self.layer_median
+
+    @overload
+    def plot(
+        self, kind: str = "positions", *, backend: Literal["matplotlib"] = "matplotlib"
+    ) -> Figure: ...
+    @overload
+    def plot(self, kind: str = "positions", *, backend: Literal["plotly"]) -> PlotlyFigure: ...
+    def plot(
+        self, kind: str = "positions", *, backend: PlotBackend = "matplotlib"
+    ) -> Figure | PlotlyFigure:
+        """Draw one of this result's figures.
+
+        Args:
+            kind: ``"positions"`` (default): heatmap of log10 of the mean max/median ratio per
+                (layer, position), position 0 in a panel of its own; ``"layers"``: Sun et al.'s
+                Fig. 2 (arXiv 2402.17762), the mean over sequences of the 1st, 2nd and 3rd
+                largest |x| of the hidden state and of its median |x|, by layer, log y (model
+                units).
+            backend: As in :meth:`Plotted.plot`, which says what is returned and raised.
+
+        Raises:
+            InvalidInputError: an unknown ``kind`` (or ``backend``); ``kind="layers"`` on a
+                result saved before ``layer_top`` existed.
+        """
+        return self._draw(kind, backend=backend)
+
+    def layer_table(self) -> pd.DataFrame:
+        """Sun et al.'s layer-wise numbers (their Fig. 2), one row per layer entry: ``top1``,
+        ``top2``, ``top3`` (mean over sequences of the largest |x| of the hidden state, model
+        units), ``median`` (mean of its median |x|) and ``ratio`` = top1 / median.
+
+        Raises:
+            InvalidInputError: a result saved before ``layer_top`` existed.
+        """
+        import pandas as pd
+
+        if self.layer_top is None or self.layer_median is None:
+            raise InvalidInputError(
+                "this MassiveActivations has no layer_top / layer_median (saved before they "
+                "existed): measure again with massive_activations(...)"
+            )
+        top = self.layer_top.double()
+        frame: dict[str, Any] = {"layer": list(self.layers)}
+        frame.update({f"top{k + 1}": top[:, k].numpy() for k in range(top.shape[1])})
+        frame.update(median=self.layer_median.double().numpy(), ratio=self.layer_ratio.numpy())
+        return pd.DataFrame(frame)
 
     def top_dims(self, k: int = 3) -> pd.DataFrame:
         """Per layer, the ``k`` dimensions that most often hold a massive activation."""
