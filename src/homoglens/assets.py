@@ -579,3 +579,23 @@ def deprecations_shown() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("default", DeprecationWarning)
         yield
+
+
+@contextlib.contextmanager
+def weight_bars_off() -> Iterator[None]:
+    """Switch off transformers' "Loading weights" progress bar while a local folder loads (a
+    second or two; in a notebook it printed as red stderr text, and a checkpoint sweep printed
+    one per checkpoint), then put it back as it was. Hub downloads keep their bars: only
+    folder loads run inside."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    was, hub_off = hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()  # switches the Hub's bars on too
+            if hub_off:
+                disable_progress_bars()

@@ -27,6 +27,7 @@ from homoglens.assets import (
     gpt2_tokenizer,
     package_version,
     shipped_model_folder,
+    weight_bars_off,
 )
 from homoglens.backend_loaders import LoadOptions
 from homoglens.errors import InvalidInputError, MissingDependencyError
@@ -323,7 +324,8 @@ def load_model(
     options = LoadOptions(dev, dtype, process_weights, n_devices, placement)
     revision_text = ""
     if is_folder:
-        model, resolved = load_from_folder(folder, backend, resolved, options)
+        with weight_bars_off():  # a local load takes seconds; its bar was red text in Jupyter
+            model, resolved = load_from_folder(folder, backend, resolved, options)
     else:
         model, resolved, source, revision_text = load_from_hub(
             name, backend, resolved, options, hub, hub_text

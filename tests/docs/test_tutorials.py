@@ -65,6 +65,19 @@ def assert_plot_cells_show_figures(nb: Any, name: str) -> int:
     return len(plot_cells)
 
 
+def red_text(nb: Any) -> list[str]:
+    """What a notebook printed in red: stderr streams (warnings such as ``TqdmWarning: IProgress
+    not found``) and errors."""
+    return [
+        out.get("text", "") if out.output_type == "stream" else out.get("ename", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for out in c.outputs
+        if (out.output_type == "stream" and out.get("name") == "stderr")
+        or out.output_type == "error"
+    ]
+
+
 def readme_quickstart() -> list[str]:
     """The code blocks of the README's "Jupyter quickstart" section, one cell each, less the GPU
     block (it loads a Hub model onto ``device="cuda"``; tests/cuda runs the same calls offline on
@@ -101,6 +114,7 @@ def test_readme_quickstart_shows_its_figure(tmp_path: Path) -> None:
     assert cells and any(PLOT_CALL.search(c) for c in cells)
     nb = execute(cells, tmp_path)
     assert assert_plot_cells_show_figures(nb, "README quickstart") >= 1
+    assert not red_text(nb), red_text(nb)
 
 
 @pytest.mark.skipif(
@@ -114,6 +128,7 @@ def test_tutorial_runs_and_shows_its_figures(path: Path, tmp_path: Path) -> None
     nb = run(nbformat.read(path, as_version=4), tmp_path)
     write_executed(nb, copy)
     assert assert_plot_cells_show_figures(nb, path.name) >= 1
+    assert not red_text(nb), f"{path.name} printed in red: {red_text(nb)}"
 
 
 def write_executed(nb: Any, path: Path) -> None:

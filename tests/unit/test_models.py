@@ -298,3 +298,15 @@ def test_hub_name_offline_fails_fast_and_says_what_to_do(monkeypatch: pytest.Mon
     message = str(caught.value)
     assert "HF_HUB_OFFLINE=1" in message and "local folder" in message
     assert all(name in message for name in [*EMBEDDED_MODELS, *SHIPPED_MODELS])
+
+
+def test_a_folder_load_prints_no_weight_bar(capfd: pytest.CaptureFixture[str]) -> None:
+    """transformers' "Loading weights" bar (red stderr text in a notebook, one per checkpoint
+    in a sweep) is off while a local folder loads, and back as it was afterwards."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    load_model(tiny_model_folder("llama"), backend="bridge")
+    assert "Loading weights" not in capfd.readouterr().err
+    assert (hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled()) == before
