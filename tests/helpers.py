@@ -314,6 +314,8 @@ def public_measurements(tokens: torch.Tensor) -> dict[str, Any]:
         "sink_analysis": lambda m: hg.sink_analysis(m, tokens, top_k=1, edge_k=2, **quiet),
         "attention_view": lambda m: hg.attention_view(m, "Hello there, world", [(1, 0)]),
         "attention_received": lambda m: hg.attention_received(m, tokens, **quiet),
+        "attention_rollout": lambda m: hg.attention_rollout(m, tokens, **quiet),
+        "perturbation_spread": lambda m: hg.perturbation_spread(m, tokens, position=2, **quiet),
         "sink_attribution exact": lambda m: hg.sink_attribution(
             m, tokens, top_k=1, edge_k=2, **quiet
         ),
@@ -327,6 +329,9 @@ def public_measurements(tokens: torch.Tensor) -> dict[str, Any]:
         "find_massive_sites": lambda m: hg.find_massive_sites(m, tokens, **quiet),
         "massive_activation_means": massive_means,
         "massive_ablation_study": massive_study,
+        "compression_valleys": lambda m: hg.compression_valleys(
+            m, tokens, ablation_layer=1, dims=[0, 1], n_boot=100, **quiet
+        ),
         "attention_bias_study": lambda m: hg.attention_bias_study(
             m, tokens, kind="first", strengths=[-1.0, 0.0, 1.0], edge_k=2, **quiet
         ),

@@ -42,15 +42,22 @@ from homoglens.interventions import (
 from homoglens.lengths import length_study
 from homoglens.models import ModelInfo, load_model, model_info
 from homoglens.patching import positional_patching
+from homoglens.perturbation import perturbation_spread
 from homoglens.profile import cosine_homogenization, homogenization_profile
 from homoglens.results import HomogenizationProfile, PositionAblationStudy, Provenance
 from homoglens.results.bias import AttentionBiasStudy, SlopeAtZero
 from homoglens.results.comparison import ModelComparison
 from homoglens.results.lengths import LengthStudy
 from homoglens.results.patching import PositionalPatchingResult
+from homoglens.results.perturbation import PerturbationSpread
+from homoglens.results.rollout import AttentionRollout, uniform_causal_rollout
 from homoglens.results.similarity import PositionalSimilarity
+from homoglens.results.sink_emergence import SinkEmergence
 from homoglens.results.sweeps import CheckpointSweep
+from homoglens.results.valleys import CompressionValleys
+from homoglens.rollout import attention_rollout
 from homoglens.similarity import positional_similarity, similarity_from_activations
+from homoglens.sink_emergence import sink_emergence_study
 from homoglens.sinks import (
     ATTRIBUTION_METRICS,
     AttentionReceived,
@@ -77,6 +84,7 @@ from homoglens.types import (
     AttentionBiasKind,
     PositionAblation,
 )
+from homoglens.valleys import compression_valleys
 
 interrupt.uninstall()  # the imports are done: the previous sys.excepthook is back
 
@@ -91,8 +99,10 @@ __all__ = [
     "AttentionBiasKind",
     "AttentionBiasStudy",
     "AttentionReceived",
+    "AttentionRollout",
     "CalibratedReadings",
     "CheckpointSweep",
+    "CompressionValleys",
     "DistributedError",
     "EMBEDDED_MODELS",
     "HomogenizationProfile",
@@ -111,6 +121,7 @@ __all__ = [
     "PATCH_COMPONENTS",
     "PATCH_METRICS",
     "POSITION_ABLATIONS",
+    "PerturbationSpread",
     "PositionAblation",
     "PositionAblationStudy",
     "PositionalPatchingResult",
@@ -124,6 +135,7 @@ __all__ = [
     "SequenceTooLongError",
     "SinkAnalysis",
     "SinkAttribution",
+    "SinkEmergence",
     "SinkScores",
     "SlopeAtZero",
     "TokenBatch",
@@ -136,11 +148,13 @@ __all__ = [
     "attention_bias_hooks",
     "attention_bias_study",
     "attention_received",
+    "attention_rollout",
     "attention_view",
     "biased_attention",
     "calibrated_readings",
     "checkpoint_folders",
     "compare_models",
+    "compression_valleys",
     "corpus_windows",
     "cosine_homogenization",
     "fast_attention_status",
@@ -155,6 +169,7 @@ __all__ = [
     "massive_activations",
     "model_info",
     "over_checkpoints",
+    "perturbation_spread",
     "position_ablation_hooks",
     "position_ablation_study",
     "positional_patching",
@@ -164,6 +179,8 @@ __all__ = [
     "similarity_from_activations",
     "sink_analysis",
     "sink_attribution",
+    "sink_emergence_study",
     "sink_scores",
     "to_token_batch",
+    "uniform_causal_rollout",
 ]

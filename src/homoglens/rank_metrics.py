@@ -9,12 +9,15 @@ homogenization sums (:mod:`homoglens.homogenization`) add them per hook point wh
 
 from __future__ import annotations
 
+import math
+
 import torch
 from jaxtyping import Float
 
 __all__ = [
     "RANK_FIELDS",
     "rank_sums",
+    "raw_matrix_entropy",
 ]
 
 
@@ -94,3 +97,33 @@ def rank_sums(
         "unit_effective_rank_no_first_sum": erank_rest.sum(),
         "matrix_entropy_no_first_sum": entropy_rest.sum(),
     }
+
+
+def raw_matrix_entropy(
+    x: Float[torch.Tensor, "batch pos d_model"], weight: Float[torch.Tensor, "batch pos"]
+) -> Float[torch.Tensor, " batch"]:
+    """Normalised matrix entropy of each sequence's raw (uncentred, not unit-normalised) rows.
+
+    The Shannon entropy of p_i = sigma_i^2 / sum_j sigma_j^2 (sigma: the singular values of the
+    sequence's counted rows X, every row with its own norm, so that a token with a massive norm
+    dominates the spectrum), divided by log of the rank bound min(T, d_model) (T: the counted
+    rows): in [0, 1], 1 for a flat spectrum, 0 for rank one. The sigma_i^2 are the eigenvalues
+    of the smaller of the two float64 second-moment matrices: X^T X ``[d_model d_model]``,
+    or the Gram X X^T while pos <= d_model (so never larger than the former; an eigensolver on
+    a ``[64 64]`` Gram is ~100x faster than on ``[576 576]``). Their spectrum is that of the
+    Gram / tr, the matrix-based entropy of Skean et al. 2025 (arXiv 2502.02013) as
+    Queipo-de-Llano et al. 2025 (arXiv 2510.06477) use it. Unlike the unit-row
+    ``matrix_entropy`` of :func:`rank_sums` it keeps the rows' norms.
+
+    Args:
+        x: ``[batch pos d_model]`` vectors.
+        weight: ``[batch pos]`` 1 on counted rows, 0 elsewhere (at least 2 counted per row).
+
+    Returns:
+        ``[batch]`` float64 entropies in [0, 1] (NaN for a sequence whose rows are all 0).
+    """
+    (sigma,) = _singular_values(x, (weight,))
+    _, entropy = _entropies(sigma)
+    total = (sigma * sigma).sum(-1)
+    bound = torch.clamp(weight.to(torch.float64).sum(-1), max=float(x.shape[-1])).clamp_min(2.0)
+    return torch.where(total > 0, entropy / torch.log(bound), torch.full_like(entropy, math.nan))

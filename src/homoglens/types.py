@@ -64,6 +64,8 @@ __all__ = [
     "HeadAblation",
     "MassiveMedian",
     "MASSIVE_MEDIANS",
+    "Perturbation",
+    "PERTURBATIONS",
     "MassiveAblation",
     "MASSIVE_ABLATIONS",
     "PlotBackend",
@@ -165,6 +167,12 @@ own d_model entries; ``"layer"`` the median |x| over every real token and dimens
 sequence at that layer (Sun et al. 2024's definition)."""
 
 MASSIVE_MEDIANS: tuple[MassiveMedian, ...] = get_args(MassiveMedian)
+
+Perturbation: TypeAlias = Literal["replace", "noise"]
+"""How one token is perturbed (Barbero et al. 2025): its id replaced by another, or Gaussian
+noise added to its block-0 input."""
+
+PERTURBATIONS: tuple[Perturbation, ...] = get_args(Perturbation)
 
 MassiveAblation: TypeAlias = Literal["zero", "mean"]
 """How massive activations are set: to 0 (Sun et al.'s ``set_zero``) or to their mean over a

@@ -15,14 +15,17 @@ from homoglens import (
     ablated_massive_activations,
     ablated_positions,
     attention_bias_hooks,
+    attention_rollout,
     attention_view,
     calibrated_readings,
     compare_models,
+    compression_valleys,
     homogenization_profile,
     massive_ablation_study,
     massive_activation_hooks,
     massive_activation_means,
     massive_activations,
+    perturbation_spread,
     position_ablation_hooks,
     position_ablation_study,
     positional_patching,
@@ -37,6 +40,10 @@ HOOKING: dict[str, Callable[[Any], Any]] = {
     "homogenization_profile": lambda m: homogenization_profile(m, THREE_OPENINGS, progress=False),
     "position_ablation_study": lambda m: position_ablation_study(m, THREE_OPENINGS, progress=False),
     "sink_scores": lambda m: sink_scores(m, THREE_OPENINGS, progress=False),
+    "attention_rollout": lambda m: attention_rollout(m, THREE_OPENINGS, progress=False),
+    "perturbation_spread": lambda m: perturbation_spread(
+        m, THREE_OPENINGS, position=1, progress=False
+    ),
     "massive_activations": lambda m: massive_activations(m, THREE_OPENINGS, progress=False),
     "sink_attribution exact": lambda m: sink_attribution(m, THREE_OPENINGS, top_k=1, edge_k=2),
     "sink_attribution fast": lambda m: sink_attribution(m, THREE_OPENINGS, method="fast", edge_k=2),
@@ -55,6 +62,9 @@ HOOKING: dict[str, Callable[[Any], Any]] = {
     ),
     "attention_view": lambda m: attention_view(m, "Hello there, world", [(1, 0)]),
     "compare_models": lambda m: compare_models({"m": m}, n_seq=2, seq_len=24, edge_k=2),
+    "compression_valleys": lambda m: compression_valleys(
+        m, THREE_OPENINGS, ablation_layer=1, dims=[0, 3], n_boot=10, progress=False
+    ),
     "positional_similarity": lambda m: positional_similarity(
         m, torch.randint(0, 1000, (3, 12)), edge_k=2, progress=False
     ),
@@ -121,6 +131,7 @@ def test_fault_inside_the_forward_pass_leaves_no_hook(name: str, backend: str, g
     [
         "homogenization_profile",
         "sink_scores",
+        "attention_rollout",
         "massive_activations",
         "massive_activation_means",
         "sink_attribution exact",

@@ -37,6 +37,7 @@ from homoglens import (
     SinkScores,
     attention_bias_study,
     calibrated_readings,
+    checkpoint_folders,
     compare_models,
     corpus_windows,
     homogenization_profile,
@@ -48,10 +49,18 @@ from homoglens import (
     sink_analysis,
     sink_scores,
 )
+from homoglens.perturbation import perturbation_spread
 from homoglens.results.attribution import SinkAttribution
+from homoglens.results.perturbation import PerturbationSpread
+from homoglens.results.rollout import AttentionRollout
+from homoglens.results.sink_emergence import SinkEmergence
 from homoglens.results.sinks import AttentionReceived, SinkAnalysis
 from homoglens.results.storage import HASHES
+from homoglens.results.valleys import CompressionValleys
+from homoglens.rollout import attention_rollout
+from homoglens.sink_emergence import sink_emergence_study, weight_decay_runs
 from homoglens.sinks import attention_received, sink_attribution
+from homoglens.valleys import compression_valleys
 
 TEXTS = [f"Sentence number {i} is here, and it goes on for a little while." for i in range(4)]
 OTHER_TEXTS = ["A short one, then more words.", "Another text that is not the same at all."]
@@ -65,6 +74,7 @@ CLASSES: dict[str, Any] = {
     "massive": MassiveActivations,
     "analysis": SinkAnalysis,
     "received": AttentionReceived,
+    "rollout": AttentionRollout,
     "bias": AttentionBiasStudy,
     "lengths": LengthStudy,
     "patching": PositionalPatchingResult,
@@ -72,6 +82,9 @@ CLASSES: dict[str, Any] = {
     "sweep": CheckpointSweep,
     "comparison": ModelComparison,
     "attribution": SinkAttribution,
+    "perturbation": PerturbationSpread,
+    "valleys": CompressionValleys,
+    "emergence": SinkEmergence,
 }
 
 
@@ -87,6 +100,7 @@ def _results(gpt2: Any, llama: Any, texts: list[str], seed: int) -> dict[str, An
         "massive": massive_activations(gpt2, texts, progress=False),
         "analysis": sink_analysis(gpt2, texts, top_k=2, edge_k=3, progress=False),
         "received": attention_received(gpt2, texts, progress=False),
+        "rollout": attention_rollout(gpt2, texts, first_k=2, progress=False),
         "bias": attention_bias_study(
             llama,
             windows,
@@ -128,6 +142,18 @@ def _results(gpt2: Any, llama: Any, texts: list[str], seed: int) -> dict[str, An
         ),
         "attribution": sink_attribution(  # exact, two heads: every optional field filled
             gpt2, texts, heads=[(0, 1), (1, 2)], edge_k=2, progress=False
+        ),
+        "perturbation": perturbation_spread(llama, windows, position=3, progress=False),
+        "valleys": compression_valleys(
+            llama, windows, ablation_layer=1, dims=[0, 3], n_boot=100, progress=False
+        ),
+        "emergence": sink_emergence_study(  # two checkpoints and two weight decays
+            [(steps := checkpoint_folders("homoglens/tiny-rotary-bos"))[0], steps[-1]],
+            list(weight_decay_runs("homoglens/tiny-rotary-bos"))[::2],
+            n_seq=4,
+            n_boot=10,
+            seed=seed,
+            progress=False,
         ),
     }
 
@@ -518,6 +544,14 @@ TAMPERS: list[tuple[str, str, str, str, Callable[[Path, str], None]]] = [
         ("blocks repeated", J(blocks=[0, 0])),
         ("shift NaN where counted", T("shift", _at((0, 0), NAN))),
     ]),
+    *_cases("rollout", "rollout", "", [
+        ("first-k mass 1.5", T("window_first_k", _at((0, 0), 1.5))),
+        ("received NaN at key 0", T("received", _at((0, 0), NAN))),
+        ("null mass -0.1", T("null_first_k", _at((0,), -0.1))),
+        ("first_k 0", J(first_k=0)),
+        ("residual 'yes'", J(residual="yes")),
+        ("blocks repeated", J(blocks=[0, 0])),
+    ]),
     *_cases("bias", "attention_bias", "", [
         ("negative loss", T("window_loss", _at((0, 0), -1.0))),
         ("SP 1.5", T("sp", _at((0, 0, 0), 1.5))),
@@ -570,6 +604,32 @@ TAMPERS: list[tuple[str, str, str, str, Callable[[Path, str], None]]] = [
         ("unknown mode", _stat_key("0/zero/loss", "0/bogus/loss")),
         ("n_boot '10'", J(n_boot="10")),
         ("statistics of another run", T("0/none/loss", _times(0.5))),
+    ]),
+    *_cases("perturbation", "perturbation", "", [
+        ("negative change", T("change", _at((1, 1), -0.5))),
+        ("reach 1.5", T("window_reach", _at((0, 1), 1.5))),
+        ("spread not the window mean", T("spread", _at((1,), 9.0))),
+        ("inf before", T("before_max", _at((0,), INF))),
+        ("how relabelled", J(how="swap")),
+        ("threshold 0", J(threshold=0.0)),
+    ]),
+    *_cases("valleys", "valleys", "", [
+        ("entropy 1.5", T("entropy", _at((0, 1), 1.5))),
+        ("NaN entropy", T("entropy", _at((0, 1), NAN))),
+        ("negative norm", T("first_norm", _at((0, 0), -1.0))),
+        ("sink rate 1.5", T("sink_rate", _at((0, 0), 1.5))),
+        ("eps 0", J(eps=0.0)),
+        ("valley not the lowest", J(valley_layer=0)),
+        ("headline of another run", T("headline", _at((1, 0), 0.5))),
+        ("ablated part missing", J(ablation_layer=-1)),
+    ]),
+    *_cases("emergence", "sink_emergence", "", [
+        ("alpha 1.5", T("step_alpha", _at((0, 0, 0, 0), 1.5))),
+        ("NaN alpha", T("decay_alpha", _at((0, 0, 0, 0), NAN))),
+        ("steps out of order", T("steps", _at((0,), 5000.0))),
+        ("negative weight decay", T("weight_decays", _at((0,), -0.1))),
+        ("inf interval", T("step_interval", _at((0, 0, 0), INF))),
+        ("eps 0", J(eps=0.0)),
     ]),
 ]  # fmt: skip
 

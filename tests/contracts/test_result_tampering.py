@@ -32,6 +32,7 @@ MANIFESTS = {  # the JSON each class' loader reads first (the one that records t
     "massive": "massive.json",
     "analysis": "analysis.json",
     "received": "received.json",
+    "rollout": "rollout.json",
     "bias": "attention_bias.json",
     "lengths": "lengths.json",
     "patching": "patching.json",
@@ -39,6 +40,9 @@ MANIFESTS = {  # the JSON each class' loader reads first (the one that records t
     "sweep": "checkpoint_sweep.json",
     "comparison": "comparison.json",
     "attribution": "attribution.json",
+    "perturbation": "perturbation.json",
+    "valleys": "valleys.json",
+    "emergence": "sink_emergence.json",
 }
 
 
