@@ -583,10 +583,9 @@ def deprecations_shown() -> Iterator[None]:
 
 @contextlib.contextmanager
 def weight_bars_off() -> Iterator[None]:
-    """Switch off transformers' "Loading weights" progress bar while a local folder loads (a
-    second or two; in a notebook it printed as red stderr text, and a checkpoint sweep printed
-    one per checkpoint), then put it back as it was. Hub downloads keep their bars: only
-    folder loads run inside."""
+    """Switch off transformers' "Loading weights" bar while a local folder loads (red stderr
+    text in a notebook, one per checkpoint in a sweep), then put it back as it was; Hub
+    downloads keep their bars."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
     from transformers.utils import logging as hf_logging
 
