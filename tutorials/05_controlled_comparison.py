@@ -32,6 +32,8 @@ MODELS = ["homoglens/tiny-learned", "homoglens/tiny-rotary", "homoglens/tiny-non
 N_SEQ = 64  # windows of the held-out novel (None: all 1365, several minutes)
 
 # %%
+import warnings
+
 import pandas as pd
 
 from homoglens import compare_models
@@ -79,7 +81,11 @@ print(effects[effects["statistic"].isin(["loss", "homogenization", "matched_firs
 # Each model here is one training seed, so the intervals are over windows only.
 
 # %%
-claims = comparison.claims()
+with warnings.catch_warnings(record=True) as caught:  # shown as notes below, not in red
+    warnings.simplefilter("always")
+    claims = comparison.claims()
+for note in dict.fromkeys(str(w.message) for w in caught):
+    print("note:", note)
 columns = ["claim", "reading", "test", "model", "value", "ci_low", "ci_high", "p_holm", "verdict"]
 print(claims[claims["primary"]][columns].round(4).to_string())
 

@@ -248,7 +248,7 @@ def rollout_figure(
     }
     kit.curves(
         axes[1], depth, {label: [e.value for e in ests], "uniform causal": result.null_first_k},
-        bands=band, styles={"uniform causal": "k--"}, xlabel="depth (blocks)",
+        bands=band, styles={"uniform causal": "--"}, xlabel="depth (blocks)",
         ylabel="rollout mass on the first keys", title="mass on the first keys (95 % CI, windows)",
         marker="o", ms=3,
     )  # fmt: skip
