@@ -86,9 +86,10 @@ with warnings.catch_warnings(record=True) as caught:
     print(study.curve("homogenization").round(4))
     print(study.curve("mass", None)[["strength", "value", "kl"]].round(4))
     print(study.slope_at_zero("homogenization"))
+    figure = study.plot()
 for note in dict.fromkeys(str(w.message) for w in caught):
     print("note:", note)
-study.plot()
+figure
 
 # %% [markdown]
 # ## Kinds at a matched perturbation size

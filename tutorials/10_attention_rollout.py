@@ -71,8 +71,10 @@ table = pd.concat(
 print(table.round(4).to_string())
 
 # %%
-for r in rollouts.values():
-    display(r.plot())
+learned, rotary, none = (rollouts[name] for name in MODELS)
+display(learned.plot())
+display(rotary.plot())
+display(none.plot())
 
 # %% [markdown]
 # ## Do positions counteract the concentration? NoPE minus each positional model
