@@ -19,18 +19,19 @@ from homoglens.distributed import shard_bounds, world
 from homoglens.engine import Pass, PassPlan, Sums, stream
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import residual_write_hooks
+from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.provenance import provenance_of
 from homoglens.results.perturbation import PerturbationSpread
 from homoglens.stats import estimate
-from homoglens.types import PERTURBATIONS, BosPolicy, HookedModel, HookFn, Perturbation
+from homoglens.types import PERTURBATIONS, BosPolicy, HookedModel, HookFn, ModelInput, Perturbation
 from homoglens.validate import as_bool, as_float, as_int, check_layers, positive_int, require_finite
 
 __all__ = ["perturbation_spread"]
 
 
 def perturbation_spread(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     position: int = 4,
@@ -102,6 +103,7 @@ def perturbation_spread(
         >>> tuple(r.change.shape), float(r.before_max.max())
         ((3, 9), 0.0)
     """
+    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
     if not isinstance(how, str) or how not in PERTURBATIONS:
         raise InvalidInputError(f"how={how!r} must be one of {list(PERTURBATIONS)}")
     progress = as_bool("progress", progress)

@@ -16,12 +16,12 @@ from homoglens.errors import InvalidInputError
 from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.results.rollout import AttentionRollout, uniform_causal_rollout
-from homoglens.types import BosPolicy, HookedModel
+from homoglens.types import BosPolicy, ModelInput
 from homoglens.validate import as_bool, check_layers, positive_int
 
 
 def attention_rollout(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     residual: bool = True,

@@ -29,7 +29,7 @@ from homoglens.results.valleys import CompressionValleys, valley_entries
 from homoglens.sinks.massive import find_massive_sites
 from homoglens.sinks.scores import sink_reducer
 from homoglens.stats import estimate
-from homoglens.types import BosPolicy, HookedModel, HookSpec
+from homoglens.types import BosPolicy, HookedModel, HookSpec, ModelInput
 from homoglens.validate import (
     as_bool,
     as_float,
@@ -46,7 +46,7 @@ _READS = ("first_norm", "median_norm", "entropy")
 
 
 def compression_valleys(
-    model: HookedModel,
+    model: ModelInput,
     data: DataInput,
     *,
     eps: float = 0.3,
