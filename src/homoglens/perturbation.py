@@ -217,8 +217,8 @@ class _Plan:
         names = [resid_hook_name(layer) for layer in self.layers]
         clean: dict[str, torch.Tensor] = {}
         yield Pass(tokens, [(n, _keep(clean, n)) for n in names], names, attention_mask=mask)
-        changed: dict[str, torch.Tensor] = {}
-        hooks = [(n, _keep(changed, n)) for n in names]
+        changed: dict[str, torch.Tensor] = {}  # [batch pos] relative changes, not the stream
+        hooks = [(n, _relative_change(clean, changed, n)) for n in names]
         inputs = tokens
         if self.how == "replace":
             inputs = tokens.clone()
@@ -227,17 +227,17 @@ class _Plan:
             noise = _noise_hook(rows, at, new, self.scale)
             hooks = [*residual_write_hooks(self.model, "resid_pre", 0, noise), *hooks]
         yield Pass(inputs, hooks, names, attention_mask=mask)
-        self._add(clean, changed, names, mask, at)
+        self._add(changed, names, mask, at)
 
     def _add(
         self,
-        clean: dict[str, torch.Tensor],
         changed: dict[str, torch.Tensor],
         names: list[str],
         mask: torch.Tensor,
         at: torch.Tensor,
     ) -> None:
-        """Each window's relative change per entry, by distance from the perturbed token."""
+        """Each window's relative change per entry (``changed``), by distance from the perturbed
+        token."""
         b, width = mask.shape
         pos = torch.arange(width, device=mask.device)
         distance = pos[None, :] - at[:, None]  # [batch pos]
@@ -247,8 +247,7 @@ class _Plan:
         )
         before = torch.zeros(b, len(names), dtype=torch.float64, device=mask.device)
         for i, name in enumerate(names):
-            h, h2 = clean.pop(name).double(), changed.pop(name).double()
-            rel = (h2 - h).norm(dim=-1) / h.norm(dim=-1)  # [batch pos]
+            rel = changed.pop(name)  # [batch pos]
             require_finite(rel[real], name, "relative changes of the residual stream")
             keep = real & (distance >= 0)
             out[:, i][keep.nonzero(as_tuple=True)[0], distance[keep]] = rel[keep]
@@ -263,6 +262,20 @@ def _keep(store: dict[str, torch.Tensor], name: str) -> HookFn:
 
     def hook(activation: torch.Tensor, hook: Any) -> None:
         store[name] = activation.detach().clone()
+
+    return hook
+
+
+def _relative_change(
+    clean: dict[str, torch.Tensor], changed: dict[str, torch.Tensor], name: str
+) -> HookFn:
+    """A hook of the perturbed pass: ``||h' - h|| / ||h||`` per position against the clean
+    pass's kept ``h`` (float64), stored in ``changed[name]``; the clean copy is dropped, so
+    only one pass's stream is held."""
+
+    def hook(activation: torch.Tensor, hook: Any) -> None:
+        h = clean.pop(name).double()
+        changed[name] = (activation.detach().double() - h).norm(dim=-1) / h.norm(dim=-1)
 
     return hook
 
