@@ -43,6 +43,14 @@ if __name__ == '__main__':
 """
 
 
+def _default_sigint() -> None:
+    """In the child, before exec: SIGINT's default disposition. A suite started where SIGINT is
+    ignored (a background job of a non-interactive shell, ``nohup``) passes the ignored signal
+    on, and a Python started with SIGINT ignored installs no KeyboardInterrupt handler, so the
+    child would never see the interrupt this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupted(tmp_path: Path, module: str, how: str) -> subprocess.CompletedProcess:
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(SITECUSTOMIZE))
     script = tmp_path / "homoglens"
@@ -60,6 +68,7 @@ def _interrupted(tmp_path: Path, module: str, how: str) -> subprocess.CompletedP
         text=True,
         timeout=600,
         cwd=tmp_path,
+        preexec_fn=_default_sigint,
     )
 
 
