@@ -5,7 +5,9 @@ provenance. Part of :func:`homoglens.models.load_model`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS
@@ -67,6 +69,24 @@ def _hub_offline_reason(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
     if not outcome:
         return f"no answer from {host}:{port} within {timeout:g} s"
     return None if outcome[0] is None else f"{host}:{port} unreachable ({outcome[0]})"
+
+
+@contextlib.contextmanager
+def _cache_only(offline: str | None) -> Iterator[None]:
+    """While a cached model loads from an unreachable Hub (``offline`` says why): huggingface_hub
+    in offline mode, restored afterwards. Without it every file the loaders ask the Hub about
+    (the tokenizer's file list, chat templates) waits through huggingface_hub's five retries
+    with backoff: three minutes for a cached GPT-2 with the name lookup failing at once."""
+    from huggingface_hub import constants
+
+    if offline is None or constants.HF_HUB_OFFLINE:
+        yield
+        return
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = False
 
 
 def _in_hub_cache(name: str, revision: Any) -> bool:
@@ -152,6 +172,22 @@ def check_hub_version(
     return out, text
 
 
+def _load_hub_backend(name: str, resolved: str, options: LoadOptions, hub: dict[str, Any]) -> Any:
+    """The TransformerLens loader of the resolved backend, for a Hub name."""
+    if resolved == "hooked":
+        return load_hub_hooked(
+            name, options.device, options.dtype, options.process_weights, options.n_devices, hub
+        )
+    return load_bridge(
+        name,
+        None,
+        options.device,
+        options.dtype,
+        options.process_weights,
+        {**options.placement, **hub},
+    )
+
+
 def load_from_hub(
     name: str,
     backend: Backend,
@@ -198,28 +234,12 @@ def load_from_hub(
             f"reachable ({offline}). {_offline_advice()}"
         )
     try:
-        if resolved == "hooked":
-            model = load_hub_hooked(
-                official or name,
-                options.device,
-                options.dtype,
-                options.process_weights,
-                options.n_devices,
-                hub,
-            )
-        else:
-            model = load_bridge(
-                official or name,
-                None,
-                options.device,
-                options.dtype,
-                options.process_weights,
-                {**options.placement, **hub},
-            )
-        resolved_step = getattr(model.cfg, "checkpoint_value", None)
-        if resolved_step is not None and "checkpoint_index" in hub:
-            source = f"{hub_text} (checkpoint_value {resolved_step})"
-        revision_text = _hub_revision(official or name, hub, source)
+        with _cache_only(offline):
+            model = _load_hub_backend(official or name, resolved, options, hub)
+            resolved_step = getattr(model.cfg, "checkpoint_value", None)
+            if resolved_step is not None and "checkpoint_index" in hub:
+                source = f"{hub_text} (checkpoint_value {resolved_step})"
+            revision_text = _hub_revision(official or name, hub, source)
     except (OSError, ValueError) as err:
         if hub and "checkpoint" in str(err):  # TransformerLens refused the checkpoint
             raise InvalidInputError(
