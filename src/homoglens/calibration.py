@@ -194,7 +194,8 @@ class CalibratedReadings:
         tost_holm = holm([e.p_tost for e in ests])
         for row, est, p, pt in zip(rows, ests, p_holm, tost_holm, strict=True):
             row[10:10] = [p, pt]
-            row.insert(13, verdict(est.value, p, pt, predicted=+1, alpha=alpha))
+            row.insert(13, verdict(est.value, p, pt, predicted=+1, alpha=alpha,
+                                   ci=(est.ci_low, est.ci_high), sesoi=row[12]))  # fmt: skip
         return pd.DataFrame(
             rows,
             columns=[

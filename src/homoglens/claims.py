@@ -440,7 +440,15 @@ def _table(rows: list[tuple[_Test, Estimate]], alpha: float) -> pd.DataFrame:
                 "p_tost": est.p_tost,
                 "p_tost_holm": tost_holm.get(i, math.nan),
                 "sesoi": t.sesoi,
-                "verdict": verdict(est.value, p, pt, predicted=t.predicted, alpha=alpha),
+                "verdict": verdict(
+                    est.value,
+                    p,
+                    pt,
+                    predicted=t.predicted,
+                    alpha=alpha,
+                    ci=(est.ci_low, est.ci_high),
+                    sesoi=t.sesoi,
+                ),  # fmt: skip
                 "n_seeds": est.n_seeds,
                 "seed_sd": est.seed_sd,
                 "n_windows": est.n_windows,

@@ -536,14 +536,25 @@ def holm(p: Sequence[float]) -> list[float]:
 
 
 def verdict(
-    value: float, p: float, p_tost: float, *, predicted: int, alpha: float = 0.05
+    value: float,
+    p: float,
+    p_tost: float,
+    *,
+    predicted: int,
+    alpha: float = 0.05,
+    ci: tuple[float, float] | None = None,
+    sesoi: float | None = None,
 ) -> Verdict:
-    """Three-way verdict on a directional claim with a smallest effect size of interest.
+    """Verdict on a directional claim with a smallest effect size of interest (SESOI).
 
     * ``"equivalent"``: TOST rejects an effect as large as the SESOI (``p_tost < alpha``): the
       effect, if any, is too small to matter (this includes significant but negligible effects);
     * ``"holds"``: significantly different from 0 (``p < alpha``) on the predicted side;
     * ``"fails"``: significantly different from 0 on the other side;
+    * ``"holds, possibly negligible"`` / ``"fails, possibly negligible"`` (with ``ci`` and
+      ``sesoi``): significant, but the interval reaches inside the SESOI (its bound nearer 0 is
+      below ``sesoi`` in size), so the effect may be smaller than what matters: not a bare
+      "holds" (e.g. +0.0029 [0.0011, 0.0047] against a SESOI of 0.0034);
     * ``"inconclusive"``: none of these.
 
     Args:
@@ -552,6 +563,9 @@ def verdict(
         p_tost: Its (adjusted) TOST p-value.
         predicted: +1 or -1, the sign the claim predicts.
         alpha: Level of every test.
+        ci: The estimate's interval ``(low, high)``; with ``sesoi``, a significant effect whose
+            interval reaches inside ``(-sesoi, sesoi)`` is qualified "possibly negligible".
+        sesoi: The smallest effect size of interest (>= 0, in the estimate's units).
 
     Returns:
         The verdict (``"inconclusive"`` when the value or either p-value is NaN: a test that
@@ -559,7 +573,8 @@ def verdict(
 
     Raises:
         InvalidInputError: ``predicted`` not +-1, a value or p-value that is not a real number,
-            an infinite value, a p-value outside [0, 1], ``alpha`` outside (0, 1).
+            an infinite value, a p-value outside [0, 1], ``alpha`` outside (0, 1), a ``ci``
+            that is not two real numbers, a negative ``sesoi``.
 
     References:
         Schuirmann 1987; Lakens 2017, doi:10.1177/1948550617697177 (TOST, equivalence).
@@ -579,5 +594,23 @@ def verdict(
     if not math.isnan(p_tost) and p_tost < alpha:
         return "equivalent"
     if not math.isnan(p) and p < alpha and value != 0:
-        return "holds" if (value > 0) == (predicted > 0) else "fails"
+        side = "holds" if (value > 0) == (predicted > 0) else "fails"
+        if ci is not None and sesoi is not None and _reaches_inside(value, ci, sesoi):
+            return "holds, possibly negligible" if side == "holds" else "fails, possibly negligible"
+        return side
     return "inconclusive"
+
+
+def _reaches_inside(value: float, ci: tuple[float, float], sesoi: float) -> bool:
+    """Whether the interval ``ci`` of a nonzero ``value`` reaches inside ``(-sesoi, sesoi)``:
+    its bound on the side of 0 is smaller in size than ``sesoi`` (or crosses 0)."""
+    if not isinstance(ci, (tuple, list)) or len(ci) != 2:
+        raise InvalidInputError(f"ci={ci!r} must be (low, high)")
+    low, high = _real("ci_low", ci[0]), _real("ci_high", ci[1])
+    size = _real("sesoi", sesoi)
+    if math.isnan(low) or math.isnan(high) or math.isnan(size):
+        return False  # no interval or no SESOI: nothing to qualify
+    if size < 0:
+        raise InvalidInputError(f"sesoi={size!r} must be >= 0")
+    inner = low if value > 0 else -high
+    return inner < size

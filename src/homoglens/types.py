@@ -101,8 +101,17 @@ GroupBy: TypeAlias = Literal["variant"]
 """How :func:`~homoglens.compare_models` groups labels: by the positional variant recorded in
 ``training.json`` (labels of one variant are training seeds of one model)."""
 
-Verdict: TypeAlias = Literal["holds", "equivalent", "fails", "inconclusive"]
-"""Outcome of a directional test with a smallest effect size of interest."""
+Verdict: TypeAlias = Literal[
+    "holds",
+    "holds, possibly negligible",
+    "equivalent",
+    "fails",
+    "fails, possibly negligible",
+    "inconclusive",
+]
+"""Outcome of a directional test with a smallest effect size of interest (SESOI). A
+significant effect whose interval reaches inside the SESOI is "..., possibly negligible": it
+differs from 0, but it may be smaller than what matters (:func:`homoglens.stats.verdict`)."""
 
 PositionAblation: TypeAlias = Literal["none", "zero", "permute", "shift", "mean"]
 """How to change the positional signal: ``"none"`` (unchanged), ``"zero"`` (no positional

@@ -86,7 +86,7 @@ def claim_statistics(sim: PositionalSimilarity) -> dict:
     return {"none": stats}
 
 
-def c2_verdicts(model: str, reference: str, **strength: float) -> dict[str, str]:
+def c2_verdicts(model: str, reference: str, sesoi: float | None = None) -> dict[str, str]:
     """``{reading: verdict}`` of the C2 rows: the model's own (uncalibrated) and against the
     reference (an independent draw of ``reference``)."""
     entities = {
@@ -95,7 +95,8 @@ def c2_verdicts(model: str, reference: str, **strength: float) -> dict[str, str]
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        table = claims_table(entities, layers=(0, 1), no_positions="null", block=1, n_boot=400)
+        table = claims_table(entities, layers=(0, 1), no_positions="null", block=1, n_boot=400,
+                             sesoi=sesoi)  # fmt: skip
     rows = table[(table["claim"] == "C2") & (table["model"].str.startswith("model"))]
     return dict(zip(rows["reading"], rows["verdict"], strict=True))
 
@@ -119,4 +120,15 @@ def test_the_calibrated_reading_finds_a_planted_effect() -> None:
     got = c2_verdicts("edge_common", "stationary")
     assert got["b, shared direction: the first tokens alike across inputs (vs causal null)"] == (
         "holds"
+    )
+
+
+def test_a_significant_reading_reaching_inside_its_sesoi_is_qualified() -> None:
+    """Issue 51, point 3: a significant value whose interval reaches inside the SESOI is no bare
+    "holds" in the claims table (nor in compare_models' claims, which is this table)."""
+    reading = "a, within: the last tokens more alike in context (vs causal null)"
+    assert c2_verdicts("last_pulled", "stationary")[reading] == "holds"
+    # +0.097 [0.077, 0.117]: a SESOI of 0.09 lies inside the interval, so it may be negligible
+    assert c2_verdicts("last_pulled", "stationary", sesoi=0.09)[reading] == (
+        "holds, possibly negligible"
     )

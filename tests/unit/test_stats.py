@@ -179,3 +179,25 @@ def test_the_default_interval_uses_t_over_blocks() -> None:
     assert est.df == 9
     q = st.t.ppf(0.975, 9)
     assert est.ci_high - est.value == pytest.approx(q * est.se)
+
+
+def test_a_significant_value_whose_interval_reaches_inside_the_sesoi_says_so() -> None:
+    """Issue 51, point 3: SmolLM2's layer 30, (a) last, read +0.0029 against a SESOI of 0.0034
+    and was a bare "holds". Significant but possibly below what matters is its own verdict."""
+    small = dict(p=0.001, p_tost=0.3, predicted=+1, sesoi=0.0034)
+    assert verdict(0.0029, ci=(0.0011, 0.0047), **small) == "holds, possibly negligible"
+    assert verdict(0.0050, ci=(0.0040, 0.0060), **small) == "holds"  # wholly beyond the SESOI
+    assert verdict(0.0050, ci=(0.0020, 0.0080), **small) == "holds, possibly negligible"
+    assert verdict(-0.0029, ci=(-0.0047, -0.0011), **small) == "fails, possibly negligible"
+    assert verdict(-0.0050, ci=(-0.0060, -0.0040), **small) == "fails"
+    assert verdict(0.0029, 0.001, 0.3, predicted=+1) == "holds"  # no interval given: as before
+    assert verdict(0.0029, 0.001, 0.3, predicted=+1, ci=(math.nan, math.nan), sesoi=0.0034) == (
+        "holds"
+    )
+    assert verdict(0.0001, 0.001, 0.01, predicted=+1, ci=(0.0, 0.0002), sesoi=0.0034) == (
+        "equivalent"  # TOST first, as before
+    )
+    with pytest.raises(InvalidInputError, match="sesoi"):
+        verdict(0.0029, ci=(0.0011, 0.0047), p=0.001, p_tost=0.3, predicted=1, sesoi=-1.0)
+    with pytest.raises(InvalidInputError, match=r"\(low, high\)"):
+        verdict(0.0029, 0.001, 0.3, predicted=1, ci=(0.0011,), sesoi=0.0034)  # type: ignore[arg-type]

@@ -417,7 +417,8 @@ operationalisation of Yusupov et al. 2025 (arXiv 2508.17126), not the paper's nu
 <h3>Claims C1-C3: primary tests ({len(primary)}, Holm-adjusted, SESOI {sesoi_text}
 / {comparison.loss_sesoi} nats)</h3>
 <p class="note">holds: significant on the predicted side; equivalent: TOST shows the effect is
-smaller than the SESOI; fails: significant on the other side; inconclusive: none of these.
+smaller than the SESOI; fails: significant on the other side; "possibly negligible" after holds
+or fails: significant, but the interval reaches inside the SESOI; inconclusive: none of these.
 The full table (secondary rows unadjusted) is in comparison_claims.csv.</p>
 {table_html(primary)}
 <h3>Per model (mean over windows, {pct}% CI; per-layer statistics at the last layer)</h3>
@@ -483,7 +484,8 @@ difference gets a verdict: (a) within-window contextual similarity of the edges,
 distance-matched excess of W; (b) convergence of the edge tokens on a direction shared by all
 inputs, SP of the edge minus the middle; (c) cross-input convergence over depth, mean SP at the
 layer minus at the embeddings. Verdicts: holds (difference &gt; 0), equivalent (within the
-SESOI, a tenth of the model's H_W at the layer), fails (&lt; 0), inconclusive; Holm over the five
+SESOI, a tenth of the model's H_W at the layer), fails (&lt; 0), "possibly negligible" after
+either (significant, but the interval reaches inside the SESOI), inconclusive; Holm over the five
 readings; t intervals over windows with a block length chosen from their autocorrelation.</p>
 <h3>Layer {readings.model.layers[-1]}</h3>
 {table_html(shown)}

@@ -155,7 +155,8 @@ def summary_rows(
     """The headline numbers of a report, one dict per row: ``measure``, ``value``, ``ci_low``,
     ``ci_high`` (NaN where the result holds no per-window values, or fewer than 2, or where
     ``study`` measured other windows than ``profile``), ``sign`` (how the interval reads),
-    ``verdict`` (holds / equivalent / fails / inconclusive for the calibrated C2 readings,
+    ``verdict`` (holds / equivalent / fails / inconclusive, qualified "possibly negligible"
+    where a significant interval reaches inside the SESOI, for the calibrated C2 readings,
     empty for descriptive rows) and ``reading`` (what the number means).
 
     Every position-resolved row is at the last layer, as the position-resolved section. The
@@ -449,7 +450,8 @@ def summary_html(rows: list[dict[str, Any]], *, ci: float = 0.95) -> str:
 <p class="note">The headline numbers of the sections below, each with its {pct}% interval over
 windows (the unit of replication for one model; another training run needs seeds, see
 homoglens compare). A sign is read from the interval only; verdicts (holds / equivalent to no
-effect / fails / inconclusive) only where a claim is tested against its causal null. Details,
+effect / fails / inconclusive; "possibly negligible" where a significant interval reaches inside
+the SESOI) only where a claim is tested against its causal null. Details,
 all layers and CSVs are in each section.</p>
 <table class="dataframe summary"><thead><tr><th>measure</th><th>value</th>
 <th>{pct}% interval</th><th>sign</th><th>verdict</th><th>what it means</th></tr></thead>

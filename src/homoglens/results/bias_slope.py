@@ -84,8 +84,18 @@ class SlopeAtZero:
         """Three-way verdict on ``per_mass`` (:func:`homoglens.stats.verdict`): ``"holds"``
         when the metric moves with the attention mass on the side ``predicted`` (+1: more
         mass, higher metric), ``"equivalent"`` when TOST bounds it inside ``+-sesoi`` per unit
-        of mass, ``"fails"`` on the other side, else ``"inconclusive"``."""
-        return verdict(self.per_mass, self.p, self.p_tost, predicted=predicted, alpha=alpha)
+        of mass, ``"fails"`` on the other side, else ``"inconclusive"``; a significant slope
+        whose interval reaches inside ``+-sesoi`` is "..., possibly negligible"."""
+        interval = (self.per_mass_ci_low, self.per_mass_ci_high)
+        return verdict(
+            self.per_mass,
+            self.p,
+            self.p_tost,
+            predicted=predicted,
+            alpha=alpha,
+            ci=interval,
+            sesoi=self.sesoi,
+        )
 
     def __repr__(self) -> str:
         return (
