@@ -1,19 +1,31 @@
-"""Calibrated readings of "edge tokens homogenize": the model against a causal null.
+"""Calibrated readings of "edge tokens homogenize": the model against a reference read on the
+same windows, each design named for what it answers.
 
 A causal decoder mixes a prefix whatever its positional encoding, and causal mixing alone makes
 edge effects of either sign (a random walk from position 0 reads matched first -0.30 / last
 +0.11; :mod:`homoglens.controls`). A verdict about *positional* bias therefore compares the
-model with a reference that keeps the causal mask and the content but not the positional
-preference, and speaks only of the difference (docs/similarity.md, "Three readings"):
+model with a reference that keeps the weights, the content, the causal mask and the first-token
+sink but not the positional information, and speaks only of the difference
+(docs/similarity.md, "Three readings"). The designs:
 
-* ``reference="offset"``: the same tokens at a late offset. Each window of ``offset + T``
-  tokens is read twice: its last ``T`` tokens as a window of their own (positions 0..T-1, the
-  edge), and inside the whole window (positions offset..offset+T-1, the same content after a
-  prefix). On SmolLM2 the same tokens give a first-edge matched excess of -0.0147 at positions
-  0-7 and -0.0006 at 384-391: a start-of-sequence effect, not content.
-* ``reference=<model>``: the same windows through another model: the same architecture
-  without positions (the shipped NoPE model for the controlled comparison; for a real model a
-  randomly initialised copy, :func:`random_reference`, read with its positions zeroed).
+* ``reference="no_positions"``, the **model-matched causal null** (positional attribution):
+  the same model on the same windows with its positions removed at inference
+  (:func:`homoglens.ablated_positions` ``"zero"``: no learned table, no rotation, no ALiBi
+  bias). It keeps the weights, the content, the causal mask and whatever sink the mask alone
+  sustains; the difference model - null is the part of each edge reading that needs positional
+  information. The null is out of distribution for a model trained with positions, so its cost
+  (the next-token loss it adds, paired over windows, :meth:`CalibratedReadings.null_cost`)
+  stands beside every verdict: a null that breaks the model licenses no "holds".
+* ``reference=<model>``: the same windows through another model, e.g. the NoPE twin trained on
+  the same data (the controlled models; the right null there), or a randomly initialised copy
+  read without positions (:func:`random_reference`).
+* ``reference="offset"``, a **start-of-sequence contrast** (descriptive, not a causal null):
+  each window of ``offset + T`` tokens read twice, its last ``T`` tokens as a window of their
+  own (positions 0..T-1) and inside the whole window (positions offset.., the same tokens after
+  a prefix). A fresh start and a late copy differ through the causal mask alone (the prefix
+  length, the sink's share): a causal mixer with a first-token sink and no position in any
+  logit reads SmolLM2's whole pattern under this design. Its verdicts say "the first / last
+  tokens of a sequence differ from the same tokens later in a sequence", nothing positional.
 
 The three readings, each a per-window statistic (jackknife pseudo-values), all on uncentred
 vectors (a cross-input reading on position-centred vectors is 0 by construction):
@@ -25,34 +37,45 @@ References:
     Yusupov et al. 2025, arXiv 2508.17126 (the claim); Wu et al. 2025, arXiv 2502.01951 (the
     causal mask alone biases attention toward early positions); Kazemnejad et al. 2023, arXiv
     2305.19466 (models without positional encodings infer position from the causal mask);
-    Barbero et al. 2024, arXiv 2406.04267 (SP).
+    Barbero et al. 2024, arXiv 2406.04267 (SP); Gu et al. 2024, arXiv 2410.10781 (sinks
+    without positional encodings).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
+from jaxtyping import Float
 
+from homoglens.architectures import architecture_of
 from homoglens.assets import atomic_folder, cache_dir
 from homoglens.data import DataInput, TokenBatch, to_token_batch
-from homoglens.errors import IncompatibleResultsError, InvalidInputError
+from homoglens.engine import stream
+from homoglens.errors import (
+    IncompatibleResultsError,
+    InvalidInputError,
+    UnsupportedArchitectureError,
+)
 from homoglens.interventions import ablated_positions
+from homoglens.losses import WindowLoss
 from homoglens.model_objects import as_hooked
 from homoglens.models import load_model, model_info, model_lock
+from homoglens.position_tables import learned_table
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.results.storage import HASHES, read_json, save_folder, sha256_of, write_json
 from homoglens.similarity import positional_similarity
-from homoglens.stats import as_block, default_sesoi, estimate, holm, verdict
+from homoglens.stats import Estimate, as_block, default_sesoi, estimate, holm, verdict
 from homoglens.types import HookedModel, ModelInput, PositionAblation
 from homoglens.validate import as_float, as_int, check_model
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["READINGS", "CalibratedReadings", "calibrated_readings", "random_reference"]
+__all__ = ["DESIGNS", "READINGS", "CalibratedReadings", "calibrated_readings", "random_reference"]
 
 READINGS: tuple[tuple[str, str], ...] = (
     ("a, within: first edge", "matched_first"),
@@ -63,7 +86,18 @@ READINGS: tuple[tuple[str, str], ...] = (
 )
 """``(reading, statistic)`` of the three readings of "edge tokens homogenize"."""
 
+DESIGNS: dict[str, str] = {
+    "no_positions": "positional attribution: the model against itself with positions removed "
+    "(model-matched causal null)",
+    "model": "against a reference model",
+    "offset": "start-of-sequence contrast: the same tokens later in a sequence (descriptive, "
+    "not a causal null)",
+}
+"""What each ``reference_kind`` answers, as the tables name it (module docstring)."""
+
 _FORMAT = "homoglens.CalibratedReadings/1"
+_FORMAT_LOSS = "homoglens.CalibratedReadings/2"
+"""/2 adds the per-window loss of the model and of a ``"no_positions"`` null."""
 _PARTS = ("model/similarity.json", "reference/similarity.json")
 """The similarity JSONs that ``calibrated.json`` records (and the loader reads)."""
 
@@ -77,9 +111,13 @@ class CalibratedReadings:
             positions 0..T-1 of its windows.
         reference: The reference's, on the same windows in the same order: the same tokens at
             positions ``offset``.. of the longer windows, or another model's.
-        reference_kind: ``"offset"`` or ``"model"``.
+        reference_kind: ``"no_positions"`` (the model-matched causal null), ``"model"`` or
+            ``"offset"`` (the start-of-sequence contrast); :data:`DESIGNS`.
         reference_name: What the reference is, in words.
         offset: Tokens of prefix before the late copy (0 for a model reference).
+        loss: ``[2 batch]`` mean next-token loss per window (nats/token) of the model (row 0)
+            and of the ``"no_positions"`` null (row 1), the null's cost; ``None`` for the other
+            designs.
     """
 
     model: PositionalSimilarity
@@ -87,18 +125,20 @@ class CalibratedReadings:
     reference_kind: str
     reference_name: str
     offset: int = 0
+    loss: Float[torch.Tensor, "2 batch"] | None = None
 
     def __post_init__(self) -> None:
-        if self.reference_kind not in ("offset", "model"):
+        if self.reference_kind not in DESIGNS:
             raise InvalidInputError(
-                f"reference_kind={self.reference_kind!r} must be 'offset' or 'model'"
+                f"reference_kind={self.reference_kind!r} must be one of {list(DESIGNS)}"
             )
+        self._check_loss()
         if not isinstance(self.reference_name, str):
             raise InvalidInputError(f"reference_name={self.reference_name!r} must be a string")
         offset = self.offset
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidInputError(f"offset={offset!r} must be an integer >= 0")
-        if self.reference_kind == "model" and offset != 0:
+        if self.reference_kind != "offset" and offset != 0:
             raise InvalidInputError(f"offset={offset} must be 0 for a model reference")
         if self.reference_kind == "offset" and (
             offset < 1
@@ -121,6 +161,39 @@ class CalibratedReadings:
                 "calibrated readings need uncentred similarities with pseudo-values "
                 "(positional_similarity(..., centre=None, pseudo_values=True))"
             )
+
+    def _check_loss(self) -> None:
+        loss = self.loss
+        if loss is None:
+            if self.reference_kind == "no_positions":
+                raise InvalidInputError(
+                    "a 'no_positions' null needs its loss cost (loss=[2 batch]: the model's and "
+                    "the null's per-window loss)"
+                )
+            return
+        if self.reference_kind != "no_positions":
+            raise InvalidInputError("loss is the cost of a 'no_positions' null only")
+        n = self.model.n_sequences
+        if not isinstance(loss, torch.Tensor) or tuple(loss.shape) != (2, n):
+            raise InvalidInputError(f"loss must be a [2 {n}] tensor (model, null per window)")
+        if not bool(torch.isfinite(loss).all()) or bool((loss < 0).any()):
+            raise InvalidInputError("loss must hold finite losses >= 0 (nats/token)")
+
+    @property
+    def design(self) -> str:
+        """What this comparison answers, in words (:data:`DESIGNS`)."""
+        return DESIGNS[self.reference_kind]
+
+    def null_cost(
+        self, *, ci: float = 0.95, block: int | Literal["auto"] = "auto", seed: int = 0
+    ) -> Estimate | None:
+        """The next-token loss the ``"no_positions"`` null adds over the model (null - model,
+        nats/token, paired over windows, with its interval): how far out of distribution the
+        null is. ``None`` for the other designs."""
+        if self.loss is None:
+            return None
+        return estimate([(self.loss[1] - self.loss[0])[None]], block=as_block(block), ci=ci,
+                        seed=seed)  # fmt: skip
 
     def values(self, statistic: str, layer: int | None = None) -> tuple[torch.Tensor, ...]:
         """``([batch] model, [batch] reference)`` per-window values of one reading's statistic at
@@ -171,7 +244,12 @@ class CalibratedReadings:
 
         Returns:
             DataFrame with columns ``reading, statistic, layer, model, reference, difference,
-            se, ci_low, ci_high, p, p_holm, p_tost_holm, sesoi, verdict, n_windows``.
+            se, ci_low, ci_high, p, p_holm, p_tost_holm, sesoi, verdict, n_windows, design,
+            null_loss_change, null_loss_ci_low, null_loss_ci_high``: ``design`` says what the
+            verdicts answer (:data:`DESIGNS`: only a ``"no_positions"`` null or a NoPE
+            reference model speaks of positional bias; the offset design is a
+            start-of-sequence contrast); the ``null_loss_*`` columns give a ``"no_positions"``
+            null's cost (NaN for the other designs), beside every verdict.
         """
         import pandas as pd
 
@@ -192,10 +270,13 @@ class CalibratedReadings:
                          unit, est.n_windows])  # fmt: skip
         p_holm = holm([e.p for e in ests])
         tost_holm = holm([e.p_tost for e in ests])
+        cost = self.null_cost(ci=ci, block=block, seed=seed)
+        cost_cells = [math.nan] * 3 if cost is None else [cost.value, cost.ci_low, cost.ci_high]
         for row, est, p, pt in zip(rows, ests, p_holm, tost_holm, strict=True):
             row[10:10] = [p, pt]
             row.insert(13, verdict(est.value, p, pt, predicted=+1, alpha=alpha,
                                    ci=(est.ci_low, est.ci_high), sesoi=row[12]))  # fmt: skip
+            row.extend([self.design, *cost_cells])
         return pd.DataFrame(
             rows,
             columns=[
@@ -214,6 +295,10 @@ class CalibratedReadings:
                 "sesoi",
                 "verdict",
                 "n_windows",
+                "design",
+                "null_loss_change",
+                "null_loss_ci_low",
+                "null_loss_ci_high",
             ],  # fmt: skip
         )
 
@@ -238,6 +323,8 @@ class CalibratedReadings:
         meta = {"format": _FORMAT, "reference_kind": self.reference_kind,
                 "reference_name": self.reference_name, "offset": self.offset,
                 HASHES: {rel: sha256_of((folder / rel).read_bytes()) for rel in parts}}  # fmt: skip
+        if self.loss is not None:
+            meta.update(format=_FORMAT_LOSS, loss=self.loss.tolist())
         write_json(folder / "calibrated.json", meta)
 
     @classmethod
@@ -253,9 +340,11 @@ class CalibratedReadings:
         """
         folder = Path(path).expanduser()
         meta = read_json(folder, "calibrated.json", parts=_PARTS)
-        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-            raise IncompatibleResultsError(f"{folder} does not hold {_FORMAT}")
+        if not isinstance(meta, dict) or meta.get("format") not in (_FORMAT, _FORMAT_LOSS):
+            raise IncompatibleResultsError(f"{folder} does not hold {_FORMAT_LOSS}")
         keys = {"format", "reference_kind", "reference_name", "offset"}
+        if meta["format"] == _FORMAT_LOSS:
+            keys.add("loss")
         if set(meta) != keys:
             raise IncompatibleResultsError(
                 f"{folder}/calibrated.json has keys {sorted(meta)}, expected {sorted(keys)}: "
@@ -264,8 +353,9 @@ class CalibratedReadings:
         model = PositionalSimilarity.load(folder / "model")
         reference = PositionalSimilarity.load(folder / "reference")
         try:
+            loss = _loss_of(meta.get("loss"), model.n_sequences)
             return cls(model, reference, meta["reference_kind"], meta["reference_name"],
-                       meta["offset"])  # fmt: skip
+                       meta["offset"], loss)  # fmt: skip
         except InvalidInputError as err:
             raise IncompatibleResultsError(
                 f"{folder}/calibrated.json does not hold consistent readings: {err}; the files "
@@ -277,6 +367,36 @@ class CalibratedReadings:
             f"CalibratedReadings({self.model.n_sequences} windows x {self.model.n_pos} "
             f"positions, reference: {self.reference_name})"
         )
+
+
+def _loss_of(value: object, n: int) -> torch.Tensor | None:
+    """The ``loss`` of a saved ``calibrated.json`` (bounded: two rows of ``n`` numbers)."""
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and all(
+        isinstance(row, list) and len(row) == n
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row)
+        for row in value
+    )):  # fmt: skip
+        raise InvalidInputError(f"loss must be two rows of {n} numbers")
+    return torch.tensor(value, dtype=torch.float64, device="cpu")
+
+
+def _has_positions(model: HookedModel) -> str | None:
+    """Why the model has no positions to remove, or ``None`` when it has some: a learned table
+    of zeros (a NoPE model stored as GPT-2, like the shipped ``tiny-none``)."""
+    spec = architecture_of(model)
+    if spec.positional == "learned_absolute" and not bool(learned_table(model, spec).any()):
+        return "its learned position table is all zeros (a model trained without positions)"
+    return None
+
+
+def _window_losses(model: HookedModel, batch: TokenBatch, batch_size: int,
+                   progress: bool) -> torch.Tensor:  # fmt: skip
+    """``[batch]`` mean next-token loss of each window (nats/token), one streamed pass."""
+    reducer = WindowLoss()
+    stream(model, batch, [reducer], batch_size=batch_size, desc="loss", progress=progress)
+    return reducer.row_values("loss")
 
 
 def _late_copy(batch: TokenBatch, offset: int) -> TokenBatch:
@@ -291,7 +411,7 @@ def calibrated_readings(
     model: ModelInput,
     data: DataInput,
     *,
-    reference: Literal["offset"] | HookedModel = "offset",
+    reference: Literal["offset", "no_positions"] | ModelInput = "offset",
     offset: int | None = None,
     reference_positions: PositionAblation | None = None,
     layers: list[int] | tuple[int, ...] | int | None = None,
@@ -299,16 +419,20 @@ def calibrated_readings(
     batch_size: int = 8,
     progress: bool = True,
 ) -> CalibratedReadings:
-    """Measure the three readings of "edge tokens homogenize" in ``model`` and in a causal
-    null that keeps the causal mask and the content but not the positions (module docstring).
+    """Measure the three readings of "edge tokens homogenize" in ``model`` and in a reference on
+    the same windows: the model-matched causal null, another model, or the start-of-sequence
+    contrast (module docstring; :data:`DESIGNS`).
 
     Args:
         model: A ``HookedTransformer`` or ``TransformerBridge``.
         data: Equal-length windows (:func:`~homoglens.positional_similarity` takes the same),
             without padding. With ``reference="offset"`` each window holds ``offset + T``
             tokens (plus a BOS if it starts with one): the model reads its last ``T`` alone.
-        reference: ``"offset"`` (the same tokens at a late offset) or another model with the
-            same tokenizer and depth, e.g. the model without positions.
+        reference: ``"no_positions"`` (the model-matched causal null: the same model with
+            its positions removed at inference, and its loss cost; the reference for a claim
+            about *positional* bias in a pretrained model), another model with the same
+            tokenizer and depth (e.g. a NoPE twin), or ``"offset"`` (the same tokens at a late
+            offset: a start-of-sequence contrast, descriptive, not a causal null).
         offset: Prefix tokens before the late copy (default: half the window).
         reference_positions: A positional ablation under which the reference model is read
             (e.g. ``"zero"`` for a randomly initialised copy read without positions).
@@ -323,7 +447,10 @@ def calibrated_readings(
     Raises:
         InvalidInputError: fewer than 2 windows, windows of unequal length or with padding, an
             ``offset`` that leaves fewer than ``2 * edge_k + 2`` positions, a reference of
-            another depth, ``reference_positions`` without a reference model.
+            another depth, ``reference_positions`` without a reference model, a
+            ``"no_positions"`` null on a model without positions.
+        UnsupportedArchitectureError: a ``"no_positions"`` null on a family outside the
+            architecture table (whose positions homoglens cannot remove).
 
     References:
         Yusupov et al. 2025, arXiv 2508.17126; Wu et al. 2025, arXiv 2502.01951.
@@ -345,9 +472,13 @@ def calibrated_readings(
     options = {"layers": layers, "edge_k": edge_k, "centre": None, "pseudo_values": True,
                "batch_size": batch_size, "progress": progress}  # fmt: skip
     width = int(batch.tokens.shape[1]) - int(bool(batch.bos))
+    if isinstance(reference, str) and reference == "no_positions":
+        return _against_no_positions(model, batch, offset, reference_positions, options)
     if isinstance(reference, str):
         if reference != "offset":
-            raise InvalidInputError(f"reference={reference!r} must be 'offset' or a model")
+            raise InvalidInputError(
+                f"reference={reference!r} must be 'no_positions', 'offset' or a model"
+            )
         if reference_positions is not None:
             raise InvalidInputError("reference_positions applies to a reference model only")
         given = offset is not None
@@ -386,6 +517,45 @@ def calibrated_readings(
     name = "another model" + ("" if reference_positions is None else
                               f", positions {reference_positions}")  # fmt: skip
     return CalibratedReadings(mine, theirs, "model", name, 0)
+
+
+def _against_no_positions(
+    model: HookedModel,
+    batch: TokenBatch,
+    offset: int | None,
+    reference_positions: PositionAblation | None,
+    options: dict[str, object],
+) -> CalibratedReadings:
+    """The model against itself with its positions removed (``"zero"``), and the null's loss
+    cost on the same windows."""
+    if offset is not None or reference_positions is not None:
+        raise InvalidInputError(
+            "offset and reference_positions do not apply to reference='no_positions' (it reads "
+            "the same windows with positions removed); leave them out"
+        )
+    try:
+        missing = _has_positions(model)
+    except UnsupportedArchitectureError as err:
+        raise UnsupportedArchitectureError(
+            f"reference='no_positions' removes the positions of families in homoglens' table "
+            f"only: {err} Pass reference=<a model> (a NoPE twin, or random_reference(model) with "
+            "reference_positions='zero') instead"
+        ) from None
+    if missing is not None:
+        raise InvalidInputError(
+            f"reference='no_positions' needs positions to remove, and this model has none: "
+            f"{missing}. Its readings are already position-free; compare it with a twin that "
+            "has positions (reference=<model>)"
+        )
+    size, shown = int(options["batch_size"]), bool(options["progress"])  # type: ignore[call-overload]
+    mine = positional_similarity(model, batch, **options)  # type: ignore[arg-type]
+    loss_mine = _window_losses(model, batch, size, shown)
+    with model_lock(model), ablated_positions(model, "zero"):
+        theirs = positional_similarity(model, batch, **options)  # type: ignore[arg-type]
+        loss_null = _window_losses(model, batch, size, shown)
+    return CalibratedReadings(mine, theirs, "no_positions",
+                              "the same model with its positions removed (zero)", 0,
+                              torch.stack([loss_mine, loss_null]))  # fmt: skip
 
 
 def _hf_config(model: HookedModel) -> object:

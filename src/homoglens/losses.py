@@ -216,6 +216,26 @@ class MeanLoss(Sums):
         return float(self.sums["total"]) / max(float(self.sums["count"]), 1.0)
 
 
+class WindowLoss(Sums):
+    """A reducer of one streamed pass to the logits: each sequence's mean next-token
+    cross-entropy (nats/token, :func:`next_token_loss`), gathered in input order and over ranks
+    by the engine (``row_values("loss")``: ``[batch]`` float64)."""
+
+    needs_logits = True
+
+    def __init__(self) -> None:
+        super().__init__(rows={"loss": ()})
+
+    def logits(
+        self,
+        logits: Float[torch.Tensor, "batch pos d_vocab"],
+        tokens: Int[torch.Tensor, "batch pos"],
+        mask: Int[torch.Tensor, "batch pos"],
+    ) -> None:
+        """Keep the batch's per-sequence losses."""
+        self.rows["loss"].append(next_token_loss(logits, tokens, mask).double())
+
+
 def mean_nll(
     nll: Float[torch.Tensor, "batch target"], mask: Int[torch.Tensor, "batch pos"]
 ) -> Float[torch.Tensor, " batch"]:

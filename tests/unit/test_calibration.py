@@ -10,12 +10,18 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from homoglens import PositionalSimilarity, TokenBatch, load_model
-from homoglens.calibration import CalibratedReadings, calibrated_readings, random_reference
-from homoglens.errors import InvalidInputError
+from homoglens.calibration import (
+    DESIGNS,
+    CalibratedReadings,
+    calibrated_readings,
+    random_reference,
+)
+from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
 from homoglens.testing import tiny_model_folder
 
 COLUMNS = ["reading", "statistic", "layer", "model", "reference", "difference", "se", "ci_low",
-           "ci_high", "p", "p_holm", "p_tost_holm", "sesoi", "verdict", "n_windows"]  # fmt: skip
+           "ci_high", "p", "p_holm", "p_tost_holm", "sesoi", "verdict", "n_windows", "design",
+           "null_loss_change", "null_loss_ci_low", "null_loss_ci_high"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +95,83 @@ def test_bad_inputs_raise_clear_errors(model, tokens) -> None:
         result = calibrated_readings(model, tokens, edge_k=4, progress=False)
     with pytest.raises(InvalidInputError, match="layer 9"):
         result.table(layer=9)
+
+
+def test_the_offset_design_is_named_a_start_of_sequence_contrast(model, tokens) -> None:
+    """Issue 51, point 1: the offset design is descriptive; nothing in its table calls it
+    positional or a causal null."""
+    table = calibrated_readings(model, tokens, edge_k=4, progress=False).table()
+    design = table["design"].iloc[0]
+    assert design.startswith("start-of-sequence contrast") and "not a causal null" in design
+    assert "positional" not in design
+    assert table["null_loss_change"].isna().all()
+
+
+def test_the_model_matched_null_is_hugging_face_without_positions(tmp_path) -> None:
+    """reference="no_positions" on GPT-2: the null's readings and losses equal plain Hugging Face
+    passes with the position table zeroed, the model's those of the intact model (float64
+    oracle at 1e-5), and its loss cost is paired over the same windows."""
+    folder = tiny_model_folder("gpt2")
+    model = load_model(folder, backend="bridge")
+    tokens = torch.randint(0, 1000, (6, 40), generator=torch.Generator().manual_seed(2))
+    result = calibrated_readings(model, tokens, reference="no_positions", edge_k=4,
+                                 progress=False)  # fmt: skip
+    assert result.reference_kind == "no_positions" and result.design == DESIGNS["no_positions"]
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval().double()
+    bos = torch.full((6, 1), 50256)
+    ids = torch.cat([bos, tokens], 1) if result.model.first_position else tokens
+    for got, zero in ((result.model, False), (result.reference, True)):
+        if zero:
+            hf.transformer.wpe.weight.data.zero_()
+        resid = []  # the last residual entry before ln_f (HF's last hidden state is after it)
+        hook = hf.transformer.ln_f.register_forward_hook(lambda m, i, o: resid.append(i[0]))
+        with torch.no_grad():
+            out = hf(ids, output_hidden_states=True, labels=ids)
+        hook.remove()
+        hidden = torch.stack([*out.hidden_states[:-1], resid[0]])[:, :, got.first_position :]
+        want = PositionalSimilarity.from_activations(hidden, edge_k=4, pseudo_values=True)
+        for stat in ("matched_first", "matched_last", "sp_first", "sp_last", "sp_mean"):
+            assert torch.allclose(got.per_window(stat), want.per_window(stat), atol=1e-5), stat
+        logp = torch.log_softmax(out.logits[:, :-1], -1)
+        nll = -logp.gather(-1, ids[:, 1:, None])[..., 0].mean(1)
+        assert result.loss is not None
+        assert torch.allclose(result.loss[int(zero)], nll, atol=1e-4), (zero, nll)
+    table = result.table()
+    cost = result.null_cost()
+    assert cost is not None and table["null_loss_change"].eq(cost.value).all()
+    assert cost.value == pytest.approx(float((result.loss[1] - result.loss[0]).mean()))
+    back = CalibratedReadings.load(result.save(tmp_path / "null"))
+    assert back.loss is not None and torch.equal(back.loss, result.loss)
+    assert back.table().equals(table)
+
+
+def test_the_model_matched_null_refuses_what_it_cannot_do(model, tokens) -> None:
+    with pytest.raises(InvalidInputError, match="leave them out"):
+        calibrated_readings(model, tokens, reference="no_positions", offset=8, progress=False)
+    with pytest.raises(InvalidInputError, match="leave them out"):
+        calibrated_readings(model, tokens, reference="no_positions", reference_positions="zero",
+                            progress=False)  # fmt: skip
+    nope = load_model("homoglens/tiny-none")
+    with pytest.raises(InvalidInputError, match="needs positions to remove"):
+        calibrated_readings(nope, tokens[:4, :40] % 4000, reference="no_positions",
+                            progress=False)  # fmt: skip
+    with pytest.raises(InvalidInputError, match="'no_positions', 'offset' or a model"):
+        calibrated_readings(model, tokens, reference="positions", progress=False)  # type: ignore[arg-type]
+    result = calibrated_readings(model, tokens, edge_k=4, progress=False)
+    with pytest.raises(InvalidInputError, match="loss is the cost"):
+        CalibratedReadings(result.model, result.reference, "offset", "x", result.offset,
+                           torch.zeros(2, 10))  # fmt: skip
+    with pytest.raises(InvalidInputError, match="needs its loss cost"):
+        CalibratedReadings(result.model, result.model, "no_positions", "x")
+
+
+def test_a_family_outside_the_table_gets_a_typed_error_naming_the_fix(monkeypatch, tokens) -> None:
+    import homoglens.calibration as calibration
+
+    def unknown(model):
+        raise UnsupportedArchitectureError("family 'foo' is not in the table.")
+
+    monkeypatch.setattr(calibration, "architecture_of", unknown)
+    model = load_model(tiny_model_folder("llama"), backend="bridge")
+    with pytest.raises(UnsupportedArchitectureError, match="random_reference"):
+        calibrated_readings(model, tokens, reference="no_positions", progress=False)

@@ -126,7 +126,8 @@ def test_claims_table_is_pre_declared_holm_adjusted_and_consistent(
     for row in claims.itertuples():
         p = row.p_holm if row.primary else row.p
         pt = row.p_tost_holm if row.primary else row.p_tost
-        want = verdict(row.value, p, pt, predicted=1 if row.predicted == ">0" else -1)
+        want = verdict(row.value, p, pt, predicted=1 if row.predicted == ">0" else -1,
+                       ci=(row.ci_low, row.ci_high), sesoi=row.sesoi)  # fmt: skip
         assert row.verdict == want, row
         assert row.ci_low <= row.value <= row.ci_high
         if row.verdict == "holds":

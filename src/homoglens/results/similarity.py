@@ -351,10 +351,10 @@ class PositionalSimilarity(SavedResult, Plotted):
         """Per-window values whose mean over windows is the corpus statistic exactly.
 
         For ``naive_*`` the window's own statistic. For ``matched_*`` and ``homogenization``
-        (which subtract ``C``): with the second pass, the first-order (Hajek) jackknife
-        pseudo-value ``stat(M_s) - (2 h_s - stat(C))``, h_s being the window's mean share of
-        the cross-window term (its variance over windows gives the standard error including
-        ``C``'s own sampling noise; the exact jackknife differs by a factor (n-1)/(n-2));
+        (which subtract ``C``): with the second pass, the exact delete-one jackknife
+        pseudo-value ``n stat - (n-1) stat_(-s)`` (``stat(M_s) - (x_s - n stat(C)) / (n-2)``,
+        x_s being the window's share of the cross-window pairs; first-order for n = 2), whose
+        variance over windows gives the standard error including ``C``'s own sampling noise;
         without it, ``stat(M_s - C)`` with ``C`` held fixed (docs/similarity.md; the
         standard error then ignores ``C``'s noise and can be off either way: 0.0017 against a
         true 0.0013 on the AR(1) null of 400 x 128 x 128, 0.85-0.88 of the true spread on

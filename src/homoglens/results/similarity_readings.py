@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Float
 
 from homoglens.errors import InvalidInputError
-from homoglens.similarity_math import SIMILARITY_STATISTICS, edge_groups
+from homoglens.similarity_math import SIMILARITY_STATISTICS, edge_groups, pseudo_values
 
 if TYPE_CHECKING:
     from homoglens.results.similarity import PositionalSimilarity
@@ -67,7 +67,7 @@ def window_values(sim: PositionalSimilarity, statistic: str) -> Float[torch.Tens
         if sim._cross_input_refused(statistic, stacklevel=4):
             return torch.full(shape, math.nan, dtype=torch.float64, device="cpu")
         first, middle, last = edge_groups(sim.n_pos, sim.edge_k)
-        psi = 2 * sim.window_same_position / (n - 1) - sim.SP[None]  # [batch layer pos]
+        psi = pseudo_values(2 * sim.window_same_position, sim.SP[None], n)  # [batch layer pos]
         if statistic == "sp_mean":
             return psi.mean(-1)
         edge = first if statistic == "sp_first" else last
@@ -79,4 +79,4 @@ def window_values(sim: PositionalSimilarity, statistic: str) -> Float[torch.Tens
     c_stat = sim._stat(sim.C, k=sim.edge_k)[:, e]  # [layer]
     if sim.window_cross is None or n < 2:
         return within - c_stat[None]
-    return within - sim.window_cross[..., e] / (n - 1) + c_stat[None]
+    return within - pseudo_values(sim.window_cross[..., e], c_stat[None], n)
