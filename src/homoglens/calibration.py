@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jaxtyping import Float
@@ -524,7 +524,7 @@ def _against_no_positions(
     batch: TokenBatch,
     offset: int | None,
     reference_positions: PositionAblation | None,
-    options: dict[str, object],
+    options: dict[str, Any],
 ) -> CalibratedReadings:
     """The model against itself with its positions removed (``"zero"``), and the null's loss
     cost on the same windows."""
@@ -547,11 +547,11 @@ def _against_no_positions(
             f"{missing}. Its readings are already position-free; compare it with a twin that "
             "has positions (reference=<model>)"
         )
-    size, shown = int(options["batch_size"]), bool(options["progress"])  # type: ignore[call-overload]
-    mine = positional_similarity(model, batch, **options)  # type: ignore[arg-type]
+    size, shown = int(options["batch_size"]), bool(options["progress"])
+    mine = positional_similarity(model, batch, **options)
     loss_mine = _window_losses(model, batch, size, shown)
     with model_lock(model), ablated_positions(model, "zero"):
-        theirs = positional_similarity(model, batch, **options)  # type: ignore[arg-type]
+        theirs = positional_similarity(model, batch, **options)
         loss_null = _window_losses(model, batch, size, shown)
     return CalibratedReadings(mine, theirs, "no_positions",
                               "the same model with its positions removed (zero)", 0,
