@@ -8,8 +8,9 @@
 #   - TransformerLens 3.9 (HookedTransformer and its bridge): what differs between the lines
 #     (`pytest --what-differs`: backends, hooks, positional ablations, oracles per family,
 #     loading, doctests that load a model); tests/lines.py lists which tests run where and why.
-# The suites run on every core (pytest-xdist, HOMOGLENS_TEST_WORKERS, default auto); each phase
-# prints its time, and a table of all of them closes the run. The layer contract is a test
+# The suites run on every core (pytest-xdist, HOMOGLENS_TEST_WORKERS, default auto; one torch
+# thread each, HOMOGLENS_TEST_THREADS); each phase prints its time, and a table of all of them
+# closes the run. The layer contract is a test
 # (tests/contracts/test_layers.py), and jaxtyping checks the shapes of every annotated homoglens
 # function at run time under pytest.
 #   bash scripts/test.sh [extra pytest options]
@@ -18,6 +19,10 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 status=0
 workers=${HOMOGLENS_TEST_WORKERS:-auto}
+# One torch thread per worker (and per notebook kernel): the workers already fill the cores, and
+# two threads each on two cores oversubscribe them (torch's float64 eigenvalues slowed 30-fold on
+# a busy machine, README "How long").
+threads=${HOMOGLENS_TEST_THREADS:-1}
 phases=()
 start_all=$SECONDS
 
@@ -87,12 +92,14 @@ EOF
 suite() {  # suite VENV [pytest options]: the tests and doctests, on every core
   local venv=$1
   shift
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider -n "$workers" --dist worksteal \
+  OMP_NUM_THREADS=$threads "$venv/bin/python" -m pytest -q -p no:cacheprovider -n "$workers" \
+    --dist worksteal \
     --durations=15 --doctest-modules src/homoglens tests "$@"
 }
 
 tutorials() {
-  HOMOGLENS_RUN_TUTORIALS=1 .venv/bin/python -m pytest -q -p no:cacheprovider -n "$workers" \
+  OMP_NUM_THREADS=$threads HOMOGLENS_RUN_TUTORIALS=1 .venv/bin/python -m pytest -q \
+    -p no:cacheprovider -n "$workers" \
     --dist worksteal tests/docs/test_tutorials.py -k test_tutorial_runs_and_shows_its_figures
 }
 

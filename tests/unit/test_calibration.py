@@ -123,8 +123,10 @@ def test_the_model_matched_null_is_hugging_face_without_positions(tmp_path) -> N
     for got, zero in ((result.model, False), (result.reference, True)):
         if zero:
             hf.transformer.wpe.weight.data.zero_()
-        resid = []  # the last residual entry before ln_f (HF's last hidden state is after it)
-        hook = hf.transformer.ln_f.register_forward_hook(lambda m, i, o: resid.append(i[0]))
+        resid: list[torch.Tensor] = []  # the last residual entry before ln_f (HF's is after)
+        hook = hf.transformer.ln_f.register_forward_hook(
+            lambda m, i, o, kept=resid: kept.append(i[0])
+        )
         with torch.no_grad():
             out = hf(ids, output_hidden_states=True, labels=ids)
         hook.remove()

@@ -140,9 +140,9 @@ def similarity_job(
 
 
 def readings_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
-    """The three readings of C2 against the causal null (the same tokens after a prefix of half
-    the window, :func:`~homoglens.calibrated_readings`); ``None`` with a warning when the windows
-    are unequal, padded or too short for the edges."""
+    """The three readings of C2 as a start-of-sequence contrast (the same tokens after a prefix
+    of half the window, descriptive, not a causal null; :func:`~homoglens.calibrated_readings`);
+    ``None`` with a warning when the windows are unequal, padded or too short for the edges."""
     from homoglens.calibration import calibrated_readings
 
     lengths = windows.lengths

@@ -206,7 +206,8 @@ def write_profile_report(
     ``massive`` (a :func:`~homoglens.massive_ablation_study`): ``massive_ablation/``,
     ``massive_ablation_*.csv``, a figure and a section; with ``readings`` (a
     :func:`~homoglens.calibrated_readings`): ``readings/``, ``readings.csv`` and a section of
-    the three readings of C2 against the causal null, whose verdicts the summary shows; with
+    the three readings of C2 against their reference (the start-of-sequence contrast in the CLI
+    report), whose verdicts the summary shows; with
     ``standardized`` (a ``positional_similarity(..., centre="global", standardize=True)``): the
     C1 headline after standardisation, and with ``dims_dropped`` (a
     ``positional_similarity(..., drop_dims=k)``) after removing the k dimensions of largest

@@ -460,10 +460,28 @@ def _blocks(block: object) -> str:
     return f"{block} consecutive windows"
 
 
+_DESIGN_NOTES = {
+    "offset": "A start-of-sequence contrast, descriptive: the same tokens read as a window of "
+    "their own and after a prefix. A fresh start and a late copy differ through the causal mask "
+    "alone (the prefix length, the first token's share of attention), so a verdict here says "
+    "that the first / last tokens of a sequence differ from the same tokens later in a "
+    "sequence, not that positional bias drives it (that needs the model-matched null: "
+    "calibrated_readings(..., reference='no_positions')).",
+    "no_positions": "Positional attribution against the model-matched causal null: the same "
+    "model on the same windows with its positions removed, which keeps the weights, the content, "
+    "the causal mask and the sink the mask sustains; the null's loss cost (readings.csv, "
+    "null_loss_change) says how far out of distribution it is.",
+    "model": "Against a reference model on the same windows (a NoPE twin is the causal null of "
+    "the controlled models).",
+}
+
+
 def readings_section(readings: CalibratedReadings, out: Path) -> str:
     """Save calibrated readings and return their HTML section: the three readings of "edge
-    tokens homogenize" in the model and in the causal null, their paired differences with
-    intervals and verdicts at the last layer (every layer in ``readings.csv``)."""
+    tokens homogenize" in the model and in its reference, their paired differences with
+    intervals and verdicts at the last layer (every layer in ``readings.csv``), named for what
+    the design answers (:data:`homoglens.calibration.DESIGNS`: the offset design is a
+    start-of-sequence contrast, not a causal null)."""
     import pandas as pd
 
     readings.save(out / "readings")
@@ -473,12 +491,12 @@ def readings_section(readings: CalibratedReadings, out: Path) -> str:
     last = tables[-1]
     shown = last[["reading", "model", "reference", "difference", "ci_low", "ci_high", "sesoi",
                   "verdict"]]  # fmt: skip
+    title = readings.design.split(":")[0]
+    what = _DESIGN_NOTES[readings.reference_kind]
     return f"""
-<h2>Edge homogenization against a causal null: three readings (C2)</h2>
-<p class="note">A causal decoder mixes a prefix whatever its positions, and causal mixing alone
-makes edge effects of either sign, so each reading of "edge tokens homogenize" is read in the
-model and in a reference that keeps the causal mask and the content but not the position
-({html.escape(readings.reference_name)}), on the same {readings.model.n_sequences} windows of
+<h2>Edge homogenization, three readings (C2): {html.escape(title)}</h2>
+<p class="note">{what} Each reading of "edge tokens homogenize" is read in the model and in
+{html.escape(readings.reference_name)}, on the same {readings.model.n_sequences} windows of
 {readings.model.n_pos} positions (uncentred, jackknife pseudo-values), and only their paired
 difference gets a verdict: (a) within-window contextual similarity of the edges, the
 distance-matched excess of W; (b) convergence of the edge tokens on a direction shared by all

@@ -160,7 +160,7 @@ def summary_rows(
     empty for descriptive rows) and ``reading`` (what the number means).
 
     Every position-resolved row is at the last layer, as the position-resolved section. The
-    C2 rows are the three readings against the causal null (``readings``), when given; without
+    C2 rows are the three readings against their reference (``readings``), when given; without
     them the uncalibrated matched excess is shown, flagged as such. The C3 row is the change of
     the *adjusted* homogenization (raw minus the anisotropy baseline of each run). Beside the
     C1 headline stand the standard corrections: the anisotropy-adjusted change (Ethayarajh
@@ -243,7 +243,8 @@ def _c1_rows(similarity: PositionalSimilarity | None) -> list[dict[str, Any]]:
 def _c2_rows(
     similarity: PositionalSimilarity | None, readings: CalibratedReadings | None
 ) -> list[dict[str, Any]]:
-    """C2: the calibrated readings against the causal null, or the uncalibrated matched excess."""
+    """C2: the calibrated readings against their reference (named for its design), or the
+    uncalibrated matched excess."""
     rows: list[dict[str, Any]] = []
     if similarity is not None and len(similarity.layers) > 1 and similarity.n_sequences > 1:
         if readings is None:
@@ -266,9 +267,12 @@ def _c2_rows(
             "sp_last": "last-edge tokens converging on a direction shared by all inputs (SP)",
             "sp_mean": "cross-input convergence from the embeddings to this layer (mean SP)",
         }
+        against = {"offset": "same tokens later (start-of-sequence contrast)",
+                   "no_positions": "positions removed (model-matched causal null)",
+                   "model": "reference model"}[readings.reference_kind]  # fmt: skip
         for r in table.to_dict("records"):
             rows.append(_row(
-                f"C2 ({r['reading']}), layer {r['layer']}: model - causal null", r["difference"],
+                f"C2 ({r['reading']}), layer {r['layer']}: model - {against}", r["difference"],
                 r["ci_low"], r["ci_high"],
                 f"{meaning[r['statistic']]}, in the model minus in "
                 f"{readings.reference_name}; C2 predicts > 0 (Holm over the five readings, "
@@ -451,7 +455,8 @@ def summary_html(rows: list[dict[str, Any]], *, ci: float = 0.95) -> str:
 windows (the unit of replication for one model; another training run needs seeds, see
 homoglens compare). A sign is read from the interval only; verdicts (holds / equivalent to no
 effect / fails / inconclusive; "possibly negligible" where a significant interval reaches inside
-the SESOI) only where a claim is tested against its causal null. Details,
+the SESOI) only where a claim is tested against a reference (a start-of-sequence contrast is
+descriptive; only a model-matched or NoPE null speaks of positional bias). Details,
 all layers and CSVs are in each section.</p>
 <table class="dataframe summary"><thead><tr><th>measure</th><th>value</th>
 <th>{pct}% interval</th><th>sign</th><th>verdict</th><th>what it means</th></tr></thead>
