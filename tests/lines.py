@@ -28,8 +28,6 @@ BOTH_LINES: dict[str, str] = {
     "tests/oracles/test_gptj_positions.py": "GPT-J's rotary positions on each line's bridge",
     "tests/oracles/test_fast_attention.py": "the SDPA fast path replaces modules inside each "
     "line's bridge, whose components differ",
-    "tests/oracles/test_half_precision.py": "half-precision loading goes through each line's "
-    "weight processing",
     "tests/oracles/test_from_cache.py": "TransformerLens' ActivationCache of each line",
     "tests/unit/test_hooks.py": "hook points and their names on each line",
     "tests/contracts/test_hook_hygiene.py": "no hook stays attached, on each line's hook points",
@@ -70,6 +68,8 @@ DEFAULT_LINE_ONLY: dict[str, str] = {
     "tests/docs/": "the docs, the tutorials and the README quickstart run on the default line",
     "tests/oracles/test_attention_bias.py": "the attention-bias maths (hooked cases on both)",
     "tests/oracles/test_bias_toy.py": "a toy model of the bias study (hooked cases on both)",
+    "tests/oracles/test_half_precision.py": "half precision runs homoglens' own dtype handling "
+    "and the bridge's SDPA; each line's weight conversion is test_families' oracle",
     "tests/oracles/test_half_precision_patching.py": "patching in half precision on the bridge",
     "tests/oracles/test_massive_layers.py": "Sun et al.'s figure on the bridge",
     "tests/oracles/test_perturbation.py": "Barbero et al.'s spread on the bridge",
