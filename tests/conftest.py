@@ -50,7 +50,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         params = dict(callspec.params) if callspec is not None else {}
         test = getattr(item, "dtest", None)  # a doctest item
         source = "".join(e.source for e in test.examples) if test is not None else None
-        (keep if runs_on_both_lines(path, params, source) else drop).append(item)
+        reasons = tuple(str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+        (keep if runs_on_both_lines(path, params, source, reasons) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -9,7 +9,9 @@ there; ``tests/conftest.py`` deselects the rest, and pytest reports them as dese
 2. every test parameterized with the ``"hooked"`` backend, wherever it lives: the
    ``HookedTransformer`` backend exists only on 3.9, so these tests are its only coverage;
 3. every doctest whose example loads or builds a model (:data:`MODEL_DOCTEST`): they run the
-   backend the line loads by default (``HookedTransformer`` on 3.9).
+   backend the line loads by default (``HookedTransformer`` on 3.9);
+4. every test skipped where ``HookedTransformer`` is missing (its ``skipif`` reason matches
+   :data:`NEEDS_HOOKED`): the default line skips it, so this line is its only run.
 
 Everything else runs the same homoglens code on the same backend object on both lines (the
 bridge, the pure maths, results, saves, the CLI, the report, the docs), so its check lives on
@@ -88,10 +90,21 @@ MODEL_DOCTEST = re.compile(r"load_model\(|tiny_model_folder\(|shipped_model_fold
 """A doctest whose source matches loads or builds a model: it runs on both lines."""
 
 
-def runs_on_both_lines(path: str, params: dict[str, object], doctest_source: str | None) -> bool:
-    """Whether a test (its path relative to the repository root, its parameters, and for a
-    doctest its examples' source) runs on the other TransformerLens line too."""
-    if path in BOTH_LINES:
+NEEDS_HOOKED = re.compile(r"HookedTransformer|TransformerLens < 4|TL < 4|TL 3\.9|TransformerLens 3")
+"""A ``skipif`` reason that says the test needs ``HookedTransformer``: it runs on both lines
+(the default line skips it)."""
+
+
+def runs_on_both_lines(
+    path: str,
+    params: dict[str, object],
+    doctest_source: str | None,
+    skip_reasons: tuple[str, ...] = (),
+) -> bool:
+    """Whether a test (its path relative to the repository root, its parameters, for a doctest
+    its examples' source, and the reasons of its ``skipif`` marks) runs on the other
+    TransformerLens line too."""
+    if path in BOTH_LINES or any(NEEDS_HOOKED.search(r) for r in skip_reasons):
         return True
     if any(isinstance(value, str) and value == "hooked" for value in params.values()):
         return True

@@ -35,3 +35,6 @@ def test_the_selection_rule() -> None:
     assert not runs_on_both_lines("tests/unit/test_profile.py", {"backend": "bridge"}, None)
     assert runs_on_both_lines("src/homoglens/profile.py", {}, ">>> m = load_model(folder)\n")
     assert not runs_on_both_lines("src/homoglens/stats.py", {}, ">>> holm([0.01, 0.2])\n")
+    needs = ("HookedTransformer needs TransformerLens < 4",)
+    assert runs_on_both_lines("tests/unit/test_profile.py", {}, None, needs)
+    assert not runs_on_both_lines("tests/unit/test_profile.py", {}, None, ("no CUDA device",))
