@@ -18,6 +18,16 @@ that a statistic reads 0 where nothing is planted and finds what is:
 * ``"uniform_causal"``: uniform causal attention over independent content (each position the
   mean of the content up to it, plus a little noise): again no positional preference, and
   again edge effects of either sign (first -0.21, last +0.06 at 96 x 64 x 32).
+* ``"sink_causal"``: a causal mixer with a first-token sink set by the mask alone: every query
+  puts a fixed share ``strength / (1 + strength)`` (default 0.5) of its attention on the first
+  token's value and spreads the rest uniformly over its prefix; no position in any logit. A
+  causal null: under the start-of-sequence contrast it reads SmolLM2's whole pattern (issue 51),
+  against another draw of itself nothing.
+* ``"first_key_bias"`` (positive control of a positional preference): causal attention whose
+  logits add ``strength`` nats on the first ``edge_k`` keys (``biased_attention``'s ``"first"``
+  kind), over independent content.
+* ``"recency_bias"`` (positive control): causal attention whose logits add ``strength`` nats
+  on the ``edge_k`` most recent keys (``"recent"``).
 * ``"edge_common"`` (positive control of reading (b)): ``"stationary"`` windows whose first
   ``edge_k`` tokens get one common vector (the same in every window) of norm ``strength``
   times the typical token's: SP of the first edge rises.
@@ -53,6 +63,9 @@ Control = Literal[
     "positional_code",
     "random_walk",
     "uniform_causal",
+    "sink_causal",
+    "first_key_bias",
+    "recency_bias",
     "edge_common",
     "last_pulled",
 ]
@@ -69,6 +82,28 @@ def _ar1(n: int, t: int, d: int, rho: float, gen: torch.Generator) -> torch.Tens
     for i in range(1, t):
         x[:, i] = rho * x[:, i - 1] + scale * noise[:, i]
     return x
+
+
+def _causal_attention(
+    kind: str, n: int, t: int, d: int, k: int, strength: float, gen: torch.Generator
+) -> Float[torch.Tensor, "batch pos d_model"]:
+    """Independent content mixed by one ``[query_pos key_pos]`` causal attention pattern, plus
+    a little noise (module docstring)."""
+    here = {"dtype": torch.float64, "device": "cpu"}
+    q = torch.arange(t, **here)[:, None]
+    key = torch.arange(t, **here)[None, :]
+    causal = key <= q
+    if kind == "sink_causal":
+        share = strength / (1 + strength)  # the sink's odds against the rest of the prefix
+        pattern = (1 - share) * causal.to(torch.float64) / causal.sum(1, keepdim=True)
+        pattern[:, 0] += share
+    else:
+        favoured = key < k if kind == "first_key_bias" else (key > q - k) & causal
+        logits = torch.where(causal, strength * favoured.to(torch.float64), -math.inf)
+        pattern = torch.softmax(logits, dim=-1)
+    content = torch.randn(n, t, d, generator=gen, **here)
+    noise = torch.randn(n, t, d, generator=gen, **here)
+    return pattern @ content + 0.05 * noise
 
 
 def control_activations(
@@ -91,8 +126,10 @@ def control_activations(
         d_model: Dimensions (>= 1).
         edge_k: Positions per edge the positive controls act on.
         strength: Size of the planted effect (``"edge_common"``: norm of the common vector in
-            units of a token's typical norm; ``"last_pulled"``: pull weight in [0, 1]); 0
-            gives the stationary null.
+            units of a token's typical norm; ``"last_pulled"``: pull weight in [0, 1]; 0
+            gives the stationary null), the sink's odds of ``"sink_causal"`` (its share is
+            ``s / (1 + s)``), the logit bias of ``"first_key_bias"`` / ``"recency_bias"`` in
+            nats (0: uniform causal attention).
         seed: Seed of the draws.
 
     Returns:
@@ -115,6 +152,8 @@ def control_activations(
         counts = torch.arange(1, t + 1, dtype=torch.float64, device="cpu")[None, :, None]
         noise = torch.randn(n, t, d, generator=gen, dtype=torch.float64, device="cpu")
         return content.cumsum(1) / counts + 0.05 * noise
+    if kind in ("sink_causal", "first_key_bias", "recency_bias"):
+        return _causal_attention(kind, n, t, d, k, strength, gen)
     if kind == "positional_code":
         pos = torch.arange(t, dtype=torch.float64, device="cpu")[:, None]
         freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64, device="cpu") / d))

@@ -152,3 +152,12 @@ def test_pseudo_values_are_the_exact_delete_one_jackknife(statistic: str) -> Non
         without = PositionalSimilarity.from_activations(hidden[:, rest], edge_k=3)
         exact = n * theta - (n - 1) * without.per_window(statistic).mean(0)
         assert torch.allclose(pv[s], exact, atol=1e-12), (s, pv[s], exact)
+
+
+def test_a_sink_set_by_the_mask_alone_reads_no_positional_effect() -> None:
+    """Issue 51's causal null with a first-token sink and no position in any logit: against
+    another draw of itself (the matched null) no C2 reading is an effect."""
+    got = c2_verdicts("sink_causal", "sink_causal")
+    for reading, verdict in got.items():
+        if reading.endswith("(vs causal null)"):
+            assert verdict in ("equivalent", "inconclusive"), (reading, verdict)
