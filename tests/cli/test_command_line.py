@@ -73,7 +73,10 @@ def test_profile_writes_report(tmp_path) -> None:
     assert sim.centre is None  # uncentred: the SP readings mean something
     assert "three readings" in html and (out / "readings.csv").is_file()
     summary = (out / "summary.csv").read_text()
-    assert "verdict" in summary.splitlines()[0] and "model - causal null" in summary
+    assert "verdict" in summary.splitlines()[0]
+    # the CLI's offset readings are a start-of-sequence contrast, never called a causal null
+    assert "model - same tokens later (start-of-sequence contrast)" in summary
+    assert "causal null" not in summary
     assert (out / "similarity_edge_excess.csv").is_file() and (
         out / "figures/similarity.png"
     ).is_file()
