@@ -382,7 +382,7 @@ def _loss_of(value: object, n: int) -> torch.Tensor | None:
     return torch.tensor(value, dtype=torch.float64, device="cpu")
 
 
-def _has_positions(model: HookedModel) -> str | None:
+def _why_no_positions(model: HookedModel) -> str | None:
     """Why the model has no positions to remove, or ``None`` when it has some: a learned table
     of zeros (a NoPE model stored as GPT-2, like the shipped ``tiny-none``)."""
     spec = architecture_of(model)
@@ -534,7 +534,7 @@ def _against_no_positions(
             "the same windows with positions removed); leave them out"
         )
     try:
-        missing = _has_positions(model)
+        missing = _why_no_positions(model)
     except UnsupportedArchitectureError as err:
         raise UnsupportedArchitectureError(
             f"reference='no_positions' removes the positions of families in homoglens' table "
