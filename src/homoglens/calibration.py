@@ -68,7 +68,15 @@ from homoglens.position_tables import learned_table
 from homoglens.results.similarity import PositionalSimilarity
 from homoglens.results.storage import HASHES, read_json, save_folder, sha256_of, write_json
 from homoglens.similarity import positional_similarity
-from homoglens.stats import Estimate, as_block, default_sesoi, estimate, holm, verdict
+from homoglens.stats import (
+    Estimate,
+    as_block,
+    auto_block,
+    default_sesoi,
+    estimate,
+    holm,
+    verdict,
+)
 from homoglens.types import HookedModel, ModelInput, PositionAblation
 from homoglens.validate import as_float, as_int, check_model
 
@@ -238,14 +246,22 @@ class CalibratedReadings:
             alpha: Level (family-wise over the five readings).
             ci: Interval coverage in (0, 1).
             block: Consecutive windows per bootstrap block: ``"auto"`` (from the windows'
-                autocorrelation, :func:`homoglens.stats.auto_block`) or an integer.
+                autocorrelation, :func:`homoglens.stats.auto_block`) or an integer that leaves at
+                least 4 blocks.
             n_boot: Bootstrap resamples.
             seed: Bootstrap seed.
+
+        Raises:
+            InvalidInputError: a bad ``sesoi``, ``alpha``, ``ci`` or ``block``, or a ``block``
+                that leaves fewer than 4 blocks of the windows (name a smaller one, or read
+                more windows).
 
         Returns:
             DataFrame with columns ``reading, statistic, layer, model, reference, difference,
             se, ci_low, ci_high, p, p_holm, p_tost_holm, sesoi, verdict, n_windows, design,
-            null_loss_change, null_loss_ci_low, null_loss_ci_high``: ``design`` says what the
+            null_loss_change, null_loss_ci_low, null_loss_ci_high, block``: ``block`` is the
+            bootstrap block each reading used (chosen from its paired differences when
+            ``"auto"``); ``design`` says what the
             verdicts answer (:data:`DESIGNS`: only a ``"no_positions"`` null or a NoPE
             reference model speaks of positional bias; the offset design is a
             start-of-sequence contrast); the ``null_loss_*`` columns give a ``"no_positions"``
@@ -257,26 +273,28 @@ class CalibratedReadings:
         alpha = as_float("alpha", alpha, low=0.0, high=1.0)
         block = as_block(block)
         h_scale = abs(float(self.model.homogenization[li]))
-        rows, ests = [], []
+        rows, ests, blocks = [], [], []
         for reading, stat in READINGS:
             mine, ref = self.values(stat, self.model.layers[li])
             unit = default_sesoi(h_scale) if sesoi is None else as_float("sesoi", sesoi, low=0.0,
                                                                         high=1e9)  # fmt: skip
-            est = estimate([(mine - ref)[None]], block=block, n_boot=n_boot, sesoi=unit, ci=ci,
+            used = _block_for(mine - ref, block)
+            est = estimate([(mine - ref)[None]], block=used, n_boot=n_boot, sesoi=unit, ci=ci,
                            seed=seed)  # fmt: skip
             ests.append(est)
             rows.append([reading, stat, self.model.layers[li], float(mine.mean()),
                          float(ref.mean()), est.value, est.se, est.ci_low, est.ci_high, est.p,
                          unit, est.n_windows])  # fmt: skip
+            blocks.append(used)
         p_holm = holm([e.p for e in ests])
         tost_holm = holm([e.p_tost for e in ests])
         cost = self.null_cost(ci=ci, block=block, seed=seed)
         cost_cells = [math.nan] * 3 if cost is None else [cost.value, cost.ci_low, cost.ci_high]
-        for row, est, p, pt in zip(rows, ests, p_holm, tost_holm, strict=True):
+        for row, est, p, pt, used in zip(rows, ests, p_holm, tost_holm, blocks, strict=True):
             row[10:10] = [p, pt]
             row.insert(13, verdict(est.value, p, pt, predicted=+1, alpha=alpha,
                                    ci=(est.ci_low, est.ci_high), sesoi=row[12]))  # fmt: skip
-            row.extend([self.design, *cost_cells])
+            row.extend([self.design, *cost_cells, used])
         return pd.DataFrame(
             rows,
             columns=[
@@ -299,6 +317,7 @@ class CalibratedReadings:
                 "null_loss_change",
                 "null_loss_ci_low",
                 "null_loss_ci_high",
+                "block",
             ],  # fmt: skip
         )
 
@@ -367,6 +386,21 @@ class CalibratedReadings:
             f"CalibratedReadings({self.model.n_sequences} windows x {self.model.n_pos} "
             f"positions, reference: {self.reference_name})"
         )
+
+
+def _block_for(values: torch.Tensor, block: int | Literal["auto"]) -> int:
+    """The bootstrap block of one reading's paired differences: chosen from them (``"auto"``,
+    at most a quarter of the windows) or the caller's, which must leave 4 blocks."""
+    n = int((~torch.isnan(values)).sum())
+    if block == "auto":
+        return min(auto_block(values), max(1, n // 4)) if n else 1
+    if block > 1 and n < 4 * block:
+        raise InvalidInputError(
+            f"block={block} leaves fewer than 4 blocks of the {n} windows (the interval needs 4 "
+            f"to vary); use block <= {max(1, n // 4)}, block='auto', or read at least "
+            f"{4 * block} windows"
+        )
+    return block
 
 
 def _loss_of(value: object, n: int) -> torch.Tensor | None:

@@ -21,7 +21,7 @@ from homoglens.testing import tiny_model_folder
 
 COLUMNS = ["reading", "statistic", "layer", "model", "reference", "difference", "se", "ci_low",
            "ci_high", "p", "p_holm", "p_tost_holm", "sesoi", "verdict", "n_windows", "design",
-           "null_loss_change", "null_loss_ci_low", "null_loss_ci_high"]  # fmt: skip
+           "null_loss_change", "null_loss_ci_low", "null_loss_ci_high", "block"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +165,10 @@ def test_the_model_matched_null_refuses_what_it_cannot_do(model, tokens) -> None
                            torch.zeros(2, 10))  # fmt: skip
     with pytest.raises(InvalidInputError, match="needs its loss cost"):
         CalibratedReadings(result.model, result.model, "no_positions", "x")
+    n = result.model.n_sequences
+    with pytest.raises(InvalidInputError, match=rf"fewer than 4 blocks of the {n} windows.*block <="):
+        result.table(block=n)
+    assert set(result.table(block=1)["block"]) == {1}  # the block each reading used, said
 
 
 def test_a_family_outside_the_table_gets_a_typed_error_naming_the_fix(monkeypatch, tokens) -> None:

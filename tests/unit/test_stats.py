@@ -147,7 +147,7 @@ def _ar(n: int, rho: float, gen: torch.Generator) -> torch.Tensor:
 def test_auto_block_is_one_for_independent_windows_and_grows_with_correlation() -> None:
     gen = torch.Generator().manual_seed(5)
     iid = [auto_block(torch.randn(256, generator=gen)) for _ in range(20)]
-    assert sum(b == 1 for b in iid) >= 15
+    assert sum(b == 1 for b in iid) >= 12 and max(iid) <= 6  # the AR(1) floor: 1-5
     correlated = [auto_block(_ar(256, 0.6, gen)) for _ in range(20)]
     assert sorted(correlated)[10] >= 8
     assert auto_block(torch.zeros(50)) == 1 and auto_block(torch.ones(3)) == 1
