@@ -77,6 +77,10 @@ def test_profile_writes_report(tmp_path) -> None:
     # the CLI's offset readings are a start-of-sequence contrast, never called a causal null
     assert "model - same tokens later (start-of-sequence contrast)" in summary
     assert "causal null" not in summary
+    # beside it, the positional attribution against the model-matched null, with its loss cost
+    assert "model - positions removed (positional attribution, model-matched null)" in summary
+    assert "the model-matched null's cost" in summary and (out / "readings_1.csv").is_file()
+    assert "Positional attribution" in html and "The null's cost" in html
     assert (out / "similarity_edge_excess.csv").is_file() and (
         out / "figures/similarity.png"
     ).is_file()

@@ -156,7 +156,7 @@ def section_plan(
     massive_n = min(n, float(opts.get("massive_n_seq") or n))
     plan = [(first, n * max(1, n_modes))]
     if sections["similarity"]:
-        plan += [("similarity", 2 * n), ("readings", 2 * n), ("standardized", 2 * n),
+        plan += [("similarity", 2 * n), ("readings", 6 * n), ("standardized", 2 * n),
                  ("dimensions dropped", 3 * n)]  # fmt: skip
     if sections["bias"]:
         plan.append(("attention bias", 10 * bias_n))

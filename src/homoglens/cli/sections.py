@@ -140,10 +140,14 @@ def similarity_job(
 
 
 def readings_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
-    """The three readings of C2 as a start-of-sequence contrast (the same tokens after a prefix
-    of half the window, descriptive, not a causal null; :func:`~homoglens.calibrated_readings`);
+    """The three readings of C2 under two designs (:func:`~homoglens.calibrated_readings`): the
+    start-of-sequence contrast (the same tokens after a prefix of half the window; descriptive,
+    not a causal null) and the positional attribution against the model-matched causal null (the
+    model on the same windows with its positions removed, with the null's loss cost; left out,
+    with a warning, for a model that has no positions to remove). A list of the readings, or
     ``None`` with a warning when the windows are unequal, padded or too short for the edges."""
     from homoglens.calibration import calibrated_readings
+    from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
 
     lengths = windows.lengths
     width = int(lengths.min()) - int(bool(windows.bos))
@@ -161,10 +165,14 @@ def readings_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
         f"{offset}), which allow at most {limit} positions per edge"
     )
     edge_k = fit(opts, "edge_k", limit, reason, "the calibrated-readings section", required=False)
-    return calibrated_readings(
-        model, windows, reference="offset", offset=offset, edge_k=edge_k,
-        batch_size=opts["batch_size"], progress=opts["progress"],
-    )  # fmt: skip
+    common = {"edge_k": edge_k, "batch_size": opts["batch_size"], "progress": opts["progress"]}
+    readings = [calibrated_readings(model, windows, reference="offset", offset=offset, **common)]
+    try:  # refused before any pass for a model with no positions (or outside the table)
+        null = calibrated_readings(model, windows, reference="no_positions", **common)
+    except (InvalidInputError, UnsupportedArchitectureError) as err:
+        click.echo(f"warning: the report has no positional attribution: {err}", err=True)
+        return readings
+    return [*readings, null]
 
 
 def bias_job(model: Any, windows: Any, opts: dict[str, Any], **bias: Any) -> Any:

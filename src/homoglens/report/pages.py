@@ -30,6 +30,7 @@ from homoglens.report.sections import (
 from homoglens.report.summary import (
     check_results,
     edge_intervals,
+    listed,
     summary_html,
     summary_rows,
     with_contents,
@@ -187,7 +188,7 @@ def write_profile_report(
     similarity: PositionalSimilarity | None = None,
     bias: AttentionBiasStudy | None = None,
     massive: PositionAblationStudy | None = None,
-    readings: CalibratedReadings | None = None,
+    readings: CalibratedReadings | list[CalibratedReadings] | None = None,
     standardized: PositionalSimilarity | None = None,
     dims_dropped: PositionalSimilarity | None = None,
     interactive: bool = False,
@@ -205,9 +206,11 @@ def write_profile_report(
     ``attention_bias/``, ``attention_bias_*.csv``, a figure and a dose-response section; with
     ``massive`` (a :func:`~homoglens.massive_ablation_study`): ``massive_ablation/``,
     ``massive_ablation_*.csv``, a figure and a section; with ``readings`` (a
-    :func:`~homoglens.calibrated_readings`): ``readings/``, ``readings.csv`` and a section of
-    the three readings of C2 against their reference (the start-of-sequence contrast in the CLI
-    report), whose verdicts the summary shows; with
+    :func:`~homoglens.calibrated_readings`, or a list of them, one per design):
+    ``readings/``, ``readings.csv`` (the second: ``readings_1/``, ``readings_1.csv``, ...) and
+    a section each of the three readings of C2 against their reference (the CLI report: the
+    start-of-sequence contrast and the positional attribution against the model-matched null),
+    whose verdicts the summary shows; with
     ``standardized`` (a ``positional_similarity(..., centre="global", standardize=True)``): the
     C1 headline after standardisation, and with ``dims_dropped`` (a
     ``positional_similarity(..., drop_dims=k)``) after removing the k dimensions of largest
@@ -254,7 +257,7 @@ def _profile_page(
     similarity: PositionalSimilarity | None,
     bias: AttentionBiasStudy | None,
     massive: PositionAblationStudy | None = None,
-    readings: CalibratedReadings | None = None,
+    readings: CalibratedReadings | list[CalibratedReadings] | None = None,
     standardized: PositionalSimilarity | None = None,
     dims_dropped: PositionalSimilarity | None = None,
 ) -> Path:
@@ -398,7 +401,7 @@ def _result_sections(
     out: Path,
     *,
     similarity: PositionalSimilarity | None,
-    readings: CalibratedReadings | None,
+    readings: CalibratedReadings | list[CalibratedReadings] | None,
     study: PositionAblationStudy | None,
     bias: AttentionBiasStudy | None,
     massive: PositionAblationStudy | None,
@@ -409,8 +412,8 @@ def _result_sections(
     similarity, readings, ablations, attention bias, massive activations, sinks, patching),
     each written with its files into ``out``; empty when none is given."""
     ablation = similarity_section(similarity, out) if similarity is not None else ""
-    if readings is not None:
-        ablation += readings_section(readings, out)
+    for i, one in enumerate(listed(readings)):
+        ablation += readings_section(one, out, "readings" if i == 0 else f"readings_{i}")
     if study is not None:
         ablation += study_section(study, out)
     if bias is not None:

@@ -469,30 +469,40 @@ _DESIGN_NOTES = {
     "calibrated_readings(..., reference='no_positions')).",
     "no_positions": "Positional attribution against the model-matched causal null: the same "
     "model on the same windows with its positions removed, which keeps the weights, the content, "
-    "the causal mask and the sink the mask sustains; the null's loss cost (readings.csv, "
-    "null_loss_change) says how far out of distribution it is.",
+    "the causal mask and the sink the mask sustains; the null's loss cost (below, and the "
+    "null_loss_change column of the CSV) says how far out of distribution it is.",
     "model": "Against a reference model on the same windows (a NoPE twin is the causal null of "
     "the controlled models).",
 }
 
 
-def readings_section(readings: CalibratedReadings, out: Path) -> str:
+def readings_section(readings: CalibratedReadings, out: Path, name: str = "readings") -> str:
     """Save calibrated readings and return their HTML section: the three readings of "edge
     tokens homogenize" in the model and in its reference, their paired differences with
-    intervals and verdicts at the last layer (every layer in ``readings.csv``), named for what
+    intervals and verdicts at the last layer (every layer in ``{name}.csv``), named for what
     the design answers (:data:`homoglens.calibration.DESIGNS`: the offset design is a
-    start-of-sequence contrast, not a causal null)."""
+    start-of-sequence contrast, not a causal null); a ``"no_positions"`` null's loss cost stands
+    above the table. Files: ``{name}/`` and ``{name}.csv`` in ``out``."""
     import pandas as pd
 
-    readings.save(out / "readings")
+    readings.save(out / name)
     tables = [readings.table(layer) for layer in readings.model.layers[1:]]
     everything = pd.concat(tables, ignore_index=True)
-    everything.to_csv(out / "readings.csv", index=False)
+    everything.to_csv(out / f"{name}.csv", index=False)
     last = tables[-1]
     shown = last[["reading", "model", "reference", "difference", "ci_low", "ci_high", "sesoi",
-                  "verdict"]]  # fmt: skip
+                  "verdict", "block"]]  # fmt: skip
     title = readings.design.split(":")[0]
     what = _DESIGN_NOTES[readings.reference_kind]
+    cost = readings.null_cost()
+    cost_html = (
+        ""
+        if cost is None
+        else f"""<p>The null's cost: next-token loss with the positions removed minus intact,
+{cost.value:+.3f} nats/token [{cost.ci_low:+.3f}, {cost.ci_high:+.3f}] (95 %, paired over the
+windows). The larger it is, the further out of distribution the null runs, and the less its
+verdicts license.</p>"""
+    )
     return f"""
 <h2>Edge homogenization, three readings (C2): {html.escape(title)}</h2>
 <p class="note">{what} Each reading of "edge tokens homogenize" is read in the model and in
@@ -504,9 +514,11 @@ inputs, SP of the edge minus the middle; (c) cross-input convergence over depth,
 layer minus at the embeddings. Verdicts: holds (difference &gt; 0), equivalent (within the
 SESOI, a tenth of the model's H_W at the layer), fails (&lt; 0), "possibly negligible" after
 either (significant, but the interval reaches inside the SESOI), inconclusive; Holm over the five
-readings; t intervals over windows with a block length chosen from their autocorrelation.</p>
+readings; t intervals over windows with the block length (column block, in windows) chosen from
+their autocorrelation.</p>
+{cost_html}
 <h3>Layer {readings.model.layers[-1]}</h3>
 {table_html(shown)}
-<p class="note">Every layer: readings.csv; the similarities: readings/ (reload with
+<p class="note">Every layer: {name}.csv; the similarities: {name}/ (reload with
 CalibratedReadings.load).</p>
 """

@@ -99,7 +99,7 @@ def check_results(profile: Any, **results: Any) -> None:
         "patching": (PositionalPatchingResult, list),
         "similarity": (PositionalSimilarity,),
         "bias": (AttentionBiasStudy,),
-        "readings": (CalibratedReadings,),
+        "readings": (CalibratedReadings, list),
         "standardized": (PositionalSimilarity,),
         "dims_dropped": (PositionalSimilarity,),
     }
@@ -117,10 +117,17 @@ def check_results(profile: Any, **results: Any) -> None:
         ):
             raise InvalidInputError(
                 f"{name}= takes a {expected[name][0].__name__}"
-                f"{' or a list of them' if name == 'patching' else ''}, not a "
+                f"{' or a list of them' if name in ('patching', 'readings') else ''}, not a "
                 f"{type(value).__name__}"
             )
     check_studies(results.get("study"), results.get("massive"))
+
+
+def listed(value: Any) -> list[Any]:
+    """A report input that may be one result or a list of them, as a list (``None``: empty)."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
 
 
 def check_studies(
@@ -148,7 +155,7 @@ def summary_rows(
     sinks: SinkAnalysis | None = None,
     bias: AttentionBiasStudy | None = None,
     massive: PositionAblationStudy | None = None,
-    readings: CalibratedReadings | None = None,
+    readings: CalibratedReadings | list[CalibratedReadings] | None = None,
     standardized: PositionalSimilarity | None = None,
     dims_dropped: PositionalSimilarity | None = None,
 ) -> list[dict[str, Any]]:
@@ -160,11 +167,13 @@ def summary_rows(
     empty for descriptive rows) and ``reading`` (what the number means).
 
     Every position-resolved row is at the last layer, as the position-resolved section. The
-    C2 rows are the three readings against their reference (``readings``), when given; without
-    them the uncalibrated matched excess is shown, flagged as such. The C3 row is the change of
-    the *adjusted* homogenization (raw minus the anisotropy baseline of each run). Beside the
-    C1 headline stand the standard corrections: the anisotropy-adjusted change (Ethayarajh
-    2019), the change after standardising every dimension (``standardized``: a
+    C2 rows are the three readings against their reference (``readings``: one
+    :class:`~homoglens.calibration.CalibratedReadings` or a list, one per design), when given,
+    each named for its design, with a ``"no_positions"`` null's loss cost in a row of its own;
+    without them the uncalibrated matched excess is shown, flagged as such. The C3 row is the
+    change of the *adjusted* homogenization (raw minus the anisotropy baseline of each run).
+    Beside the C1 headline stand the standard corrections: the anisotropy-adjusted change
+    (Ethayarajh 2019), the change after standardising every dimension (``standardized``: a
     ``positional_similarity(..., centre="global", standardize=True)``, which takes the rogue
     dimensions' dominance out of the cosine, Timkey & van Schijndel 2021; its global mean leaves
     out massive tokens, Sun et al. 2024), the change with the massive / rogue dimensions removed
@@ -241,13 +250,14 @@ def _c1_rows(similarity: PositionalSimilarity | None) -> list[dict[str, Any]]:
 
 
 def _c2_rows(
-    similarity: PositionalSimilarity | None, readings: CalibratedReadings | None
+    similarity: PositionalSimilarity | None,
+    readings: CalibratedReadings | list[CalibratedReadings] | None,
 ) -> list[dict[str, Any]]:
     """C2: the calibrated readings against their reference (named for its design), or the
     uncalibrated matched excess."""
     rows: list[dict[str, Any]] = []
     if similarity is not None and len(similarity.layers) > 1 and similarity.n_sequences > 1:
-        if readings is None:
+        if not listed(readings):
             edge = similarity.edge_excess()
             edge = edge[edge["layer"] == similarity.layers[-1]]
             for r in edge.itertuples():
@@ -258,26 +268,33 @@ def _c2_rows(
                     "same distance; not a verdict on positional bias: causal mixing alone moves "
                     "it (measure the readings against a causal null: calibrated_readings)",
                 ))  # fmt: skip
-    if readings is not None:
-        table = readings.table()
-        meaning = {
-            "matched_first": "within-window similarity of the first edge (distance-matched W)",
-            "matched_last": "within-window similarity of the last edge (distance-matched W)",
-            "sp_first": "first-edge tokens converging on a direction shared by all inputs (SP)",
-            "sp_last": "last-edge tokens converging on a direction shared by all inputs (SP)",
-            "sp_mean": "cross-input convergence from the embeddings to this layer (mean SP)",
-        }
-        against = {"offset": "same tokens later (start-of-sequence contrast)",
-                   "no_positions": "positions removed (model-matched causal null)",
-                   "model": "reference model"}[readings.reference_kind]  # fmt: skip
+    meaning = {
+        "matched_first": "within-window similarity of the first edge (distance-matched W)",
+        "matched_last": "within-window similarity of the last edge (distance-matched W)",
+        "sp_first": "first-edge tokens converging on a direction shared by all inputs (SP)",
+        "sp_last": "last-edge tokens converging on a direction shared by all inputs (SP)",
+        "sp_mean": "cross-input convergence from the embeddings to this layer (mean SP)",
+    }
+    against = {"offset": "same tokens later (start-of-sequence contrast)",
+               "no_positions": "positions removed (positional attribution, model-matched null)",
+               "model": "reference model"}  # fmt: skip
+    for one in listed(readings):
+        table = one.table()
         for r in table.to_dict("records"):
             rows.append(_row(
-                f"C2 ({r['reading']}), layer {r['layer']}: model - {against}", r["difference"],
-                r["ci_low"], r["ci_high"],
-                f"{meaning[r['statistic']]}, in the model minus in "
-                f"{readings.reference_name}; C2 predicts > 0 (Holm over the five readings, "
-                f"SESOI {r['sesoi']:.3g})",
+                f"C2 ({r['reading']}), layer {r['layer']}: model - {against[one.reference_kind]}",
+                r["difference"], r["ci_low"], r["ci_high"],
+                f"{meaning[r['statistic']]}, in the model minus in {one.reference_name}; C2 "
+                f"predicts > 0 (Holm over the five readings, SESOI {r['sesoi']:.3g})",
                 verdict=str(r["verdict"]),
+            ))  # fmt: skip
+        cost = one.null_cost()
+        if cost is not None:
+            rows.append(_row(
+                "next-token loss, positions removed - intact (the model-matched null's cost)",
+                cost.value, cost.ci_low, cost.ci_high,
+                "nats/token the null adds over the model, paired over windows: how far out of "
+                "distribution the positional attribution's reference runs (0: none)",
             ))  # fmt: skip
     return rows
 
