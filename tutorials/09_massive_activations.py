@@ -7,7 +7,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 # ---
 
 # %% [markdown]
@@ -97,6 +97,29 @@ for b in range(2):
 del cache
 
 # %% [markdown]
+# ### Early precursor: "where it appears" depends on the threshold
+# Sun et al. place the massive activations "in an early layer". The rule above (1000 x) puts
+# SmolLM2's at decoder layer 12. Follow the site's own dimension at the first token through
+# every entry, against the layer median, and ask where each threshold would place it.
+
+# %%
+_, cache = model.run_with_cache(windows.tokens, names_filter=lambda n: "resid" in n)
+dim = dims[0]
+track = []
+for entry in range(model.cfg.n_layers + 1):
+    name = "blocks.0.hook_resid_pre" if entry == 0 else f"blocks.{entry - 1}.hook_resid_post"
+    x = cache[name].abs().double()
+    ratio = x[:, 0, dim] / x.flatten(1).median(dim=1).values  # per window
+    track.append({"layer": entry, f"|x[0, {dim}]|": float(x[:, 0, dim].mean()),
+                  "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max())})  # fmt: skip
+del cache
+track = pd.DataFrame(track)
+print(track.iloc[:14].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+for threshold in (300, 500, 1000):
+    first = track[track["ratio_min"] > threshold]["layer"].min()
+    print(f"first entry where dim {dim} at position 0 passes {threshold} x the median: {first}")
+
+# %% [markdown]
 # ## The intervention: set the massive activations to their mean, or to zero
 # With BOS, position 0 holds the same token in every window, so its activations, and their mean,
 # are the same in every window: set-to-mean is the identity by construction. The test with
@@ -139,8 +162,12 @@ print(late[late["mode"] != "none"][cols].to_string(index=False, float_format="{:
 # its mean over other windows leaves the loss unchanged (4.772 nats/token; change -0.007, CI
 # [-0.018, 0.003]) while zeroing it destroys the model (+10.7 nats/token, CI [8.5, 12.9]); on
 # homogenization zeroing lowers the mean pairwise cosine by 0.049 (CI [0.048, 0.050]) at layer
-# 12 and 0.049 (CI [0.023, 0.075]) at layer 24, the mean moves it by at most 8e-4. Differs: it
-# appears abruptly at decoder layer 12 of 30, mid-network rather than in an early layer (layers
-# 3-9 hold a precursor of 640-780, 380-770 x the median, below the 1000 x rule), and no
+# 12 and 0.049 (CI [0.023, 0.075]) at layer 24, the mean moves it by at most 8e-4. Differs, in part: where it
+# appears depends on the threshold. The same dimension at the first token is already 710-810 x
+# the layer median at decoder layer 3, 620-700 x at 4 and 560-620 x at 5 (min-max over the 8
+# windows; |x| about 760, against medians of 1.0-1.3), just under the 1000 x rule, and falls to
+# 15-25 x at layers 10-11 before it jumps to 1.4e4 x at layer 12. At 1000 x it appears
+# mid-network (layer 12 of 30); at 500 x it appears early (layer 3), as Sun et al. report; the
+# honest summary is an early precursor and a mid-network jump. No
 # delimiter token carries one (`find_massive_sites` keeps position 0 only; in the two windows
 # read token by token the largest elsewhere is 112 x the median, at the second token).
