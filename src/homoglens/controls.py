@@ -55,7 +55,7 @@ from jaxtyping import Float
 from homoglens.errors import InvalidInputError
 from homoglens.validate import as_float, as_int
 
-__all__ = ["CONTROLS", "Control", "control_activations"]
+__all__ = ["CONTROLS", "PLANTS", "Control", "Plant", "control_activations", "planted"]
 
 Control = Literal[
     "stationary",
@@ -71,6 +71,18 @@ Control = Literal[
 ]
 CONTROLS: tuple[str, ...] = get_args(Control)
 """The generators of :func:`control_activations`."""
+
+Plant = Literal["first_key_bias", "recency_bias", "last_pulled", "edge_common"]
+PLANTS: tuple[str, ...] = get_args(Plant)
+"""The positional preferences :func:`planted` adds to any activations."""
+
+
+def _strength(value: object) -> float:
+    """A planted effect's size: a real number in [0, 1e6) (0: none planted)."""
+    number = as_float("strength", value, low=-math.inf, high=1e6)
+    if number < 0:
+        raise InvalidInputError(f"strength={number} must be >= 0 (0: no effect planted)")
+    return number
 
 
 def _ar1(n: int, t: int, d: int, rho: float, gen: torch.Generator) -> torch.Tensor:
@@ -142,7 +154,7 @@ def control_activations(
         raise InvalidInputError(f"kind={kind!r} must be one of {list(CONTROLS)}")
     n, t = as_int("n", n, low=1), as_int("seq_len", seq_len, low=2)
     d, k = as_int("d_model", d_model, low=1), as_int("edge_k", edge_k, low=1, high=seq_len)
-    strength = as_float("strength", strength, low=0.0, high=1e6)
+    strength = _strength(strength)
     gen = torch.Generator().manual_seed(as_int("seed", seed, low=0, high=2**63 - 1))
     if kind == "random_walk":
         steps = torch.randn(n, t, d, generator=gen, dtype=torch.float64, device="cpu")
@@ -177,4 +189,68 @@ def control_activations(
             raise InvalidInputError(f"strength={strength} must lie in [0, 1] for last_pulled")
         mean = x.mean(1, keepdim=True)
         x[:, -k:] = (1 - strength) * x[:, -k:] + strength * mean
+    return x
+
+
+def planted(
+    x: Float[torch.Tensor, "batch pos d_model"],
+    kind: Plant,
+    strength: float,
+    *,
+    edge_k: int = 8,
+    seed: int = 0,
+) -> Float[torch.Tensor, "batch pos d_model"]:
+    """Activations ``x`` (of any generator, e.g. a causal null) with a positional preference
+    planted on top; ``strength`` 0 plants none. The null suite's positive controls (issue 51):
+    the same process with and without the preference is the model-matched null of the planted
+    one.
+
+    * ``"first_key_bias"`` / ``"recency_bias"``: one more causal attention step over ``x``
+      whose logits add ``strength`` nats on the first ``edge_k`` keys / the ``edge_k`` most
+      recent keys (``biased_attention``'s ``"first"`` / ``"recent"``); at 0 it is uniform causal
+      attention (each position the mean of its prefix): mixing with no positional preference.
+    * ``"last_pulled"``: the last ``edge_k`` tokens pulled toward their window's mean with
+      weight ``strength`` in [0, 1] (a within-window pull at the last edge).
+    * ``"edge_common"``: the first ``edge_k`` tokens moved by one common vector (the same in
+      every window, drawn from ``seed``) of norm ``strength`` times the typical token's: edge
+      tokens collapsing toward a shared direction.
+
+    Args:
+        x: ``[batch pos d_model]`` activations.
+        kind: One of :data:`PLANTS`.
+        strength: Size of the preference (nats, a pull weight, or a norm ratio), >= 0.
+        edge_k: Positions the preference acts on.
+        seed: Seed of ``"edge_common"``'s direction.
+
+    Returns:
+        A new ``[batch pos d_model]`` float64 tensor (``x`` is left as it was).
+
+    Raises:
+        InvalidInputError: unknown ``kind``, a bad shape, or out-of-range sizes.
+    """
+    if kind not in PLANTS:
+        raise InvalidInputError(f"kind={kind!r} must be one of {list(PLANTS)}")
+    if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.is_complex() or x.shape[1] < 2:
+        raise InvalidInputError("x must be a real [batch pos d_model] tensor with pos >= 2")
+    strength = _strength(strength)
+    t = int(x.shape[1])
+    k = as_int("edge_k", edge_k, low=1, high=t)
+    x = x.detach().to(dtype=torch.float64, device="cpu").clone()
+    if kind in ("first_key_bias", "recency_bias"):
+        q = torch.arange(t, dtype=torch.float64)[:, None]
+        key = torch.arange(t, dtype=torch.float64)[None, :]
+        causal = key <= q
+        favoured = key < k if kind == "first_key_bias" else (key > q - k) & causal
+        logits = torch.where(causal, strength * favoured.to(torch.float64), -math.inf)
+        return torch.softmax(logits, dim=-1) @ x
+    if kind == "last_pulled":
+        if strength > 1:
+            raise InvalidInputError(f"strength={strength} must lie in [0, 1] for last_pulled")
+        mean = x.mean(1, keepdim=True)
+        x[:, -k:] = (1 - strength) * x[:, -k:] + strength * mean
+        return x
+    gen = torch.Generator().manual_seed(as_int("seed", seed, low=0, high=2**63 - 1))
+    common = torch.randn(int(x.shape[-1]), generator=gen, dtype=torch.float64)
+    typical = float(x.norm(dim=-1).mean())
+    x[:, :k] += strength * typical * common / common.norm()
     return x
