@@ -15,20 +15,20 @@ from homoglens.errors import UnsupportedArchitectureError
 from homoglens.validate import as_int, check_model
 
 __all__ = [
-    "ArchitectureSpec",
     "ARCHITECTURES",
+    "BLOCK_POINTS",
+    "ArchitectureSpec",
     "architecture_of",
+    "block_hook_name",
+    "component_hook_name",
     "family_of",
     "find_architecture",
     "hf_architecture_of",
     "is_decoder_only",
+    "pattern_hook_name",
+    "resid_hook_name",
     "spec_for_hf_architecture",
     "supported_families",
-    "resid_hook_name",
-    "block_hook_name",
-    "component_hook_name",
-    "BLOCK_POINTS",
-    "pattern_hook_name",
     "z_hook_name",
 ]
 

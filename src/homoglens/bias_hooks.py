@@ -27,8 +27,8 @@ from homoglens.types import HookFn
 
 __all__ = [
     "AttentionBiasPlan",
-    "attention_bias_phi",
     "attention_bias_hook",
+    "attention_bias_phi",
     "bias_pattern",
 ]
 

@@ -45,8 +45,8 @@ from homoglens.types import HookFn
 
 __all__ = [
     "ATTENTION_NAME",
-    "AttentionJob",
     "BLOCK_BYTES",
+    "AttentionJob",
     "PatternRows",
     "active_jobs",
     "merged_jobs",

@@ -76,7 +76,7 @@ from homoglens.validate import as_bool, check_key_eps
 if TYPE_CHECKING:
     pass
 
-__all__ = ["STATISTICS", "REPLICATED_MODELS", "ModelComparison", "compare_models"]
+__all__ = ["REPLICATED_MODELS", "STATISTICS", "ModelComparison", "compare_models"]
 
 
 REPLICATED_MODELS: tuple[str, ...] = tuple(

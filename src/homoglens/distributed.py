@@ -21,12 +21,12 @@ import torch
 from homoglens.errors import DistributedError
 
 __all__ = [
-    "world",
-    "shard_bounds",
     "all_reduce_sum",
-    "gather_rows",
     "check_same_data",
+    "gather_rows",
     "is_main_process",
+    "shard_bounds",
+    "world",
 ]
 
 

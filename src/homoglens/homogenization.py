@@ -33,22 +33,22 @@ from homoglens.position_dots import Chunks, chunk_for, position_dots
 from homoglens.rank_metrics import rank_sums
 
 __all__ = [
-    "homogenization_sums",
+    "SUM_FIELDS",
+    "CountedTokens",
     "EntryTerms",
     "check_terms",
+    "counted_tokens",
+    "entry_terms",
+    "homogenization_sums",
+    "nan_div",
+    "positions_from_mask",
     "prepare_entry",
     "prepared_terms",
     "split_terms",
-    "unsynced",
-    "entry_terms",
-    "CountedTokens",
-    "counted_tokens",
-    "work_dtype",
     "stack_terms",
     "sums_of_terms",
-    "positions_from_mask",
-    "SUM_FIELDS",
-    "nan_div",
+    "unsynced",
+    "work_dtype",
 ]
 
 SUM_FIELDS = ("to_others_sum", "to_prefix_sum", "to_mean_sum", "norm_sum")

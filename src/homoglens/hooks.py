@@ -30,14 +30,14 @@ from homoglens.types import HookFn, PositionAblation
 __all__ = [
     "PositionAblation",
     "PositionPlan",
-    "learned_position_hook",
-    "rotary_table_hook",
-    "rerotate_hook",
     "alibi_score_hook",
-    "remove_sink_hook",
-    "sink_removal_delta",
+    "learned_position_hook",
     "mean_head_hook",
+    "remove_sink_hook",
+    "rerotate_hook",
+    "rotary_table_hook",
     "set_massive_hook",
+    "sink_removal_delta",
 ]
 
 

@@ -56,15 +56,15 @@ from homoglens.validate import as_bool, check_device
 __all__ = [
     "EMBEDDED_MODELS",
     "SHIPPED_MODELS",
-    "shipped_model_folder",
     "ModelInfo",
+    "cache_dir",
+    "check_writable",
+    "embedded_model_folder",
+    "gpt2_tokenizer",
+    "has_hooked_transformer",
     "load_model",
     "model_info",
-    "cache_dir",
-    "gpt2_tokenizer",
-    "embedded_model_folder",
-    "has_hooked_transformer",
-    "check_writable",
+    "shipped_model_folder",
 ]
 
 

@@ -26,8 +26,15 @@ if TYPE_CHECKING:
     from matplotlib.image import AxesImage
 
 __all__ = [
-    "new_figure", "curves", "heatmap", "bars", "suptitle", "panel_title", "log_scale",
-    "colour_range", "DIVERGING",
+    "DIVERGING",
+    "bars",
+    "colour_range",
+    "curves",
+    "heatmap",
+    "log_scale",
+    "new_figure",
+    "panel_title",
+    "suptitle",
 ]  # fmt: skip  # and InlineFigure, built lazily
 
 DIVERGING = frozenset(

@@ -31,14 +31,14 @@ from homoglens.plotting import colour_range
 __all__ = [
     "INSTALL",
     "Panel",
-    "require_plotly",
-    "new_figure",
+    "bars",
     "curves",
     "heatmap",
-    "bars",
-    "suptitle",
-    "panel_title",
     "log_scale",
+    "new_figure",
+    "panel_title",
+    "require_plotly",
+    "suptitle",
 ]
 
 INSTALL = 'pip install "homoglens[plotly]" (from a source checkout: pip install -e ".[plotly]")'

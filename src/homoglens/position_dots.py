@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from jaxtyping import Float
 
-__all__ = ["chunk_for", "Chunks", "position_dots"]
+__all__ = ["Chunks", "chunk_for", "position_dots"]
 
 
 def chunk_for(n_pos: int, target: int = 32) -> int:

@@ -59,10 +59,10 @@ from homoglens.types import BosPolicy, HookedModel, HookFn, HookSpec, ModelInput
 from homoglens.validate import as_bool, check_attention_mask, check_layers, positive_int
 
 __all__ = [
-    "homogenization_profile",
-    "cosine_homogenization",
-    "resid_hook_name",
     "NonFiniteActivationError",
+    "cosine_homogenization",
+    "homogenization_profile",
+    "resid_hook_name",
 ]
 
 

@@ -63,11 +63,11 @@ from homoglens.validate import as_bool, as_int, check_layers
 
 # SPACES and CENTRES (the option vocabularies) live in homoglens.types; importable from here.
 __all__ = [
+    "ACTIVATION_CACHE_BYTES",
+    "CENTRES",
+    "SPACES",
     "positional_similarity",
     "similarity_from_activations",
-    "SPACES",
-    "CENTRES",
-    "ACTIVATION_CACHE_BYTES",
 ]
 
 

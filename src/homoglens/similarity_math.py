@@ -43,16 +43,16 @@ __all__ = [
     "ACTIVATION_CACHE_BYTES",
     "SIMILARITY_STATISTICS",
     "SimilaritySums",
+    "WindowSums",
     "activation_fields",
+    "cross_shares",
     "edge_groups",
     "first_counted",
     "pseudo_values",
+    "run_similarity_passes",
     "similarity_coefficients",
     "similarity_fields",
-    "run_similarity_passes",
     "window_statistics",
-    "WindowSums",
-    "cross_shares",
 ]
 
 ACTIVATION_CACHE_BYTES = 2 * 2**30

@@ -16,10 +16,10 @@ import torch
 from jaxtyping import Float, Int
 
 __all__ = [
-    "scalar_metric_weights",
-    "token_to_others",
     "edge_totals",
     "massive_sums",
+    "scalar_metric_weights",
+    "token_to_others",
 ]
 
 

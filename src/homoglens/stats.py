@@ -58,21 +58,21 @@ SESOI_FLOOR = 1e-3
 
 
 __all__ = [
-    "Verdict",
-    "Estimate",
     "MIN_RESAMPLES",
     "MIN_WINDOWS",
     "SESOI_FLOOR",
     "SESOI_FRACTION",
-    "default_sesoi",
-    "auto_block",
+    "Estimate",
+    "Verdict",
     "as_block",
-    "window_resamples",
-    "seed_resamples",
-    "resampled_means",
+    "auto_block",
+    "default_sesoi",
     "estimate",
     "holm",
+    "resampled_means",
+    "seed_resamples",
     "verdict",
+    "window_resamples",
 ]
 
 

@@ -33,7 +33,7 @@ from homoglens.types import (
 )
 from homoglens.validate import as_bool, as_float, as_int, check_layers, int_list
 
-__all__ = ["position_ablation_study", "default_ablation_modes", "massive_ablation_study"]
+__all__ = ["default_ablation_modes", "massive_ablation_study", "position_ablation_study"]
 
 
 def default_ablation_modes(model: HookedModel) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ import torch
 
 from homoglens.assets import atomic_folder, cache_dir, gpt2_tokenizer_folder
 
-__all__ = ["TINY_ARCHS", "TinyArch", "tiny_model_folder", "tiny_hf_config"]
+__all__ = ["TINY_ARCHS", "TinyArch", "tiny_hf_config", "tiny_model_folder"]
 
 TinyArch = Literal[
     "gpt2",

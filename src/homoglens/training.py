@@ -59,16 +59,16 @@ from homoglens.training_config import TrainingConfig as TrainingConfig
 from homoglens.validate import as_bool, as_int
 
 __all__ = [
-    "TrainingConfig",
-    "POSITIONAL_VARIANTS",
     "MAX_N_CTX",
     "MAX_VOCAB_SIZE",
-    "split_austen",
-    "train_tokenizer",
+    "POSITIONAL_VARIANTS",
+    "TrainingConfig",
     "build_model",
-    "train_model",
     "heldout_loss",
     "heldout_windows",
+    "split_austen",
+    "train_model",
+    "train_tokenizer",
     "unigram_entropy",
 ]
 

@@ -15,7 +15,7 @@ from homoglens.errors import (
     warn_user,
 )
 
-__all__ = ["as_int", "as_bool", "as_float", "require_finite"]
+__all__ = ["as_bool", "as_float", "as_int", "require_finite"]
 
 
 def as_int(name: str, value: Any, *, low: int | None = None, high: int | None = None) -> int:

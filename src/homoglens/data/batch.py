@@ -22,7 +22,7 @@ from homoglens.types import BosPolicy, HookedModel
 if TYPE_CHECKING:  # datasets is imported only when a dataset is given
     from datasets import Dataset, IterableDataset
 
-__all__ = ["TokenBatch", "DataInput", "right_aligned", "require_min_tokens"]
+__all__ = ["DataInput", "TokenBatch", "require_min_tokens", "right_aligned"]
 
 
 @dataclass(frozen=True)

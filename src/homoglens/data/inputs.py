@@ -37,9 +37,9 @@ if TYPE_CHECKING:  # datasets is imported only when a dataset is given
 __all__ = [
     "CORPORA",
     "HELD_OUT",
-    "split_austen",
-    "load_corpus",
     "corpus_windows",
+    "load_corpus",
+    "split_austen",
     "to_token_batch",
 ]
 

@@ -28,12 +28,12 @@ if TYPE_CHECKING:
     from homoglens.results.sinks import SinkAnalysis
 
 __all__ = [
-    "edge_intervals",
-    "same_run",
     "check_results",
     "check_studies",
-    "summary_rows",
+    "edge_intervals",
+    "same_run",
     "summary_html",
+    "summary_rows",
     "with_contents",
 ]
 

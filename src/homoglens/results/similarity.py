@@ -54,8 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CROSS_INPUT_STATISTICS",
-    "PositionalSimilarity",
     "WINDOW_STATISTICS",
+    "PositionalSimilarity",
     "cross_input_problem",
 ]
 
