@@ -17,7 +17,10 @@ fixed SESOI of 0.0034 (SmolLM2's at layer 30, docs/findings.md).
 * Planted preferences: detected when the reading the preference moves (its *target*) is
   significant (holds or fails, Holm); the suite asks for >= 80 % at n = 48, with the target's
   mean difference no larger than SmolLM2's largest reading of the same kind ((a) 0.018,
-  (b) 0.061).
+  (b) 0.061). The strength of each preference is set per null to give about that size (the
+  same logit bias moves the readings of a sink-dominated mixer far less than those of uniform
+  mixing; on the sink mixer a first-key bias moves reading (a) by at most 0.0023, below the
+  SESOI, even at 20 nats: the sink already holds the mass it would move).
 * Coverage: paired readings (model - another draw) on consecutive windows of one long series
   (a fast AR(1) plus a slow component spanning about two windows), n = 24, 48, 96: the 95 %
   interval should cover 0 in >= 93 % of replicates.
@@ -42,12 +45,19 @@ from performance import machine  # noqa: E402
 DOC = Path(__file__).resolve().parents[1] / "docs" / "similarity.md"
 BEGIN, END = "<!-- null_suite.py:begin -->", "<!-- null_suite.py:end -->"
 NULLS = ("stationary", "uniform_causal", "random_walk", "sink_causal")
-PLANTS = {  # preference: (strength, target reading)
-    "first_key_bias": (0.2, "matched_first"),
-    "recency_bias": (0.3, "matched_first"),
-    "last_pulled": (0.04, "matched_last"),
-    "edge_common": (0.3, "sp_first"),
-}
+PLANTS = {  # preference: (target reading, strength on each null)
+    # strengths chosen so that the target's mean difference is about SmolLM2's size
+    # ((a) <= 0.018, (b) <= 0.061): the same preference moves the readings by different
+    # amounts on different processes
+    "first_key_bias": ("matched_first", {"stationary": 0.35, "uniform_causal": 0.2,
+                                         "random_walk": 0.25, "sink_causal": 20.0}),
+    "recency_bias": ("matched_first", {"stationary": 0.65, "uniform_causal": 0.3,
+                                       "random_walk": 0.45, "sink_causal": 3.0}),
+    "last_pulled": ("matched_last", {"stationary": 0.07, "uniform_causal": 0.04,
+                                     "random_walk": 0.1, "sink_causal": 0.5}),
+    "edge_common": ("sp_first", {"stationary": 0.25, "uniform_causal": 0.45,
+                                 "random_walk": 0.09, "sink_causal": 0.3}),
+}  # fmt: skip
 SIZES = {"seq_len": 32, "d_model": 576, "edge_k": 4}  # SmolLM2's d_model
 SESOI = 0.0034
 
@@ -69,7 +79,8 @@ def cell(null: str, plant: str | None, n: int, replicates: int) -> dict[str, obj
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    strength, target = PLANTS[plant] if plant else (0.0, None)
+    target, strengths = PLANTS[plant] if plant else (None, {})
+    strength = strengths.get(null, 0.0)
     any_effect, hit, diffs = 0, 0, []
     for rep in range(replicates):
         model = _side(null, plant or "last_pulled", strength, n, 2 * rep)
