@@ -17,6 +17,7 @@ from homoglens.validate import as_int, check_model
 __all__ = [
     "ARCHITECTURES",
     "BLOCK_POINTS",
+    "UNEMBED_IN",
     "ArchitectureSpec",
     "architecture_of",
     "block_hook_name",
@@ -415,6 +416,11 @@ def block_hook_name(layer: int, point: str) -> str:
     (``point`` as TransformerLens spells it: ``"hook_resid_pre"``, ``"attn.hook_pattern"``,
     ``"ln2.hook_in"``); the one place homoglens builds a block's hook name."""
     return f"blocks.{as_int('layer', layer, low=0)}.{point}"
+
+
+UNEMBED_IN = "unembed.hook_in"
+"""The input of the unembedding ``[batch pos d_model]`` (after the final norm): the last hook
+a pass that needs only the logits' input reaches."""
 
 
 def pattern_hook_name(layer: int) -> str:

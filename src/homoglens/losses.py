@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
+from homoglens.architectures import UNEMBED_IN
 from homoglens.blocked_attention import AttentionJob
 from homoglens.engine import Pass, Sums, run_plan
 from homoglens.types import HookedModel, HookSpec
@@ -113,10 +114,10 @@ class LossHead:
         """
         tokens, mask = asked.inputs, asked.attention_mask
         assert mask is not None
-        hooks = [*asked.hooks, ("unembed.hook_in", self._capture)]
+        hooks = [*asked.hooks, (UNEMBED_IN, self._capture)]
         try:
             if self.exact:
-                yield replace(asked, hooks=hooks, last="unembed.hook_in", return_type="logits")
+                yield replace(asked, hooks=hooks, last=UNEMBED_IN, return_type="logits")
                 return self._from_hidden(tokens, mask)
             logits = yield replace(asked, hooks=hooks)
             assert logits is not None

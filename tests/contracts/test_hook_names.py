@@ -11,7 +11,9 @@ import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "homoglens"
-HOOK_NAME = re.compile(r"^(blocks\.(\d+|\{\w*\})\.)?((attn|mlp|ln\d|ln_final)\.)?hook_[a-z_]+$")
+HOOK_NAME = re.compile(
+    r"^(blocks\.(\d+|\{\w*\})\.)?((attn|mlp|ln\d|ln_final|embed|unembed|pos_embed)\.)?hook_[a-z_]+$"
+)
 NOT_HOOKS = {"hook_points", "hook_dict"}  # a provenance field and the model's attribute
 
 
@@ -47,7 +49,8 @@ def test_no_hook_name_outside_the_architecture_table() -> None:
 
 def test_the_pattern_sees_what_it_must() -> None:
     for name in ("hook_pos_embed", "blocks.3.hook_resid_pre", "attn.hook_pattern", "hook_z",
-                 "blocks.{i}.attn.hook_cos", "blocks.{l}.ln2.hook_in"):  # fmt: skip
+                 "blocks.{i}.attn.hook_cos", "blocks.{l}.ln2.hook_in", "unembed.hook_in",
+                 "ln_final.hook_normalized", "embed.hook_out"):  # fmt: skip
         assert HOOK_NAME.match(name), name
     for text in ("hook_points", "see hook_pattern", "blocks.{l}.hook_resid_pre)"):
         assert text in NOT_HOOKS or not HOOK_NAME.match(text), text
