@@ -96,11 +96,12 @@ def _ar1(n: int, t: int, d: int, rho: float, gen: torch.Generator) -> torch.Tens
     return x
 
 
-def _causal_attention(
-    kind: str, n: int, t: int, d: int, k: int, strength: float, gen: torch.Generator
-) -> Float[torch.Tensor, "batch pos d_model"]:
-    """Independent content mixed by one ``[query_pos key_pos]`` causal attention pattern, plus
-    a little noise (module docstring)."""
+def _pattern(
+    kind: str, t: int, k: int, strength: float
+) -> Float[torch.Tensor, "query_pos key_pos"]:
+    """The ``[query_pos key_pos]`` causal attention pattern of a generator: the sink mixer
+    (``"sink_causal"``) or ``strength`` nats of logit bias on the first ``k`` keys / the ``k``
+    most recent (``"first_key_bias"`` / ``"recency_bias"``; 0: uniform causal attention)."""
     here = {"dtype": torch.float64, "device": "cpu"}
     q = torch.arange(t, **here)[:, None]
     key = torch.arange(t, **here)[None, :]
@@ -109,10 +110,19 @@ def _causal_attention(
         share = strength / (1 + strength)  # the sink's odds against the rest of the prefix
         pattern = (1 - share) * causal.to(torch.float64) / causal.sum(1, keepdim=True)
         pattern[:, 0] += share
-    else:
-        favoured = key < k if kind == "first_key_bias" else (key > q - k) & causal
-        logits = torch.where(causal, strength * favoured.to(torch.float64), -math.inf)
-        pattern = torch.softmax(logits, dim=-1)
+        return pattern
+    favoured = key < k if kind == "first_key_bias" else (key > q - k) & causal
+    logits = torch.where(causal, strength * favoured.to(torch.float64), -math.inf)
+    return torch.softmax(logits, dim=-1)
+
+
+def _causal_attention(
+    kind: str, n: int, t: int, d: int, k: int, strength: float, gen: torch.Generator
+) -> Float[torch.Tensor, "batch pos d_model"]:
+    """Independent content mixed by one ``[query_pos key_pos]`` causal attention pattern, plus
+    a little noise (module docstring)."""
+    here = {"dtype": torch.float64, "device": "cpu"}
+    pattern = _pattern(kind, t, k, strength)
     content = torch.randn(n, t, d, generator=gen, **here)
     noise = torch.randn(n, t, d, generator=gen, **here)
     return pattern @ content + 0.05 * noise
@@ -180,16 +190,23 @@ def control_activations(
         slow = _ar1(1, n * t, d, math.exp(-1.0 / (2 * t)), gen)[0]
         return (fast + slow + 0.5).reshape(n, t, d)
     x = _ar1(n, t, d, 0.9, gen) + 0.5
-    if kind == "edge_common":
+    if kind in ("edge_common", "last_pulled"):
         common = torch.randn(d, generator=gen, dtype=torch.float64, device="cpu")
-        typical = float(x.norm(dim=-1).mean())
-        x[:, :k] += strength * typical * common / common.norm()
-    elif kind == "last_pulled":
+        _move_edges(x, kind, strength, k, common)
+    return x
+
+
+def _move_edges(x: torch.Tensor, kind: str, strength: float, k: int, common: torch.Tensor) -> None:
+    """Plant ``"last_pulled"`` or ``"edge_common"`` (direction ``common``) into ``x`` in place
+    (module docstring)."""
+    if kind == "last_pulled":
         if strength > 1:
             raise InvalidInputError(f"strength={strength} must lie in [0, 1] for last_pulled")
         mean = x.mean(1, keepdim=True)
         x[:, -k:] = (1 - strength) * x[:, -k:] + strength * mean
-    return x
+    else:
+        typical = float(x.norm(dim=-1).mean())
+        x[:, :k] += strength * typical * common / common.norm()
 
 
 def planted(
@@ -237,20 +254,8 @@ def planted(
     k = as_int("edge_k", edge_k, low=1, high=t)
     x = x.detach().to(dtype=torch.float64, device="cpu").clone()
     if kind in ("first_key_bias", "recency_bias"):
-        q = torch.arange(t, dtype=torch.float64)[:, None]
-        key = torch.arange(t, dtype=torch.float64)[None, :]
-        causal = key <= q
-        favoured = key < k if kind == "first_key_bias" else (key > q - k) & causal
-        logits = torch.where(causal, strength * favoured.to(torch.float64), -math.inf)
-        return torch.softmax(logits, dim=-1) @ x
-    if kind == "last_pulled":
-        if strength > 1:
-            raise InvalidInputError(f"strength={strength} must lie in [0, 1] for last_pulled")
-        mean = x.mean(1, keepdim=True)
-        x[:, -k:] = (1 - strength) * x[:, -k:] + strength * mean
-        return x
+        return _pattern(kind, t, k, strength) @ x
     gen = torch.Generator().manual_seed(as_int("seed", seed, low=0, high=2**63 - 1))
-    common = torch.randn(int(x.shape[-1]), generator=gen, dtype=torch.float64)
-    typical = float(x.norm(dim=-1).mean())
-    x[:, :k] += strength * typical * common / common.norm()
+    _move_edges(x, kind, strength, k, torch.randn(int(x.shape[-1]), generator=gen,
+                                                  dtype=torch.float64))  # fmt: skip
     return x
