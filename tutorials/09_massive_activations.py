@@ -162,12 +162,12 @@ print(late[late["mode"] != "none"][cols].to_string(index=False, float_format="{:
 # its mean over other windows leaves the loss unchanged (4.772 nats/token; change -0.007, CI
 # [-0.018, 0.003]) while zeroing it destroys the model (+10.7 nats/token, CI [8.5, 12.9]); on
 # homogenization zeroing lowers the mean pairwise cosine by 0.049 (CI [0.048, 0.050]) at layer
-# 12 and 0.049 (CI [0.023, 0.075]) at layer 24, the mean moves it by at most 8e-4. Differs, in part: where it
-# appears depends on the threshold. The same dimension at the first token is already 710-810 x
-# the layer median at decoder layer 3, 620-700 x at 4 and 560-620 x at 5 (min-max over the 8
-# windows; |x| about 760, against medians of 1.0-1.3), just under the 1000 x rule, and falls to
-# 15-25 x at layers 10-11 before it jumps to 1.4e4 x at layer 12. At 1000 x it appears
-# mid-network (layer 12 of 30); at 500 x it appears early (layer 3), as Sun et al. report; the
-# honest summary is an early precursor and a mid-network jump. No
-# delimiter token carries one (`find_massive_sites` keeps position 0 only; in the two windows
-# read token by token the largest elsewhere is 112 x the median, at the second token).
+# 12 and 0.049 (CI [0.023, 0.075]) at layer 24, the mean moves it by at most 8e-4. Differs, in
+# part: where it appears depends on the threshold. The same dimension at the first token is
+# already 710-810 x the layer median at decoder layer 3, 620-700 x at 4 and 560-620 x at 5
+# (min-max over the 8 windows; |x| about 760, against medians of 1.0-1.3), just under the 1000 x
+# rule, and falls to 15-25 x at layers 10-11 before it jumps to 1.4e4 x at layer 12. At 1000 x
+# it appears mid-network (layer 12 of 30); at 500 x it appears early (layer 3), as Sun et al.
+# report; the honest summary is an early precursor and a mid-network jump. No delimiter token
+# carries one (`find_massive_sites` keeps position 0 only; in the two windows read token by
+# token the largest elsewhere is 112 x the median, at the second token).

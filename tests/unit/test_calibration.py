@@ -166,7 +166,9 @@ def test_the_model_matched_null_refuses_what_it_cannot_do(model, tokens) -> None
     with pytest.raises(InvalidInputError, match="needs its loss cost"):
         CalibratedReadings(result.model, result.model, "no_positions", "x")
     n = result.model.n_sequences
-    with pytest.raises(InvalidInputError, match=rf"fewer than 4 blocks of the {n} windows.*block <="):
+    with pytest.raises(
+        InvalidInputError, match=rf"fewer than 4 blocks of the {n} windows.*block <="
+    ):
         result.table(block=n)
     assert set(result.table(block=1)["block"]) == {1}  # the block each reading used, said
 
