@@ -100,7 +100,7 @@ def auto_block(values: Float[torch.Tensor, "*any"]) -> int:
     Examples:
         >>> import torch
         >>> from homoglens.stats import auto_block
-        >>> auto_block(torch.randn(200, generator=torch.Generator().manual_seed(0)))
+        >>> auto_block(torch.randn(200, generator=torch.Generator().manual_seed(2)))
         1
     """
     if not isinstance(values, torch.Tensor) or values.is_complex():
