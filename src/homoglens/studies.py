@@ -15,7 +15,6 @@ from homoglens.engine import Sums, provenance_of, stream
 from homoglens.errors import InvalidInputError
 from homoglens.interventions import (
     massive_activation_hooks,
-    massive_activation_sites,
     position_ablation_hooks,
 )
 from homoglens.losses import induction_loss, induction_tokens, next_token_nll
@@ -437,23 +436,12 @@ def _massive_sites(
     """The sites of :func:`massive_ablation_study`: ``layer``, ``dims`` and ``positions``
     checked, or found on ``ref`` by Sun et al.'s rule when ``layer`` is ``None``; with how
     they came (``"given"`` or found) and a check that some window of ``batch`` reaches them."""
-    from homoglens.sinks.massive import find_massive_sites
+    from homoglens.sinks.massive import given_or_found_sites
 
-    found = "given"
-    if layer is None:
-        sites = find_massive_sites(model, ref, batch_size=batch_size, progress=progress)
-        if sites is None:
-            raise InvalidInputError(
-                "no massive activations found on the reference windows by Sun et al.'s rule "
-                "(|x| > 1000 x the layer median and > 100 at one position of every window); "
-                "pass layer and dims to ablate chosen sites"
-            )
-        layer, dims, auto_positions = sites
-        positions = auto_positions if positions is None else positions
-        found = "found (find_massive_sites)"
-    layer, site_dims, site_pos = massive_activation_sites(
-        model, layer=layer, dims=dims, positions=0 if positions is None else positions
-    )
+    layer, site_dims, site_pos, found = given_or_found_sites(
+        model, ref, layer=layer, dims=dims, positions=positions, batch_size=batch_size,
+        progress=progress, fix="pass layer and dims to ablate chosen sites",
+    )  # fmt: skip
     longest = int(batch.lengths.max())
     if max(site_pos) >= longest:
         raise InvalidInputError(
@@ -461,7 +449,7 @@ def _massive_sites(
             f"data (longest: {longest} tokens), so the ablation would change nothing; give "
             "longer windows or positions below their length"
         )
-    return layer, site_dims, site_pos, found
+    return layer, site_dims, site_pos, "found (find_massive_sites)" if found else "given"
 
 
 def _paired_passes(

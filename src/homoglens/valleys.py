@@ -21,12 +21,12 @@ from homoglens.architectures import resid_hook_name
 from homoglens.data import DataInput, TokenBatch, require_min_tokens, to_token_batch
 from homoglens.engine import Sums, provenance_of, stream
 from homoglens.errors import InvalidInputError
-from homoglens.interventions import massive_activation_hooks, massive_activation_sites
+from homoglens.interventions import massive_activation_hooks
 from homoglens.model_objects import as_hooked
 from homoglens.models import model_info
 from homoglens.rank_metrics import raw_matrix_entropy
 from homoglens.results.valleys import CompressionValleys, valley_entries
-from homoglens.sinks.massive import find_massive_sites
+from homoglens.sinks.massive import given_or_found_sites
 from homoglens.sinks.scores import sink_reducer
 from homoglens.stats import estimate
 from homoglens.types import BosPolicy, HookedModel, HookSpec, ModelInput
@@ -201,19 +201,20 @@ def _site(
     """
     if not ablate:
         return None
-    if layer is not None:
-        if isinstance(dims, Sequence) and not isinstance(dims, str) and len(dims) == 0:
+    if layer is not None and isinstance(dims, Sequence) and not isinstance(dims, str):
+        if len(dims) == 0:
             return written_entry("ablation_layer", layer, int(model.cfg.n_layers)), ()
-        entry, chosen_dims, _ = massive_activation_sites(model, layer=layer, dims=dims)
-        return entry, chosen_dims
-    sites = find_massive_sites(model, batch, batch_size=batch_size, progress=progress)
-    if sites is None or 0 not in sites[2]:
+    fix = "pass ablation_layer and dims to ablate chosen dimensions, or ablate=False"
+    entry, chosen, positions, found = given_or_found_sites(
+        model, batch, layer=layer, dims=dims, positions=None, batch_size=batch_size,
+        progress=progress, fix=fix,
+    )  # fmt: skip
+    if found and 0 not in positions:
         raise InvalidInputError(
-            "no massive activation of the first token found by Sun et al.'s rule (|x| > 1000 x "
-            "the layer median and > 100 at position 0 of every window); pass ablation_layer "
-            "and dims to ablate chosen dimensions, or ablate=False"
+            f"the massive activations found by Sun et al.'s rule sit at positions {positions}, "
+            f"not on the first token (position 0); {fix}"
         )
-    return sites[0], sites[1]
+    return entry, chosen
 
 
 def _valley_pass(

@@ -401,3 +401,41 @@ def find_massive_sites(
             dims = torch.nonzero(here[positions].any(0)).flatten().tolist()
             return layer, tuple(dims), tuple(positions)
     return None
+
+
+def given_or_found_sites(
+    model: HookedModel,
+    found_on: TokenBatch,
+    *,
+    layer: int | None,
+    dims: Sequence[int] | int | None,
+    positions: Sequence[int] | int | None,
+    batch_size: int,
+    progress: bool,
+    fix: str,
+) -> tuple[int, tuple[int, ...], tuple[int, ...], bool]:
+    """The massive-activation sites an intervention acts on: ``layer``, ``dims`` and
+    ``positions`` (default 0) checked (:func:`~homoglens.interventions.massive_activation_sites`)
+    when ``layer`` is given, else found on ``found_on`` by Sun et al.'s rule
+    (:func:`find_massive_sites`; ``positions`` default: the found ones).
+
+    Returns:
+        ``(layer, dims, positions, found)``: the sorted sites and whether they were found.
+
+    Raises:
+        InvalidInputError: bad sites, or none found (the message ends with ``fix``).
+    """
+    found = layer is None
+    if layer is None:
+        sites = find_massive_sites(model, found_on, batch_size=batch_size, progress=progress)
+        if sites is None:
+            raise InvalidInputError(
+                "no massive activations found by Sun et al.'s rule (|x| > 1000 x the layer "
+                f"median and > 100 at one position of every window); {fix}"
+            )
+        layer, dims, found_positions = sites
+        positions = found_positions if positions is None else positions
+    checked = massive_activation_sites(
+        model, layer=layer, dims=dims, positions=0 if positions is None else positions
+    )
+    return (*checked, found)
