@@ -244,6 +244,11 @@ def planted(
 
     Raises:
         InvalidInputError: unknown ``kind``, a bad shape, or out-of-range sizes.
+
+    References:
+        Yusupov et al. 2025, arXiv 2508.17126 (the edge claims the preferences stand for); Wu
+        et al. 2025, arXiv 2502.01951 (causal attention's bias toward early keys); the null
+        suite of issue 51 (docs/similarity.md, "The null suite").
     """
     if kind not in PLANTS:
         raise InvalidInputError(f"kind={kind!r} must be one of {list(PLANTS)}")
