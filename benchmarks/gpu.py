@@ -108,7 +108,7 @@ def build(name: str, dtype: torch.dtype, root: Path) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from homoglens import load_model
-    from homoglens.assets import gpt2_tokenizer_folder
+    from homoglens.models.assets import gpt2_tokenizer_folder
 
     spec = dict(SHAPES[name])
     config = AutoConfig.for_model(spec.pop("kind"), **spec)
@@ -142,7 +142,7 @@ def plain_hf(hf: Any) -> Callable[[torch.Tensor], Any]:
 
 
 def bridge_forward(model: Any) -> Callable[[torch.Tensor], Any]:
-    from homoglens.engine import run_through
+    from homoglens.run.engine import run_through
 
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
 

@@ -5,9 +5,9 @@ preferences, and coverage on consecutive windows, by simulation.
     python benchmarks/null_suite.py --quick    # 20 replicates (a smoke run)
 
 Each replicate reads the five readings of "edge tokens homogenize"
-(:class:`homoglens.calibration.CalibratedReadings`) on ``n`` windows of activations from a
-generator (:func:`homoglens.controls.control_activations`), two entries each: the draw itself
-and the draw with a positional preference planted on top (:func:`homoglens.controls.planted`).
+(:class:`homoglens.similarity.calibration.CalibratedReadings`) on ``n`` windows of activations from
+a generator (:func:`homoglens.core.controls.control_activations`), two entries each: the draw itself
+and the draw with a positional preference planted on top (:func:`homoglens.core.controls.planted`).
 The reference is another draw of the same process with nothing planted (strength 0): the
 model-matched null of the planted preference. Verdicts use Holm over the five readings and a
 fixed SESOI of 0.0034 (SmolLM2's at layer 30, docs/findings.md).
@@ -64,7 +64,7 @@ SESOI = 0.0034
 
 def _side(null: str, plant: str, strength: float, n: int, seed: int):  # noqa: ANN202
     from homoglens import PositionalSimilarity
-    from homoglens.controls import control_activations, planted
+    from homoglens.core.controls import control_activations, planted
 
     k = SIZES["edge_k"]
     x = control_activations(null, n, SIZES["seq_len"], SIZES["d_model"], edge_k=k, seed=seed)
@@ -75,7 +75,7 @@ def _side(null: str, plant: str, strength: float, n: int, seed: int):  # noqa: A
 def cell(null: str, plant: str | None, n: int, replicates: int) -> dict[str, object]:
     """One row of the suite: rates over ``replicates`` of a null (``plant`` None) or a planted
     preference."""
-    from homoglens.calibration import CalibratedReadings
+    from homoglens.similarity.calibration import CalibratedReadings
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -104,8 +104,8 @@ def cell(null: str, plant: str | None, n: int, replicates: int) -> dict[str, obj
 def coverage(n: int, replicates: int) -> dict[str, object]:
     """Coverage of the five paired readings on consecutive windows (truth 0)."""
     from homoglens import PositionalSimilarity
-    from homoglens.calibration import CalibratedReadings
-    from homoglens.controls import control_activations
+    from homoglens.core.controls import control_activations
+    from homoglens.similarity.calibration import CalibratedReadings
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")

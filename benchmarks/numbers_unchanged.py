@@ -59,6 +59,17 @@ def measurements() -> dict[str, Callable[[], Any]]:
         "attribution_llama": lambda: hg.sink_attribution(llama, w, top_k=2, edge_k=4, **quiet),
         "patching_gpt2": lambda: hg.positional_patching(gpt2, w, edge_k=4, **quiet),
         "received_llama": lambda: hg.attention_received(llama, w, **quiet),
+        "massive_study_llama": lambda: hg.massive_ablation_study(
+            llama, w, layer=1, dims=[0, 1], positions=[0], n_boot=50, **quiet
+        ),
+        "rollout_llama": lambda: hg.attention_rollout(llama, w, **quiet),
+        "perturbation_llama": lambda: hg.perturbation_spread(llama, w, **quiet),
+        "valleys_llama": lambda: hg.compression_valleys(
+            llama, w, ablation_layer=1, dims=[0], n_boot=50, **quiet
+        ),
+        "readings_gpt2": lambda: hg.calibrated_readings(
+            gpt2, w, reference="no_positions", edge_k=4, **quiet
+        ),
     }
 
 

@@ -70,7 +70,7 @@ SMOLLM2_SHAPE = {
 
 def folder_of(name: str) -> Any:
     """The Hugging Face folder (or Hub name) behind a benchmark model name."""
-    from homoglens.assets import embedded_model_folder
+    from homoglens.models.assets import embedded_model_folder
     from homoglens.testing import tiny_model_folder
 
     if name == "gpt2-small-shape":
@@ -105,7 +105,7 @@ def load_plain_hf(name: str, device: str, dtype: torch.dtype, attn: str) -> Any:
 def _smollm2_shape_folder() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from homoglens.assets import cache_dir, gpt2_tokenizer_folder
+    from homoglens.models.assets import cache_dir, gpt2_tokenizer_folder
 
     folder = cache_dir() / "bench" / "smollm2-shape"
     if not (folder / "config.json").exists():
@@ -131,7 +131,7 @@ def bare(model: Any, tokens: torch.Tensor) -> None:
 def blocks_only(model: Any, tokens: torch.Tensor) -> None:
     """The forward through the last block and no further (no final norm, no logits), ended by
     one hook as homoglens ends its own passes."""
-    from homoglens.engine import run_through
+    from homoglens.run.engine import run_through
 
     with torch.inference_mode():
         run_through(model, tokens, f"blocks.{model.cfg.n_layers - 1}.hook_resid_post", [])

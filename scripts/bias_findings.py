@@ -31,7 +31,7 @@ KINDS = {
 def main() -> None:
     """Print the findings table (markdown) to stdout."""
     from homoglens import attention_bias_study, corpus_windows, load_model
-    from homoglens.training import heldout_windows
+    from homoglens.training.train import heldout_windows
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(

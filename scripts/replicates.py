@@ -32,8 +32,8 @@ def main() -> None:
     parser.add_argument("--progress", action="store_true")
     parser.add_argument("--only", nargs="+", help="names to build (default: every replicate)")
     args = parser.parse_args()
-    from homoglens.comparison import REPLICATED_MODELS, compare_models
-    from homoglens.models import SHIPPED_MODELS
+    from homoglens.comparison.measure import REPLICATED_MODELS, compare_models
+    from homoglens.models.loading import SHIPPED_MODELS
 
     wanted = [name for name in REPLICATED_MODELS if name not in SHIPPED_MODELS]
     if args.only:

@@ -80,7 +80,7 @@ lint_and_types() {
 # SmolLM2-135M-Instruct.
 warm_models() {
   "$1/bin/python" - <<'EOF'
-from homoglens.assets import embedded_model_folder
+from homoglens.models.assets import embedded_model_folder
 from homoglens.testing import TINY_ARCHS, tiny_model_folder
 
 for arch in TINY_ARCHS:

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from homoglens import ablated_positions
-from homoglens.models import has_hooked_transformer
+from homoglens.models.loading import has_hooked_transformer
 from homoglens.testing import tiny_model_folder
 
 BACKENDS = ["hooked", "bridge"] if has_hooked_transformer() else ["bridge"]
@@ -233,7 +233,7 @@ def outside_the_table(folder: Any) -> str:
 
     from transformers import AutoTokenizer, GraniteConfig
 
-    from homoglens.assets import gpt2_tokenizer_folder
+    from homoglens.models.assets import gpt2_tokenizer_folder
 
     folder = Path(folder)
     if (folder / "config.json").exists():
@@ -261,7 +261,7 @@ def outside_the_table(folder: Any) -> str:
 def eager_attention():
     """Every pass inside runs eager attention (no SDPA fast path): for tests that compare a
     pattern-reading pass (always eager) with a residual-only one bit for bit."""
-    import homoglens.fast_attention as fa
+    import homoglens.run.fast_attention as fa
 
     saved, fa.ENABLED = fa.ENABLED, False
     try:

@@ -38,8 +38,8 @@ import pandas as pd
 from IPython.display import display
 
 from homoglens import attention_rollout, corpus_windows, load_model, uniform_causal_rollout
-from homoglens.stats import estimate
-from homoglens.training import heldout_windows
+from homoglens.core.stats import estimate
+from homoglens.training.train import heldout_windows
 
 pd.set_option("display.width", 150)
 

@@ -7,15 +7,17 @@ The public face: everything a researcher needs is importable from here.
 
 from importlib import metadata as _metadata
 
-from homoglens import interrupt  # first: Ctrl-C during the imports below says "Aborted!"
-from homoglens.architectures import architecture_of, resid_hook_name
-from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS, checkpoint_folders
-from homoglens.bias import attention_bias_study
-from homoglens.bias_interventions import attention_bias_hooks, biased_attention
-from homoglens.calibration import CalibratedReadings, calibrated_readings, random_reference
-from homoglens.comparison import REPLICATED_MODELS, compare_models
-from homoglens.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
-from homoglens.errors import (
+from homoglens.core import interrupt  # first: Ctrl-C during the imports below says "Aborted!"
+
+# isort: split
+from homoglens.ablation.measure import massive_ablation_study, position_ablation_study
+from homoglens.ablation.result import PositionAblationStudy
+from homoglens.bias.interventions import attention_bias_hooks, biased_attention
+from homoglens.bias.measure import attention_bias_study
+from homoglens.bias.result import AttentionBiasStudy, SlopeAtZero
+from homoglens.comparison.measure import REPLICATED_MODELS, compare_models
+from homoglens.comparison.result import ModelComparison
+from homoglens.core.errors import (
     DistributedError,
     HomoglensError,
     IncompatibleResultsError,
@@ -32,32 +34,47 @@ from homoglens.errors import (
     UnknownModelError,
     UnsupportedArchitectureError,
 )
-from homoglens.fast_attention import fast_attention_status
-from homoglens.interventions import (
+from homoglens.core.types import (
+    ATTENTION_BIAS_KINDS,
+    PATCH_COMPONENTS,
+    PATCH_METRICS,
+    POSITION_ABLATIONS,
+    AttentionBiasKind,
+    PositionAblation,
+)
+from homoglens.lengths.measure import length_study
+from homoglens.lengths.result import LengthStudy
+from homoglens.models.architectures import architecture_of, resid_hook_name
+from homoglens.models.assets import EMBEDDED_MODELS, SHIPPED_MODELS, checkpoint_folders
+from homoglens.models.loading import ModelInfo, load_model, model_info
+from homoglens.patching.measure import positional_patching
+from homoglens.patching.result import PositionalPatchingResult
+from homoglens.profile.measure import cosine_homogenization, homogenization_profile
+from homoglens.profile.result import HomogenizationProfile
+from homoglens.reproductions.perturbation import perturbation_spread
+from homoglens.reproductions.perturbation_result import PerturbationSpread
+from homoglens.reproductions.rollout import attention_rollout
+from homoglens.reproductions.rollout_result import AttentionRollout, uniform_causal_rollout
+from homoglens.reproductions.sink_emergence import sink_emergence_study
+from homoglens.reproductions.sink_emergence_result import SinkEmergence
+from homoglens.reproductions.valleys import compression_valleys
+from homoglens.reproductions.valleys_result import CompressionValleys
+from homoglens.results import Provenance
+from homoglens.run.data import TokenBatch, corpus_windows, load_corpus, to_token_batch
+from homoglens.run.fast_attention import fast_attention_status
+from homoglens.run.interventions import (
     ablated_massive_activations,
     ablated_positions,
     massive_activation_hooks,
     position_ablation_hooks,
 )
-from homoglens.lengths import length_study
-from homoglens.models import ModelInfo, load_model, model_info
-from homoglens.patching import positional_patching
-from homoglens.perturbation import perturbation_spread
-from homoglens.profile import cosine_homogenization, homogenization_profile
-from homoglens.results import HomogenizationProfile, PositionAblationStudy, Provenance
-from homoglens.results.bias import AttentionBiasStudy, SlopeAtZero
-from homoglens.results.comparison import ModelComparison
-from homoglens.results.lengths import LengthStudy
-from homoglens.results.patching import PositionalPatchingResult
-from homoglens.results.perturbation import PerturbationSpread
-from homoglens.results.rollout import AttentionRollout, uniform_causal_rollout
-from homoglens.results.similarity import PositionalSimilarity
-from homoglens.results.sink_emergence import SinkEmergence
-from homoglens.results.sweeps import CheckpointSweep
-from homoglens.results.valleys import CompressionValleys
-from homoglens.rollout import attention_rollout
-from homoglens.similarity import positional_similarity, similarity_from_activations
-from homoglens.sink_emergence import sink_emergence_study
+from homoglens.similarity.calibration import (
+    CalibratedReadings,
+    calibrated_readings,
+    random_reference,
+)
+from homoglens.similarity.measure import positional_similarity, similarity_from_activations
+from homoglens.similarity.result import PositionalSimilarity
 from homoglens.sinks import (
     ATTRIBUTION_METRICS,
     AttentionReceived,
@@ -74,17 +91,8 @@ from homoglens.sinks import (
     sink_attribution,
     sink_scores,
 )
-from homoglens.studies import massive_ablation_study, position_ablation_study
-from homoglens.sweeps import SWEEP_MEASURES, over_checkpoints
-from homoglens.types import (
-    ATTENTION_BIAS_KINDS,
-    PATCH_COMPONENTS,
-    PATCH_METRICS,
-    POSITION_ABLATIONS,
-    AttentionBiasKind,
-    PositionAblation,
-)
-from homoglens.valleys import compression_valleys
+from homoglens.training.sweep_result import CheckpointSweep
+from homoglens.training.sweeps import SWEEP_MEASURES, over_checkpoints
 
 interrupt.uninstall()  # the imports are done: the previous sys.excepthook is back
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import torch
 
-from homoglens.assets import atomic_folder, cache_dir, gpt2_tokenizer_folder
+from homoglens.models.assets import atomic_folder, cache_dir, gpt2_tokenizer_folder
 
 __all__ = ["TINY_ARCHS", "TinyArch", "tiny_hf_config", "tiny_model_folder"]
 

@@ -16,14 +16,14 @@ from click.testing import CliRunner
 from homoglens.cli import main
 from homoglens.cli.jobs import SectionClock, collected_notes
 from homoglens.cli.output import cli_message
-from homoglens.errors import UnknownModelError
+from homoglens.core.errors import UnknownModelError
+from homoglens.patching.figure import _effect_levels
 from homoglens.report.html import CSS, provenance_table, shown_revision, table_html
-from homoglens.results.figures import _effect_levels
 from homoglens.testing import tiny_model_folder
 
 
 def test_hub_advice_is_reworded_for_the_command_line_only() -> None:
-    from homoglens.hub_loading import _offline_advice
+    from homoglens.models.hub import _offline_advice
 
     python = _offline_advice()
     assert "load_model('/path/to/folder')" in python  # the Python API keeps its wording
@@ -33,7 +33,7 @@ def test_hub_advice_is_reworded_for_the_command_line_only() -> None:
 
 
 def test_cli_hub_error_names_the_option(tmp_path, monkeypatch) -> None:
-    import homoglens.hub_loading as hub
+    import homoglens.models.hub as hub
 
     monkeypatch.setattr(hub, "_hub_offline_reason", lambda *a, **k: "no network (test)")
     args = ["--n-seq", "2", "--seq-len", "16", "--out", str(tmp_path / "out")]

@@ -78,8 +78,8 @@ def test_the_report_embeds_each_figure_and_plotly_js_once(report: Path) -> None:
 
 
 def test_the_default_report_keeps_its_pngs_and_no_script(tmp_path: Path) -> None:
-    from homoglens.plotting import curves, new_figure
     from homoglens.report.html import figure_tag, interactive_figures, page_html
+    from homoglens.results.plotting import curves, new_figure
 
     asked: list[str] = []
 

@@ -77,7 +77,7 @@ def _interrupted(tmp_path: Path, module: str, how: str) -> subprocess.CompletedP
     ("module", "how"),
     [
         ("torch", "script"),  # inside `import homoglens` (the package's heavy imports)
-        ("homoglens.architectures", "-m"),  # `python -m homoglens.cli` (what torchrun runs)
+        ("homoglens.models.architectures", "-m"),  # `python -m homoglens.cli` (what torchrun runs)
         ("homoglens.cli.commands", "script"),  # after the package, before click runs
     ],
 )
@@ -104,6 +104,6 @@ def test_ctrl_c_inside_a_command_says_aborted(tmp_path, monkeypatch) -> None:
 
 def test_the_import_hook_is_gone_after_the_imports() -> None:
     """Importing homoglens leaves ``sys.excepthook`` as it was."""
-    from homoglens import interrupt
+    from homoglens.core import interrupt
 
     assert sys.excepthook is not interrupt._hook

@@ -94,7 +94,7 @@ def test_train_bounds_its_sizes_and_passes_overwrite_through(tmp_path, monkeypat
     """--n-ctx and --vocab-size stop at TrainingConfig's bounds (100000 ran for minutes, 10**9
     aborted the process); --overwrite reaches train_model, which refuses an older run without
     it on its own."""
-    import homoglens.training as training
+    import homoglens.training.train as training
 
     calls: list[bool] = []
 
@@ -182,12 +182,12 @@ def test_defaults_that_do_not_fit_the_windows_are_said_on_stderr(tmp_path) -> No
 
 
 def test_an_out_that_cannot_be_created_says_why_before_any_work(tmp_path, monkeypatch) -> None:
-    import homoglens.models
+    import homoglens.models.loading
 
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded before --out was checked")
 
-    monkeypatch.setattr(homoglens.models, "load_model", never)
+    monkeypatch.setattr(homoglens.models.loading, "load_model", never)
     model = str(tiny_model_folder("gpt2"))
     result = _cli("profile", "--model", model, *FAST, "--out", "/proc/homoglens-x/report")
     assert result.exit_code == 1 and "free some space" not in result.output
@@ -223,14 +223,14 @@ def test_a_failed_write_says_what_failed(tmp_path, monkeypatch, code, cause, fix
 
 
 def test_a_failed_read_of_an_input_is_not_called_a_failed_write(tmp_path, monkeypatch) -> None:
-    import homoglens.models
+    import homoglens.models.loading
 
     weights = "/models/x/model.safetensors"
 
     def unreadable(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", weights)
 
-    monkeypatch.setattr(homoglens.models, "load_model", unreadable)
+    monkeypatch.setattr(homoglens.models.loading, "load_model", unreadable)
     model = str(tiny_model_folder("gpt2"))
     result = _cli("profile", "--model", model, *FAST, "--out", str(tmp_path / "r"))
     assert result.exit_code == 1 and "could not read or write" in result.output
@@ -277,7 +277,7 @@ def test_an_interrupted_or_failed_overwrite_keeps_the_previous_report(tmp_path, 
 def test_train_refuses_to_replace_an_older_run_without_overwrite(tmp_path, monkeypatch) -> None:
     """`homoglens train --out runs` writes runs/tiny-<variant>; an older run of that name is
     replaced only with --overwrite (it used to vanish without a word)."""
-    import homoglens.training as training
+    import homoglens.training.train as training
 
     older = tmp_path / "runs" / "tiny-learned"
     older.mkdir(parents=True)

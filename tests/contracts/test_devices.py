@@ -17,7 +17,7 @@ MEASUREMENTS = public_measurements(TOKENS)
 
 
 def test_the_guard_catches_a_tensor_made_without_a_device() -> None:
-    from homoglens.homogenization import counted_tokens
+    from homoglens.profile.homogenization import counted_tokens
 
     pos = torch.arange(6)[None].repeat(2, 1)
     with factories_on_meta():

@@ -248,8 +248,8 @@ def _state(model: Any) -> dict[str, Any]:
     points and the Hugging Face modules under a bridge), forwards replaced on an instance (the
     SDPA fast path), attention implementations, the model's lock, gradient flags and grads,
     train/eval mode, autograd's mode, and the weights."""
-    import homoglens.fast_attention as fa
-    from homoglens.models import model_lock
+    import homoglens.run.fast_attention as fa
+    from homoglens.models.loading import model_lock
 
     modules = list(model.modules())
     configs = [getattr(m, "config", None) for m in modules]

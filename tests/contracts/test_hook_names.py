@@ -1,5 +1,5 @@
 """One place builds hook names (issue 40): every TransformerLens hook name homoglens attaches
-to or reads comes from ``homoglens.architectures`` (the family table's position hooks,
+to or reads comes from ``homoglens.models.architectures`` (the family table's position hooks,
 ``resid_hook_name``, ``component_hook_name`` over ``BLOCK_POINTS``, ``pattern_hook_name``,
 ``z_hook_name``). Read from the source with ``ast``: no other module holds a string that is a
 hook name or a block-relative hook point (docstrings and messages may mention them)."""
@@ -44,7 +44,9 @@ def test_no_hook_name_outside_the_architecture_table() -> None:
         for line, text in _strings(ast.parse(path.read_text())):
             if HOOK_NAME.match(text) and text not in NOT_HOOKS:
                 found.append(f"{path.relative_to(SRC)}:{line}: {text!r}")
-    assert not found, "hook names built outside homoglens.architectures:\n" + "\n".join(found)
+    assert not found, "hook names built outside homoglens.models.architectures:\n" + "\n".join(
+        found
+    )
 
 
 def test_the_pattern_sees_what_it_must() -> None:

@@ -20,7 +20,7 @@ from homoglens import (
     positional_patching,
     resid_hook_name,
 )
-from homoglens.interventions import residual_write_hooks
+from homoglens.run.interventions import residual_write_hooks
 
 TOKENS = torch.randint(0, 1000, (2, 10), generator=torch.Generator().manual_seed(0))
 

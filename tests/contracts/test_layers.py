@@ -11,60 +11,29 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "homoglens"
 
-# Lowest first. A module may import modules of lower layers, and modules of its own package
-# (``homoglens.results.*`` among themselves); ``homoglens/__init__.py`` is the public face.
-# DESIGN.md's order, with four of its layers split where the code needs an order inside them:
-# the statistics check their arguments (validate < stats, distributed), the plotly twin of the
-# figure primitives shares the matplotlib side's colour ranges (plotting < plotting_plotly), the
-# attention-bias interventions share the index check of the others (interventions <
-# bias_interventions), and the ablation study and patching reuse the profile's reducer (profile <
-# studies, patching). The rank metrics and the blocked position dot products sit below the
-# homogenization sums that use them.
+# Lowest first: the floors of DESIGN.md, one package each, and the measurement packages on one
+# floor above them. A module may import modules of lower floors and of its own package; a
+# measurement package may build on another (the ablation study and patching reuse the profile's
+# reducer, the comparison composes several, the compression valleys the sinks), as long as the
+# graph of measurement packages has no cycle (``test_measurements_form_no_cycle``).
+# ``homoglens/__init__.py`` is the public face.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "types", "interrupt"),
-    ("validate",),
-    ("resampling",),
-    (
-        "stats",
-        "distributed",
-        "blocked_attention",
-        "rank_metrics",
-        "position_dots",
-        "similarity_options",
-        "similarity_passes",
-    ),
-    (
-        "architectures",
-        "assets",
-        "data",
-        "homogenization",
-        "sink_math",
-        "similarity_math",
-        "plotting",
-        "claims",
-        "controls",
-        "training_config",
-    ),
-    ("plotting_plotly", "model_state", "backend_loaders"),
-    ("folder_loading", "hub_loading", "model_objects"),
-    ("models", "hooks", "bias_hooks", "results", "training", "fast_attention"),
-    ("provenance", "forward", "position_tables"),
-    ("engine", "interventions"),
-    ("bias_interventions", "losses"),
-    ("bias_passes",),
-    (
+    ("core",),
+    ("models",),
+    ("results",),
+    ("run",),
+    MEASUREMENTS := (
         "profile",
         "similarity",
         "sinks",
+        "ablation",
+        "patching",
         "bias",
         "lengths",
-        "patching_passes",
-        "rollout",
-        "perturbation",
+        "comparison",
+        "training",
+        "reproductions",
     ),
-    ("studies", "patching", "calibration", "comparison_options", "valleys"),
-    ("comparison", "sweeps"),
-    ("sink_emergence",),
     ("report", "testing"),
     ("cli",),
 )
@@ -128,6 +97,8 @@ def test_imports_run_downward(module: str) -> None:
         there = _top(target)
         if not there or there == here:
             continue  # its own package
+        if there in MEASUREMENTS and here in MEASUREMENTS:
+            continue  # one floor: the package graph is checked for cycles below
         if LEVEL[there] >= LEVEL[here]:
             bad.append(f"line {line}: {target} ({there}, layer {LEVEL[there]})")
     assert not bad, f"{module} (layer {LEVEL[here]}) imports sideways or upward: {bad}"
@@ -142,3 +113,73 @@ def test_no_private_names_across_modules(module: str) -> None:
         if private_module or private_names:
             bad.append(f"line {line}: {target} {private_names}")
     assert not bad, f"{module} imports private names of other modules: {bad}"
+
+
+def _module_of(target: str, names: list[str]) -> list[str]:
+    """The modules an import statement loads: ``from homoglens.sinks import result`` loads
+    ``homoglens.sinks.result`` (a submodule), ``from homoglens.sinks import sink_scores`` the
+    package's ``__init__``."""
+    found = [f"{target}.{name}" for name in names if f"{target}.{name}" in MODULES]
+    return found or ([target] if target in MODULES else [])
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import cycle between modules, type-only imports included: a cycle under
+    ``TYPE_CHECKING`` is still two modules that cannot be read one before the other. A
+    package's ``__init__`` that re-exports its modules is left out (importing a package's
+    public face from inside it is refused by ``test_imports_run_downward``'s own-package rule
+    only where it loops)."""
+    edges: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        if path.name == "__init__.py":
+            continue
+        for _line, target, names in _imports(path, module):
+            for loaded in _module_of(target, names):
+                if loaded != module and MODULES[loaded].name != "__init__.py":
+                    edges.setdefault(module, set()).add(loaded)
+    assert not _cycles(edges), f"import cycles between modules: {_cycles(edges)}"
+
+
+def test_measurements_form_no_cycle() -> None:
+    edges: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        here = _top(module)
+        if here not in MEASUREMENTS:
+            continue
+        for _line, target, _names in _imports(path, module):
+            there = _top(target)
+            if there in MEASUREMENTS and there != here:
+                edges.setdefault(here, set()).add(there)
+    assert not _cycles(edges), f"measurement packages import each other in a loop: {_cycles(edges)}"

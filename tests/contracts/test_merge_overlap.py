@@ -9,7 +9,7 @@ import pytest
 
 from helpers import BACKENDS
 from homoglens import HomogenizationProfile, homogenization_profile, load_model
-from homoglens.errors import IncompatibleResultsError
+from homoglens.core.errors import IncompatibleResultsError
 from homoglens.testing import tiny_model_folder
 
 TEXTS = ["The cat sat on the mat today.", "A quick brown fox.", "Hello there friend.", "Four five"]

@@ -20,7 +20,7 @@ from homoglens import (
     position_ablation_study,
     similarity_from_activations,
 )
-from homoglens.stats import auto_block, estimate, holm, verdict
+from homoglens.core.stats import auto_block, estimate, holm, verdict
 
 
 def _values(n: int = 40, seed: int = 0) -> torch.Tensor:
@@ -106,7 +106,7 @@ def test_groups_of_the_wrong_kind_are_typed(groups: object) -> None:
 def test_bad_resample_tables_are_typed(windows: torch.Tensor) -> None:
     with pytest.raises(InvalidInputError, match="windows"):
         estimate([_values()], windows=windows)
-    from homoglens.stats import resampled_means
+    from homoglens.core.stats import resampled_means
 
     with pytest.raises(InvalidInputError, match="windows"):
         resampled_means(_values(), windows)
@@ -153,7 +153,7 @@ def test_holm_refuses_what_is_not_a_p_value(p: list[object]) -> None:
 
 
 def test_default_sesoi_inputs() -> None:
-    from homoglens.stats import default_sesoi
+    from homoglens.core.stats import default_sesoi
 
     with pytest.raises(InvalidInputError, match="real number"):
         default_sesoi("0.1")  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from homoglens import (
     sink_attribution,
     sink_scores,
 )
-from homoglens.models import attached_hooks
+from homoglens.models.loading import attached_hooks
 from homoglens.testing import tiny_model_folder
 
 
@@ -106,7 +106,7 @@ def test_a_pattern_that_never_fires_is_a_typed_error_not_nan(arch, monkeypatch) 
     config and the fix, not all-NaN scores (or a bare RuntimeError)."""
     from homoglens import ModelStateError
 
-    monkeypatch.setattr("homoglens.fast_attention.ENABLED", False)
+    monkeypatch.setattr("homoglens.run.fast_attention.ENABLED", False)
     model = load_model(tiny_model_folder(arch), backend="bridge")
     model.original_model.config._attn_implementation = "sdpa"
     with pytest.raises(ModelStateError, match="_attn_implementation = 'eager'"):

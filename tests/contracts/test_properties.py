@@ -94,8 +94,8 @@ def test_permute_then_inverse_permute_is_the_identity(backend, get_model, perm) 
     """The hooks give token i the positional signal of position perm[i]; gathering what they
     produce with the inverse permutation gives back the unpermuted signal (the logits follow
     Hugging Face ``position_ids=perm``: tested in test_interventions)."""
-    from homoglens.hooks import _source
-    from homoglens.interventions import _plan
+    from homoglens.run.hooks import _source
+    from homoglens.run.interventions import _plan
 
     model = get_model("gpt2", backend)
     inverse = torch.argsort(torch.tensor(perm)).tolist()

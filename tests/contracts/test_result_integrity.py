@@ -49,18 +49,18 @@ from homoglens import (
     sink_analysis,
     sink_scores,
 )
-from homoglens.perturbation import perturbation_spread
-from homoglens.results.attribution import SinkAttribution
-from homoglens.results.perturbation import PerturbationSpread
-from homoglens.results.rollout import AttentionRollout
-from homoglens.results.sink_emergence import SinkEmergence
-from homoglens.results.sinks import AttentionReceived, SinkAnalysis
+from homoglens.reproductions.perturbation import perturbation_spread
+from homoglens.reproductions.perturbation_result import PerturbationSpread
+from homoglens.reproductions.rollout import attention_rollout
+from homoglens.reproductions.rollout_result import AttentionRollout
+from homoglens.reproductions.sink_emergence import sink_emergence_study, weight_decay_runs
+from homoglens.reproductions.sink_emergence_result import SinkEmergence
+from homoglens.reproductions.valleys import compression_valleys
+from homoglens.reproductions.valleys_result import CompressionValleys
 from homoglens.results.storage import HASHES
-from homoglens.results.valleys import CompressionValleys
-from homoglens.rollout import attention_rollout
-from homoglens.sink_emergence import sink_emergence_study, weight_decay_runs
 from homoglens.sinks import attention_received, sink_attribution
-from homoglens.valleys import compression_valleys
+from homoglens.sinks.attribution_result import SinkAttribution
+from homoglens.sinks.result import AttentionReceived, SinkAnalysis
 
 TEXTS = [f"Sentence number {i} is here, and it goes on for a little while." for i in range(4)]
 OTHER_TEXTS = ["A short one, then more words.", "Another text that is not the same at all."]

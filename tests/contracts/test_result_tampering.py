@@ -133,7 +133,7 @@ def test_a_sha256_that_leaves_out_a_file_read_is_refused(saved, tmp_path, name: 
 
 
 def test_the_shipped_replicate_statistics_still_load() -> None:
-    from homoglens.comparison import _REPLICATES
+    from homoglens.comparison.measure import _REPLICATES
     from homoglens.results import read_saved
 
     for path in sorted(_REPLICATES.glob("*.json")):

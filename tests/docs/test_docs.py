@@ -18,9 +18,9 @@ def test_every_public_name_is_in_the_api_reference() -> None:
         documented |= set(members.replace(" ", "").split(","))
     for name in homoglens.__all__:
         obj = getattr(homoglens, name)
-        in_errors = getattr(obj, "__module__", "") == "homoglens.errors"
+        in_errors = getattr(obj, "__module__", "") == "homoglens.core.errors"
         assert name in documented or in_errors, f"{name} is missing from docs/api.md"
-    assert "::: homoglens.errors" in api
+    assert "::: homoglens.core.errors" in api
 
 
 def test_nav_entries_exist() -> None:

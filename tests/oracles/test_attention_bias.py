@@ -17,8 +17,8 @@ from homoglens import (
     biased_attention,
     load_model,
 )
-from homoglens.architectures import ARCHITECTURES
-from homoglens.bias_hooks import AttentionBiasPlan, attention_bias_phi, bias_pattern
+from homoglens.bias.hooks import AttentionBiasPlan, attention_bias_phi, bias_pattern
+from homoglens.models.architectures import ARCHITECTURES
 from homoglens.testing import TINY_ARCHS, tiny_model_folder
 
 SHORT = TOKENS[:, :8]  # within every tiny sliding window (8): the window mask never binds
@@ -288,12 +288,12 @@ def test_bias_pattern_reads_a_non_causal_pattern_whole() -> None:
 @pytest.mark.parametrize("arch", _cases())
 def test_the_study_equals_hugging_face_with_a_4d_float_mask(arch: str, monkeypatch) -> None:
     """attention_bias_study biases each block a few query rows at a time inside the attention
-    function (homoglens.blocked_attention): its per-window loss at each strength equals Hugging
+    function (homoglens.run.blocked_attention): its per-window loss at each strength equals Hugging
     Face eager attention given the same bias as a 4D float mask, within 1e-4, with the queries
     split into blocks of 3 rows (the rows' offsets into phi exercised)."""
-    import homoglens.blocked_attention as blocked
+    import homoglens.run.blocked_attention as blocked
     from homoglens import attention_bias_study, fast_attention_status
-    from homoglens.losses import next_token_loss
+    from homoglens.run.losses import next_token_loss
 
     if arch in READ_ONLY and fast_attention_status(_model(arch, "bridge")) != "sdpa":
         pytest.skip(f"{arch}: no attention function to serve; the bridge only reads the pattern")

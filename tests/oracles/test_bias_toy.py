@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from homoglens import attention_bias_study, load_model
-from homoglens.models import has_hooked_transformer
+from homoglens.models.loading import has_hooked_transformer
 from homoglens.testing import tiny_model_folder
 
 D, T, N = 16, 12, 5

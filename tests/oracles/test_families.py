@@ -30,7 +30,7 @@ from homoglens import (
     positional_patching,
     to_token_batch,
 )
-from homoglens.architectures import ARCHITECTURES
+from homoglens.models.architectures import ARCHITECTURES
 from homoglens.testing import TINY_ARCHS, tiny_model_folder
 
 ONES = torch.ones_like(TOKENS)

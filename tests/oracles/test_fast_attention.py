@@ -1,4 +1,4 @@
-"""The SDPA fast path (homoglens.fast_attention): on every family of the table the bridge
+"""The SDPA fast path (homoglens.run.fast_attention): on every family of the table the bridge
 serves with it, each readout it serves equals the eager pass within 1e-5; it falls back where it
 cannot be exact; it leaves nothing switched after a pass, however the pass ends."""
 
@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-import homoglens.fast_attention as fa
+import homoglens.run.fast_attention as fa
 from helpers import hook_count
 from homoglens import (
     UnsupportedArchitectureError,
@@ -22,7 +22,7 @@ from homoglens import (
     positional_patching,
     positional_similarity,
 )
-from homoglens.engine import run_through
+from homoglens.run.engine import run_through
 from homoglens.testing import TINY_ARCHS, tiny_model_folder
 
 EAGER_FAMILIES = {"gptneo", "bloom", "mpt", "gemma2"}

@@ -24,7 +24,7 @@ from homoglens import (
     load_model,
     position_ablation_hooks,
 )
-from homoglens.hooks import PositionPlan
+from homoglens.run.hooks import PositionPlan
 from homoglens.testing import tiny_model_folder
 
 T = 20

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-import homoglens.fast_attention as fa
+import homoglens.run.fast_attention as fa
 from homoglens import corpus_windows, fast_attention_status, homogenization_profile, load_model
 from homoglens.testing import tiny_model_folder
 
@@ -81,7 +81,7 @@ def test_smollm2_half_precision_profile_runs_sdpa_within_tolerance(dtype) -> Non
     model = load_model("smollm2-135m-instruct", backend="bridge", dtype=dtype)
     assert fast_attention_status(model) == "sdpa"
     seen = []
-    from homoglens.engine import run_through
+    from homoglens.run.engine import run_through
 
     run_through(  # the pass runs the Hugging Face attention with SDPA
         model,

@@ -13,8 +13,8 @@ import torch
 
 from helpers import hf_model, hf_module, hf_run
 from homoglens import find_massive_sites, massive_activations
-from homoglens.data import to_token_batch
-from homoglens.errors import InvalidInputError
+from homoglens.core.errors import InvalidInputError
+from homoglens.run.data import to_token_batch
 
 ARCH = "llama"
 TEXTS = [

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from homoglens import load_model, perturbation_spread, to_token_batch
-from homoglens.errors import InvalidInputError
+from homoglens.core.errors import InvalidInputError
 from homoglens.testing import tiny_model_folder
 
 N, T, POSITION, TOKEN = 5, 14, 3, 7

@@ -10,7 +10,7 @@ import torch
 
 from helpers import hf_model, hf_run
 from homoglens import AttentionRollout, attention_rollout, uniform_causal_rollout
-from homoglens.errors import InvalidInputError
+from homoglens.core.errors import InvalidInputError
 
 T = 12
 

@@ -23,9 +23,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from homoglens import sink_emergence_study
-from homoglens.assets import shipped_model_folder
-from homoglens.data import TokenBatch
-from homoglens.training import heldout_windows
+from homoglens.models.assets import shipped_model_folder
+from homoglens.run.data import TokenBatch
+from homoglens.training.train import heldout_windows
 
 RUN = "homoglens/tiny-rotary-bos"
 N_SEQ = 4

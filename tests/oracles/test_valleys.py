@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from helpers import BACKENDS
 from homoglens import compression_valleys, load_model
-from homoglens.models import shipped_model_folder
-from homoglens.rank_metrics import raw_matrix_entropy
+from homoglens.models.loading import shipped_model_folder
+from homoglens.profile.rank_metrics import raw_matrix_entropy
 
 MODEL = "homoglens/tiny-rotary-bos"
 EPS = 0.3
@@ -101,7 +101,7 @@ def test_matches_hugging_face_in_float64(backend: str, tokens, oracle) -> None:
 def test_equal_norms_give_the_unit_row_entropy() -> None:
     """Null: with every row of the same norm, no token dominates, and the raw-row entropy is
     the unit-row matrix entropy of the profile (rank_sums' matrix_entropy / log min(T, d))."""
-    from homoglens.rank_metrics import rank_sums
+    from homoglens.profile.rank_metrics import rank_sums
 
     gen = torch.Generator().manual_seed(0)
     x = torch.nn.functional.normalize(

@@ -17,7 +17,7 @@ from homoglens import (
     massive_activation_means,
     massive_activations,
 )
-from homoglens.models import embedded_model_folder
+from homoglens.models.loading import embedded_model_folder
 
 pytestmark = pytest.mark.smollm2
 

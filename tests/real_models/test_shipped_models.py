@@ -20,7 +20,7 @@ from homoglens import (
     model_info,
     to_token_batch,
 )
-from homoglens.models import shipped_model_folder
+from homoglens.models.loading import shipped_model_folder
 
 
 @pytest.mark.parametrize("name", SHIPPED_MODELS)

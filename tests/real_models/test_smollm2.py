@@ -10,7 +10,7 @@ import torch
 
 from helpers import BACKENDS
 from homoglens import corpus_windows, homogenization_profile, load_model, model_info
-from homoglens.models import embedded_model_folder
+from homoglens.models.loading import embedded_model_folder
 
 pytestmark = pytest.mark.smollm2
 

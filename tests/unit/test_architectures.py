@@ -1,4 +1,4 @@
-"""Unit tests of homoglens.architectures: the family table and the hook names it builds."""
+"""Unit tests of homoglens.models.architectures: the family table and the hook names it builds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests of homoglens.assets: the cache folder, atomic folders, package versions."""
+"""Unit tests of homoglens.models.assets: the cache folder, atomic folders, package versions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from homoglens.assets import atomic_folder, cache_dir, package_version
+from homoglens.models.assets import atomic_folder, cache_dir, package_version
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_an_interrupted_overwrite_never_loses_the_old_output_nor_half_places_the
 ) -> None:
     import shutil
 
-    from homoglens.assets import staged_output
+    from homoglens.models.assets import staged_output
 
     out = _old_output(tmp_path)
     calls = {"rename": 0, "rmtree": 0}
@@ -118,7 +118,7 @@ def test_an_overwrite_whose_old_output_cannot_be_moved_back_names_the_backup(
 ) -> None:
     import errno
 
-    from homoglens.assets import staged_output
+    from homoglens.models.assets import staged_output
 
     out = _old_output(tmp_path)
     calls = []
@@ -146,7 +146,7 @@ def test_a_real_ctrl_c_during_the_swap_waits_for_its_end(tmp_path: Path, monkeyp
     import os
     import signal
 
-    from homoglens.assets import staged_output
+    from homoglens.models.assets import staged_output
 
     out = _old_output(tmp_path)
     real_rename = Path.rename
@@ -167,7 +167,7 @@ def test_staged_and_atomic_folders_are_flushed_to_disk_before_the_rename(
 ) -> None:
     import os
 
-    from homoglens.assets import staged_output
+    from homoglens.models.assets import staged_output
 
     synced: list[int] = []
     at_rename: list[int] = []

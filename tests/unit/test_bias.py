@@ -18,8 +18,8 @@ from homoglens import (
     load_model,
     positional_similarity,
 )
-from homoglens.losses import next_token_loss
-from homoglens.similarity_math import SIMILARITY_STATISTICS
+from homoglens.run.losses import next_token_loss
+from homoglens.similarity.maths import SIMILARITY_STATISTICS
 from homoglens.testing import tiny_model_folder
 
 WINDOWS = torch.randint(0, 1000, (6, 20), generator=torch.Generator().manual_seed(0))
@@ -242,7 +242,7 @@ def test_windows_must_be_equal_and_several() -> None:
 
 
 def test_an_error_inside_the_pass_leaves_no_hook(monkeypatch) -> None:
-    import homoglens.losses as losses_mod
+    import homoglens.run.losses as losses_mod
 
     model = _model()
 
@@ -271,7 +271,7 @@ def test_strengths_and_lengths_as_arrays() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("arch", ["gpt2", "neox", "llama"])
 def test_loss_head_is_the_loss_of_the_model_logits_bit_for_bit(arch: str, backend: str) -> None:
-    from homoglens.losses import LossHead
+    from homoglens.run.losses import LossHead
 
     model = _model(arch, backend)
     mask = torch.ones_like(WINDOWS)
@@ -290,8 +290,8 @@ def test_loss_head_is_the_loss_of_the_model_logits_bit_for_bit(arch: str, backen
 def test_loss_head_keeps_the_logits_where_the_unembedding_is_not_all(monkeypatch) -> None:
     # Something after W_U (here a hook on the logits; in Gemma 2 a soft-cap) fails the check:
     # every pass then reads the model's own logits, and the loss is theirs.
-    import homoglens.engine as engine_mod
-    import homoglens.losses as losses_mod
+    import homoglens.run.engine as engine_mod
+    import homoglens.run.losses as losses_mod
 
     model = _model()
     mask = torch.ones_like(WINDOWS)
@@ -313,7 +313,7 @@ def test_loss_head_keeps_the_logits_where_the_unembedding_is_not_all(monkeypatch
 
 
 def test_the_study_reads_logits_once_only(monkeypatch) -> None:
-    import homoglens.engine as engine_mod
+    import homoglens.run.engine as engine_mod
 
     calls = []
     real = engine_mod._run
@@ -373,7 +373,7 @@ def test_pseudo_values_kept_or_run_again_and_without_them(monkeypatch) -> None:
     pass or, above the activation budget, from a second forward pass per strength (the same
     numbers); without them C is held fixed (the same corpus values, other per-window values)
     and sp_* has no interval."""
-    import homoglens.bias as bias
+    import homoglens.bias.measure as bias
 
     model = _model()
     options = {"kind": "first", "strengths": [-1.0, 0.0, 1.0], **COMMON}

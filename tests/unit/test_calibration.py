@@ -10,13 +10,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from homoglens import PositionalSimilarity, TokenBatch, load_model
-from homoglens.calibration import (
+from homoglens.core.errors import InvalidInputError, UnsupportedArchitectureError
+from homoglens.similarity.calibration import (
     DESIGNS,
     CalibratedReadings,
     calibrated_readings,
     random_reference,
 )
-from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
 from homoglens.testing import tiny_model_folder
 
 COLUMNS = ["reading", "statistic", "layer", "model", "reference", "difference", "se", "ci_low",
@@ -174,7 +174,7 @@ def test_the_model_matched_null_refuses_what_it_cannot_do(model, tokens) -> None
 
 
 def test_a_family_outside_the_table_gets_a_typed_error_naming_the_fix(monkeypatch, tokens) -> None:
-    import homoglens.calibration as calibration
+    import homoglens.similarity.calibration as calibration
 
     def unknown(model):
         raise UnsupportedArchitectureError("family 'foo' is not in the table.")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from homoglens.claims import CLAIM_COLUMNS, claims_table
-from homoglens.comparison import LAYER_STATISTICS
+from homoglens.comparison.measure import LAYER_STATISTICS
+from homoglens.core.claims import CLAIM_COLUMNS, claims_table
 
 LAYERS = (0, 1, 2)
 

@@ -25,14 +25,14 @@ from homoglens import (
     load_model,
     positional_similarity,
 )
-from homoglens.claims import CLAIM_COLUMNS
 from homoglens.cli import main
-from homoglens.comparison import REPLICATED_MODELS, STATISTICS
-from homoglens.data import TokenBatch
-from homoglens.models import shipped_model_folder
-from homoglens.stats import holm, verdict
+from homoglens.comparison.measure import REPLICATED_MODELS, STATISTICS
+from homoglens.core.claims import CLAIM_COLUMNS
+from homoglens.core.stats import holm, verdict
+from homoglens.models.loading import shipped_model_folder
+from homoglens.run.data import TokenBatch
 from homoglens.testing import tiny_model_folder
-from homoglens.training import heldout_loss, heldout_windows
+from homoglens.training.train import heldout_loss, heldout_windows
 
 PLAIN = ("homoglens/tiny-learned", "homoglens/tiny-rotary", "homoglens/tiny-none")
 _CACHE: dict[str, ModelComparison] = {}

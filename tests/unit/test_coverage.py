@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from homoglens import PositionalSimilarity
-from homoglens.controls import control_activations
+from homoglens.core.controls import control_activations
 
 
 def _coverage(kind: str, n: int, replicates: int) -> dict[str, float]:
@@ -43,7 +43,7 @@ def test_default_intervals_cover_on_nulls(kind: str, n: int, replicates: int) ->
 def _paired_coverage(n: int, replicates: int) -> dict[str, float]:
     """Coverage of the five paired readings (model - reference) on consecutive windows of one
     long series, the reference another draw of the same process (truth 0)."""
-    from homoglens.calibration import CalibratedReadings
+    from homoglens.similarity.calibration import CalibratedReadings
 
     hits: dict[str, list[bool]] = {}
     for rep in range(replicates):
@@ -63,7 +63,7 @@ def _paired_coverage(n: int, replicates: int) -> dict[str, float]:
 def test_paired_readings_cover_on_consecutive_windows(n: int) -> None:
     """Issue 51, point 2: Politis-White alone chose blocks of 1 for reading (c) at a few dozen
     windows (its significance bound misses a lag-1 correlation of 0.6), covering 0.81 (n 24)
-    and 0.90 (n 48); the AR(1) floor of :func:`homoglens.stats.auto_block` covers >= 0.93 (n 96
+    and 0.90 (n 48); the AR(1) floor of :func:`homoglens.core.stats.auto_block` covers >= 0.93 (n 96
     in benchmarks/null_suite.py)."""
     coverage = _paired_coverage(n, 100)
     assert min(coverage.values()) >= 0.93, coverage

@@ -20,7 +20,7 @@ from homoglens import (
     to_token_batch,
 )
 from homoglens.cli import main
-from homoglens.data import TokenBatch, right_aligned
+from homoglens.run.data import TokenBatch, right_aligned
 from homoglens.testing import tiny_model_folder
 
 

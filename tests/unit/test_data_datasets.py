@@ -229,7 +229,7 @@ import sys
 import datasets
 import torch.distributed as dist
 from homoglens import homogenization_profile, load_model
-from homoglens.distributed import world
+from homoglens.core.distributed import world
 
 dist.init_process_group("gloo")
 folder, out, texts = sys.argv[1], sys.argv[2], sys.argv[3].split("|")

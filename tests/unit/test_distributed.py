@@ -35,8 +35,8 @@ from homoglens import (
     sink_attribution,
     sink_scores,
 )
-from homoglens.data import TokenBatch
-from homoglens.distributed import shard_bounds
+from homoglens.core.distributed import shard_bounds
+from homoglens.run.data import TokenBatch
 from homoglens.testing import tiny_model_folder
 
 WORKER = r"""
@@ -46,7 +46,7 @@ import torch.distributed as dist
 from homoglens import homogenization_profile, load_model, position_ablation_study, sink_scores
 from homoglens import massive_activations, positional_patching, positional_similarity
 from homoglens import sink_attribution
-from homoglens.distributed import world
+from homoglens.core.distributed import world
 sys.path[:0] = [sys.argv[4], str(__import__('pathlib').Path(sys.argv[4]).parent)]
 from test_distributed import equal_batch, make_batch
 
@@ -243,7 +243,7 @@ def test_torchrun_two_processes_equal_one(n: int, backend: str, tmp_path: Path) 
 
 def test_multi_device_options_are_checked_and_passed_through(monkeypatch) -> None:
     from homoglens import InvalidInputError
-    from homoglens.models import _check_placement
+    from homoglens.models.loading import _check_placement
 
     with pytest.raises(InvalidInputError, match="CUDA devices"):
         load_model(tiny_model_folder("gpt2"), backend="bridge", n_devices=2 + 64)

@@ -1,4 +1,4 @@
-"""Unit tests of homoglens.engine: the one streaming driver, its model-state checks, reducers
+"""Unit tests of homoglens.run.engine: the one streaming driver, its model-state checks, reducers
 and the pass that ends after the last hook point read."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_run_through_ends_after_every_read_point_has_fired(backend, get_model) -
     """Two read points in two blocks: both fire once, nothing after the later one runs (no
     next block, no final norm), and no hook is left; on the bridge the names given are
     aliases of canonical hook names, which must not stop the pass from ending."""
-    from homoglens.engine import run_through
+    from homoglens.run.engine import run_through
 
     model = get_model("gpt2", backend)
     tokens = model.to_tokens(SHORT_TEXTS[0])
@@ -71,7 +71,7 @@ def test_stream_sums_do_not_depend_on_the_batching(get_model) -> None:
     """A Sums reducer fed through the engine: the same totals for any batch size, pads never
     counted, every sequence seen once."""
     from homoglens import to_token_batch
-    from homoglens.engine import Sums, stream
+    from homoglens.run.engine import Sums, stream
 
     model = get_model("llama", "bridge")
     batch = to_token_batch(model, [*SHORT_TEXTS, "A third and last text, of its own length."])
@@ -93,7 +93,7 @@ def test_stream_sums_do_not_depend_on_the_batching(get_model) -> None:
 
 def test_stream_without_anything_to_read_is_refused(get_model) -> None:
     from homoglens import to_token_batch
-    from homoglens.engine import Sums, stream
+    from homoglens.run.engine import Sums, stream
 
     model = get_model("gpt2", "bridge")
     with pytest.raises(ValueError, match="no reducer reads"):
@@ -105,7 +105,7 @@ def test_stream_without_anything_to_read_is_refused(get_model) -> None:
 
 def test_an_error_inside_a_reducer_leaves_no_hook(get_model) -> None:
     from homoglens import to_token_batch
-    from homoglens.engine import Sums, stream
+    from homoglens.run.engine import Sums, stream
 
     model = get_model("gpt2", "bridge")
 
@@ -126,7 +126,7 @@ def test_a_pass_plan_is_run_by_the_engine_pass_by_pass(get_model) -> None:
     to the logits sends them back (the same as ``run_logits``), one with ``last`` sends
     ``None``; the thread state a plan enters around its ``yield`` holds while its pass runs."""
     from homoglens import to_token_batch
-    from homoglens.engine import Pass, run_logits, stream
+    from homoglens.run.engine import Pass, run_logits, stream
 
     model = get_model("gpt2", "bridge")
     batch = to_token_batch(model, SHORT_TEXTS)
@@ -155,7 +155,7 @@ def test_a_failed_pass_closes_its_plan(get_model) -> None:
     """An error in a pass closes the plan at its ``yield`` (its contexts exit) and leaves no
     hook on the model."""
     from homoglens import to_token_batch
-    from homoglens.engine import Pass, stream
+    from homoglens.run.engine import Pass, stream
 
     model = get_model("gpt2", "bridge")
     closed: list[bool] = []
@@ -183,7 +183,7 @@ def test_provenance_records_versions_revision_and_the_data_hash(get_model, tmp_p
     from importlib.metadata import version
 
     from homoglens import HomogenizationProfile, corpus_windows, homogenization_profile
-    from homoglens.engine import token_sha256
+    from homoglens.run.engine import token_sha256
 
     model = get_model("gpt2", "bridge")
     batch = corpus_windows(model, n_seq=2, seq_len=12)
@@ -207,8 +207,8 @@ def test_provenance_records_versions_revision_and_the_data_hash(get_model, tmp_p
 
 
 def test_the_data_hash_reads_real_tokens_only() -> None:
-    from homoglens.data import TokenBatch
-    from homoglens.engine import token_sha256
+    from homoglens.run.data import TokenBatch
+    from homoglens.run.engine import token_sha256
 
     right = TokenBatch(
         torch.tensor([[5, 6, 7], [8, 9, 0]]), torch.tensor([[1, 1, 1], [1, 1, 0]]), False, "r"
@@ -226,7 +226,7 @@ def test_the_data_hash_reads_real_tokens_only() -> None:
 def test_a_hub_revision_names_the_cached_commit(tmp_path, monkeypatch) -> None:
     from huggingface_hub import constants
 
-    from homoglens.hub_loading import _hub_revision
+    from homoglens.models.hub import _hub_revision
 
     commit = "ab" * 20
     snapshot = tmp_path / "models--gpt2" / "snapshots" / commit

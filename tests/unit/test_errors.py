@@ -8,7 +8,7 @@ import warnings
 import torch
 
 from homoglens import attention_bias_study, positional_similarity
-from homoglens.errors import warn_user
+from homoglens.core.errors import warn_user
 
 
 def test_warn_user_skips_every_homoglens_frame(get_model) -> None:

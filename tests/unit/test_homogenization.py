@@ -278,7 +278,7 @@ def test_unit_row_rank_metrics_equal_brute_force_and_ignore_massive_activations(
 
 def test_extreme_magnitudes_give_the_right_cosines() -> None:
     from homoglens import PositionalSimilarity
-    from homoglens.homogenization import homogenization_sums
+    from homoglens.profile.homogenization import homogenization_sums
 
     torch.manual_seed(0)
     x = torch.randn(2, 12, 16)
@@ -302,7 +302,7 @@ def test_extreme_magnitudes_give_the_right_cosines() -> None:
 def test_rank_singular_values_equal_float64_svd(shape: tuple[int, int, int]) -> None:
     """The Gram-eigenvalue route of the rank metrics equals float64 SVD of each scaled matrix
     (both branches), with a massive first row and a pad row."""
-    from homoglens.rank_metrics import _singular_values
+    from homoglens.profile.rank_metrics import _singular_values
 
     torch.manual_seed(0)
     x = torch.randn(*shape)
@@ -324,7 +324,7 @@ def test_the_unsynchronised_path_equals_the_cpu_path(case: str, monkeypatch) -> 
     """On a GPU the vectors are read without a host synchronisation per layer (every sequence
     rescaled by its power of two, NaN/inf flagged for one check per batch, the centred sum
     taken directly everywhere): the same sums as the CPU path, and the same error."""
-    import homoglens.homogenization as hom
+    import homoglens.profile.homogenization as hom
 
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3, 40, 16, generator=gen)

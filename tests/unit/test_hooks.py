@@ -1,4 +1,4 @@
-"""Unit tests of homoglens.hooks: the pure hook factories and position plans."""
+"""Unit tests of homoglens.run.hooks: the pure hook factories and position plans."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 from helpers import BACKENDS
 from homoglens import ablated_positions
-from homoglens.hooks import PositionPlan
+from homoglens.run.hooks import PositionPlan
 
 
 def test_position_plan_source_returns_copies(get_model):

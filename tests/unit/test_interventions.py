@@ -19,7 +19,7 @@ from homoglens import (
     massive_activation_hooks,
     position_ablation_hooks,
 )
-from homoglens.hooks import PositionPlan
+from homoglens.run.hooks import PositionPlan
 
 
 def _scores_and_unrotated(model, layer: int, **ablation) -> tuple[torch.Tensor, torch.Tensor]:

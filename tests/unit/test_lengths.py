@@ -18,7 +18,7 @@ from homoglens import (
     load_model,
     positional_similarity,
 )
-from homoglens.similarity_math import SIMILARITY_STATISTICS
+from homoglens.similarity.maths import SIMILARITY_STATISTICS
 from homoglens.testing import TINY_ARCHS, tiny_model_folder
 
 LENGTHS = (12, 20, 32)
@@ -80,7 +80,7 @@ def test_pseudo_values_are_positional_similarity_s_kept_or_run_again(monkeypatch
     """Issue 38, point 4: per length, the per-window values of the statistics that subtract C
     are positional_similarity's jackknife pseudo-values on the prefixes, from the kept unit
     vectors or from a second forward pass; without them C is held fixed."""
-    import homoglens.lengths as lengths
+    import homoglens.lengths.measure as lengths
 
     model = _model("llama", BACKENDS[-1])
     study = length_study(model, WINDOWS, lengths=LENGTHS, **COMMON)

@@ -22,8 +22,8 @@ from homoglens import (
     positional_similarity,
     sink_scores,
 )
-from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
-from homoglens.model_objects import ACCEPTED_MODELS, as_hooked
+from homoglens.core.errors import InvalidInputError, UnsupportedArchitectureError
+from homoglens.models.objects import ACCEPTED_MODELS, as_hooked
 from homoglens.testing import tiny_model_folder
 
 TEXTS = [

@@ -29,7 +29,7 @@ from homoglens import (
     model_info,
     positional_patching,
 )
-from homoglens.models import gpt2_tokenizer, has_hooked_transformer
+from homoglens.models.loading import gpt2_tokenizer, has_hooked_transformer
 from homoglens.testing import tiny_model_folder
 
 
@@ -290,7 +290,7 @@ def test_hub_name_offline_fails_fast_and_says_what_to_do(monkeypatch: pytest.Mon
     attempt), not after huggingface_hub's retries (~40 s), and the message says what to do."""
     from huggingface_hub import constants
 
-    from homoglens.assets import EMBEDDED_MODELS, SHIPPED_MODELS
+    from homoglens.models.assets import EMBEDDED_MODELS, SHIPPED_MODELS
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # offline even where there is a net

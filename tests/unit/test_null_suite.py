@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from homoglens import PositionalSimilarity
-from homoglens.calibration import CalibratedReadings
-from homoglens.controls import control_activations, planted
+from homoglens.core.controls import control_activations, planted
+from homoglens.similarity.calibration import CalibratedReadings
 
 SESOI = 0.0034
 
@@ -70,7 +70,7 @@ def test_planted_preferences_of_smollm2s_size_are_found(
 
 
 def test_planted_leaves_its_input_and_refuses_bad_sizes() -> None:
-    from homoglens.errors import InvalidInputError
+    from homoglens.core.errors import InvalidInputError
 
     x = control_activations("uniform_causal", 4, 16, 8, strength=0)  # 0: nothing planted
     before = x.clone()

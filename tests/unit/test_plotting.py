@@ -1,12 +1,12 @@
-"""Unit tests of homoglens.plotting (generic primitives, no result class) and of the figure
-of each result (homoglens.results.figures)."""
+"""Unit tests of homoglens.results.plotting (generic primitives, no result class) and of the figure
+of each result (each measurement's figure module)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from homoglens.plotting import bars, curves, heatmap, new_figure
+from homoglens.results.plotting import bars, curves, heatmap, new_figure
 
 
 def test_primitives_draw_what_they_are_given() -> None:
@@ -33,7 +33,7 @@ def test_grouped_bars_put_each_series_side_by_side() -> None:
 def test_plotting_imports_no_result_class() -> None:
     import ast
 
-    import homoglens.plotting as plotting
+    import homoglens.results.plotting as plotting
 
     tree = ast.parse(open(plotting.__file__).read())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
@@ -54,7 +54,7 @@ def test_the_similarity_figure_rejects_unknown_layers() -> None:
 def test_figures_are_inline_figures_that_render_png_and_pickle() -> None:
     import pickle
 
-    from homoglens.plotting import InlineFigure
+    from homoglens.results.plotting import InlineFigure
 
     fig, _ = new_figure(3, 2)
     assert isinstance(fig, InlineFigure)
@@ -95,7 +95,7 @@ def test_patching_heatmap_scales_to_its_effects_and_labels_its_bar(get_model) ->
 
 def test_sink_figures_name_the_rate_as_gu_et_al_and_label_every_bar(get_model) -> None:
     from homoglens import corpus_windows, massive_activations, sink_scores
-    from homoglens.results.figures import sink_rate_label
+    from homoglens.results.figure_parts import sink_rate_label
 
     assert sink_rate_label(0, 0.3) == "Sink_1^0.3 (key 0)"
     model = get_model("gpt2", "bridge")

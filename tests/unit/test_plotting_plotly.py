@@ -1,5 +1,5 @@
 """plot(backend="plotly"): every result's figure as a plotly Figure (title with the provenance,
-hover values with units, labelled colour bars), the primitives of homoglens.plotting_plotly
+hover values with units, labelled colour bars), the primitives of homoglens.results.plotting_plotly
 against their matplotlib twins, and the typed errors (unknown backend, plotly missing)."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from homoglens import (  # noqa: E402
     sink_scores,
 )
 from homoglens.results.provenance import Provenance  # noqa: E402
-from homoglens.results.sweeps import CheckpointSweep  # noqa: E402
 from homoglens.testing import tiny_model_folder  # noqa: E402
+from homoglens.training.sweep_result import CheckpointSweep  # noqa: E402
 
 # the tiny results have too few windows for 16-window bootstrap blocks, and say so
 pytestmark = pytest.mark.filterwarnings("ignore:.*fewer than 4 blocks:UserWarning")
@@ -198,7 +198,7 @@ def test_missing_nbformat_in_jupyter_names_the_extra(results, monkeypatch) -> No
     # red "Mime type rendering requires nbformat>=4.2.0" ValueError when the cell ended.
     import importlib.util
 
-    import homoglens.plotting_plotly as plotting_plotly
+    import homoglens.results.plotting_plotly as plotting_plotly
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(plotting_plotly, "_in_jupyter_kernel", lambda: True)
@@ -215,13 +215,16 @@ def test_missing_nbformat_in_jupyter_names_the_extra(results, monkeypatch) -> No
 
 
 def test_homoglens_imports_no_plotly() -> None:
-    code = "import sys, homoglens, homoglens.results.figures; sys.exit('plotly' in sys.modules)"
+    code = (
+        "import sys, homoglens, homoglens.profile.figure, homoglens.sinks.figure; "
+        "sys.exit('plotly' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
 # ----------------------------------------------------------------------------- primitives
 def test_diverging_heatmaps_match_the_matplotlib_range_and_say_their_units() -> None:
-    from homoglens import plotting, plotting_plotly
+    from homoglens.results import plotting, plotting_plotly
 
     values = np.array([[0.05, -0.2], [0.1, np.nan]])
     fig, (left, right) = plotting_plotly.new_figure(6, 3, ncols=2)
@@ -244,7 +247,7 @@ def test_diverging_heatmaps_match_the_matplotlib_range_and_say_their_units() -> 
 
 
 def test_heatmap_cells_sit_where_matplotlib_puts_them() -> None:
-    from homoglens import plotting_plotly
+    from homoglens.results import plotting_plotly
 
     fig, (upper, lower) = plotting_plotly.new_figure(6, 3, ncols=2)
     values = np.arange(6.0).reshape(2, 3)
@@ -259,7 +262,7 @@ def test_heatmap_cells_sit_where_matplotlib_puts_them() -> None:
 
 
 def test_bands_are_filled_areas_that_toggle_with_their_curve() -> None:
-    from homoglens import plotting_plotly
+    from homoglens.results import plotting_plotly
 
     fig, (ax,) = plotting_plotly.new_figure(4, 3)
     plotting_plotly.curves(
@@ -280,7 +283,7 @@ def test_bands_are_filled_areas_that_toggle_with_their_curve() -> None:
 
 
 def test_bars_groups_and_log_axes() -> None:
-    from homoglens import plotting_plotly
+    from homoglens.results import plotting_plotly
 
     fig, (left, right) = plotting_plotly.new_figure(6, 3, ncols=2)
     plotting_plotly.bars(

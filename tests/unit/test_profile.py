@@ -194,7 +194,7 @@ def test_error_inside_forward_leaves_no_hook_and_same_weights(
     def boom(*args, **kwargs):
         raise RuntimeError("fault inside the forward pass")
 
-    monkeypatch.setattr("homoglens.profile.entry_terms", boom)
+    monkeypatch.setattr("homoglens.profile.measure.entry_terms", boom)
     with pytest.raises(RuntimeError, match="fault inside"):
         homogenization_profile(model, TEXTS, progress=False)
     assert hook_count(model) == 0
@@ -211,7 +211,7 @@ def test_an_error_leaves_inference_mode_off_while_its_traceback_lives(get_model,
     def boom(*args, **kwargs):
         raise RuntimeError("fault inside the forward pass")
 
-    monkeypatch.setattr("homoglens.profile.entry_terms", boom)
+    monkeypatch.setattr("homoglens.profile.measure.entry_terms", boom)
     with pytest.raises(RuntimeError, match="fault inside") as info:
         homogenization_profile(model, TEXTS, progress=False)
     assert info.value.__traceback__ is not None  # the frames are still referenced
@@ -319,10 +319,10 @@ def test_matches_hf_hidden_states(arch: str, backend: str, get_model) -> None:
 @pytest.mark.parametrize("group_entries", [1, 2, 3])
 def test_the_gpu_read_in_groups_equals_the_cpu_read(arch, group_entries, monkeypatch) -> None:
     """On a GPU a profile reads its entries without host synchronisation, several entries at
-    once (homoglens.homogenization.prepare_entry / prepared_terms, profile.GROUP_BYTES): the
+    once (homoglens.profile.homogenization.prepare_entry / prepared_terms, profile.GROUP_BYTES): the
     same profile as the CPU's read, with padding, a subset of layers and several batches."""
-    import homoglens.homogenization as hom
-    import homoglens.profile as prof
+    import homoglens.profile.homogenization as hom
+    import homoglens.profile.measure as prof
     from homoglens import load_model
 
     model = load_model(tiny_model_folder(arch), backend="bridge")

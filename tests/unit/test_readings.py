@@ -1,5 +1,5 @@
 """The three readings of "edge tokens homogenize" (issue 38), each with a negative and a
-positive control from :mod:`homoglens.controls`, and the calibrated causal null."""
+positive control from :mod:`homoglens.core.controls`, and the calibrated causal null."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from homoglens import PositionalSimilarity
-from homoglens.claims import claims_table
-from homoglens.controls import CONTROLS, control_activations
+from homoglens.core.claims import claims_table
+from homoglens.core.controls import CONTROLS, control_activations
 
 N, T, D = 96, 48, 32
 

@@ -10,7 +10,7 @@ import torch
 
 from helpers import BACKENDS, hook_count
 from homoglens import AttentionReceived, InvalidInputError, attention_received, load_model
-from homoglens.architectures import resid_hook_name
+from homoglens.models.architectures import resid_hook_name
 from homoglens.testing import tiny_model_folder
 
 TOKENS = torch.randint(0, 1000, (4, 14), generator=torch.Generator().manual_seed(2))

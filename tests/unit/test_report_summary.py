@@ -16,9 +16,9 @@ from homoglens import (
     massive_ablation_study,
     position_ablation_study,
 )
+from homoglens.core.types import Verdict
 from homoglens.report import write_profile_report
 from homoglens.report.summary import edge_intervals, summary_rows, with_contents
-from homoglens.types import Verdict
 
 
 @pytest.fixture(scope="module")

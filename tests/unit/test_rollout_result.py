@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from homoglens import AttentionRollout, attention_rollout
-from homoglens.errors import IncompatibleResultsError
+from homoglens.core.errors import IncompatibleResultsError
 from homoglens.results.validation import FieldError
 
 

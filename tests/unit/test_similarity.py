@@ -335,7 +335,7 @@ def test_padding_side_and_batch_size_change_nothing(get_model) -> None:
 def test_replayed_passes_equal_passes_that_run_the_model(backend: str, get_model, monkeypatch):
     """With the vectors kept (they fit the budget) the model runs once, not three times, and
     every number is the same as with three model passes (budget 0)."""
-    import homoglens.similarity as similarity
+    import homoglens.similarity.measure as similarity
 
     model = get_model("llama", backend)
     batch = _windows(model, n=7)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from homoglens import InvalidInputError, SinkEmergence, sink_emergence_study
-from homoglens.errors import IncompatibleResultsError, ModelFolderNotFoundError
-from homoglens.sink_emergence import weight_decay_runs
+from homoglens.core.errors import IncompatibleResultsError, ModelFolderNotFoundError
+from homoglens.reproductions.sink_emergence import weight_decay_runs
 
 
 def _run(tmp_path: Path, name: str, wd: float) -> Path:

@@ -284,7 +284,7 @@ def test_fast_attribution_is_the_first_order_of_exact(backend, ablation) -> None
     """Attribution patching == (exact effect of a tiny partial ablation) / its size, for every
     metric, and ranks heads like the full exact ablation."""
     from homoglens import sink_attribution
-    from homoglens.hooks import remove_sink_hook
+    from homoglens.run.hooks import remove_sink_hook
 
     model = load_model(tiny_model_folder("llama"), backend=backend, dtype=torch.float64)
     batch = corpus_windows(model, n_seq=3, seq_len=20)
@@ -575,7 +575,7 @@ def test_half_precision_sink_scores_accept_healthy_rows(dtype, eager, monkeypatc
     bfloat16, drift from 1 by up to half its epsilon (2.9e-3 on a tiny NeoX at T = 64), so the
     row-sum check allows the pattern dtype's epsilon; the blocked rows are float32. The scores
     stay close to the float32 model's."""
-    import homoglens.fast_attention as fa
+    import homoglens.run.fast_attention as fa
     from homoglens import load_model
     from homoglens.testing import tiny_model_folder
 

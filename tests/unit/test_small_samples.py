@@ -8,9 +8,9 @@ import warnings
 import pytest
 import torch
 
-from homoglens.data import TokenBatch
-from homoglens.engine import warn_duplicates
-from homoglens.results.studies import paired_bootstrap
+from homoglens.ablation.result import paired_bootstrap
+from homoglens.run.data import TokenBatch
+from homoglens.run.engine import warn_duplicates
 
 
 def test_two_sequences_give_no_interval() -> None:
@@ -57,7 +57,7 @@ def test_duplicated_windows_are_said() -> None:
 def test_estimate_covers_at_small_n(n: int) -> None:
     """The bias curves' and slope_at_zero's intervals (stats.estimate) covered 59 % at n = 2
     and 83 % at n = 16 with a normal quantile; Student's t over the blocks covers."""
-    from homoglens.stats import estimate
+    from homoglens.core.stats import estimate
 
     gen = torch.Generator().manual_seed(100 + n)
     hits = 0
@@ -79,7 +79,7 @@ def test_a_chosen_block_too_long_for_the_windows_is_said() -> None:
 
     import torch
 
-    from homoglens.stats import estimate
+    from homoglens.core.stats import estimate
 
     values = torch.randn(1, 16, generator=torch.Generator().manual_seed(0)).double()
     with pytest.warns(UserWarning, match="block=100 makes fewer than 4 blocks"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from homoglens import InvalidInputError
-from homoglens.stats import (
+from homoglens.core.stats import (
     MIN_WINDOWS,
     as_block,
     auto_block,

@@ -17,7 +17,7 @@ from homoglens import (
     load_model,
     position_ablation_study,
 )
-from homoglens.results import paired_bootstrap
+from homoglens.ablation.result import paired_bootstrap
 from homoglens.testing import tiny_model_folder
 
 

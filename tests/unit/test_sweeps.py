@@ -19,8 +19,8 @@ from homoglens import (
     over_checkpoints,
     sink_scores,
 )
-from homoglens.results.sweeps import CheckpointSweep
 from homoglens.testing import tiny_model_folder
+from homoglens.training.sweep_result import CheckpointSweep
 
 TEXTS = ["The cat sat on the mat and looked at the door for a while."] * 3
 

@@ -17,7 +17,7 @@ from homoglens import (
 )
 from homoglens.cli import main
 from homoglens.testing import tiny_model_folder
-from homoglens.training import TrainingConfig, split_austen, train_model, unigram_entropy
+from homoglens.training.train import TrainingConfig, split_austen, train_model, unigram_entropy
 
 MICRO = {
     "steps": 4,
@@ -107,7 +107,7 @@ def test_bos_training_starts_every_window_with_the_special_token(tmp_path, monke
     assert all(bool((b[:, 0] == special).all()) for b in train_batches)
     assert all(bool((b[:, 0] == special).all()) for b in seen[MICRO["steps"] :])  # held-out
     assert record["config"]["bos"] is True and record["config"]["seed"] == 3
-    from homoglens.training import heldout_windows
+    from homoglens.training.train import heldout_windows
 
     tok = load_model(tmp_path / config.name, backend="bridge").tokenizer
     windows = heldout_windows(tok, n_seq=3, seq_len=16, bos=True)
@@ -153,7 +153,7 @@ def _interrupt_at_step_1(monkeypatch) -> None:
 
 @pytest.mark.parametrize("existing", [False, True])
 def test_interrupted_training_restores_torch_and_the_folder(existing, tmp_path, monkeypatch):
-    from homoglens.training import TrainingConfig, train_model
+    from homoglens.training.train import TrainingConfig, train_model
 
     out = tmp_path / "model"
     if existing:
@@ -182,7 +182,7 @@ def test_checkpoints_do_not_change_the_run_and_load(tmp_path) -> None:
     bit for bit."""
     from safetensors.torch import load_file
 
-    from homoglens.assets import checkpoint_folders
+    from homoglens.models.assets import checkpoint_folders
 
     config = TrainingConfig(variant="rotary", bos=True, **MICRO)
     plain = train_model(config, tmp_path / "plain", progress=False)

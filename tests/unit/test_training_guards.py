@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from homoglens import training
-from homoglens.errors import InvalidInputError, TrainingDivergedError
+from homoglens.core.errors import InvalidInputError, TrainingDivergedError
 from homoglens.testing import tiny_model_folder
-from homoglens.training import TrainingConfig, train_model
+from homoglens.training import train as training
+from homoglens.training.train import TrainingConfig, train_model
 
 MICRO: dict[str, Any] = {
     "steps": 4,

@@ -1,4 +1,4 @@
-"""Unit tests of homoglens.types: each mode vocabulary is its ``Literal``'s values, once."""
+"""Unit tests of homoglens.core.types: each mode vocabulary is its ``Literal``'s values, once."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import get_args
 
 import pytest
 
-from homoglens import types
+from homoglens.core import types
 
 
 @pytest.mark.parametrize(
@@ -31,7 +31,10 @@ def test_centres_add_no_centring() -> None:
 
 def test_every_public_module_re_exports_the_one_vocabulary() -> None:
     import homoglens
-    from homoglens import interventions, patching, similarity, sinks
+    from homoglens import sinks
+    from homoglens.patching import measure as patching
+    from homoglens.run import interventions
+    from homoglens.similarity import measure as similarity
 
     assert homoglens.POSITION_ABLATIONS is types.POSITION_ABLATIONS
     assert interventions.POSITION_ABLATIONS is types.POSITION_ABLATIONS

@@ -41,7 +41,7 @@ def test_a_booted_bridge_is_measured_and_its_processing_recorded() -> None:
 
 @pytest.mark.skipif("hooked" not in BACKENDS, reason="HookedTransformer needs TransformerLens < 4")
 def test_a_users_hooked_transformer_is_read_from_its_weights() -> None:
-    from homoglens.backend_loaders import load_folder_hooked as _load_folder_hooked
+    from homoglens.models.backends import load_folder_hooked as _load_folder_hooked
 
     folder = tiny_model_folder("gpt2")
     args = (folder, folder, "GPT2LMHeadModel", "cpu", torch.float32)

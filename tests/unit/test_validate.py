@@ -1,4 +1,4 @@
-"""Unit tests of homoglens.validate: the argument checks every public function shares."""
+"""Unit tests of homoglens.core.validate: the argument checks every public function shares."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from homoglens import InvalidInputError
-from homoglens.validate import (
+from homoglens.core.validate import (
     as_bool,
     as_float,
     as_int,

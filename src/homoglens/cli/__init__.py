@@ -1,6 +1,6 @@
 """The ``homoglens`` command line: the commands live in :mod:`homoglens.cli.commands`."""
 
-from homoglens import interrupt
+from homoglens.core import interrupt
 
 interrupt.install()  # Ctrl-C while the commands import says "Aborted!", not a traceback
 from homoglens.cli.commands import main  # noqa: E402

@@ -32,7 +32,7 @@ from homoglens.cli.options import (
     switch,
 )
 from homoglens.cli.sections import bias_job, patching_job, sinks_job
-from homoglens.types import PatchComponent, PatchDirection, PatchMetric, PositionAblation
+from homoglens.core.types import PatchComponent, PatchDirection, PatchMetric, PositionAblation
 
 __all__ = ["main"]
 
@@ -219,7 +219,7 @@ def bias(
 def length(lengths: str, lags: str, **opts: Any) -> None:
     """Similarity and attention over positions and sequence lengths, from one pass over windows
     of the longest length (each shorter length is a prefix); writes a report."""
-    from homoglens.lengths import length_study
+    from homoglens.lengths.measure import length_study
     from homoglens.report import write_length_report
 
     chosen = _ints("--lengths", lengths) or []

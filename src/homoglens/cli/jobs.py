@@ -40,7 +40,7 @@ def init_distributed(opts: dict[str, Any]) -> None:
 
     import torch
 
-    from homoglens.errors import DistributedError
+    from homoglens.core.errors import DistributedError
 
     try:
         size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -172,13 +172,13 @@ def section_plan(
 
 def load_job(opts: dict[str, Any]) -> tuple[Any, Any]:
     """Load the model and cut the corpus windows the options ask for."""
-    from homoglens.data import corpus_windows
-    from homoglens.models import load_model
+    from homoglens.models.loading import load_model
+    from homoglens.run.data import corpus_windows
 
     init_distributed(opts)
 
     if opts["device"] is not None:
-        from homoglens.validate import check_device
+        from homoglens.core.validate import check_device
 
         check_device(opts["device"])
     click.echo(f"loading {opts['model']} ({opts['backend']} backend) ...", err=True)
@@ -202,7 +202,7 @@ def check_interactive(interactive: bool) -> None:
         MissingDependencyError: plotly is not installed (the message says how to install it).
     """
     if interactive:
-        from homoglens.plotting_plotly import require_plotly
+        from homoglens.results.plotting_plotly import require_plotly
 
         require_plotly()
 
@@ -218,7 +218,7 @@ def report_job(
     ``checks`` (:func:`check_options`), load the model and windows, ``measure`` them, ``write``
     the report into a staged folder (interactive with ``--interactive``), and print the result
     and the time."""
-    from homoglens.assets import staged_output
+    from homoglens.models.assets import staged_output
 
     given_out = opts["out"] or Path(default_out)
     with cli_errors(given_out):
@@ -248,11 +248,11 @@ def run_profile(
 ) -> None:
     """The profile / ablate commands: load, measure what the options ask for, write the
     report into a staged folder, and report the time (typed errors become CLI errors)."""
-    from homoglens.architectures import find_architecture, hf_architecture_of
-    from homoglens.assets import staged_output
-    from homoglens.profile import homogenization_profile
+    from homoglens.ablation.measure import default_ablation_modes, position_ablation_study
+    from homoglens.models.architectures import find_architecture, hf_architecture_of
+    from homoglens.models.assets import staged_output
+    from homoglens.profile.measure import homogenization_profile
     from homoglens.report import write_profile_report
-    from homoglens.studies import default_ablation_modes, position_ablation_study
 
     given_out = opts["out"] or Path(default_out)
     with cli_errors(given_out):

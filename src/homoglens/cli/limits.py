@@ -53,7 +53,7 @@ def fit(
     Raises:
         InvalidInputError: the user set ``name`` above ``limit`` and ``required``.
     """
-    from homoglens.errors import InvalidInputError
+    from homoglens.core.errors import InvalidInputError
 
     value = int(opts[name])
     if value <= limit:

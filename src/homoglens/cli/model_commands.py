@@ -26,7 +26,7 @@ from homoglens.cli.options import (
     switch,
 )
 from homoglens.cli.output import check_output, cli_errors, data_inputs, model_inputs
-from homoglens.types import Centring, GroupBy
+from homoglens.core.types import Centring, GroupBy
 
 __all__ = ["compare", "sweep", "train"]
 
@@ -93,7 +93,7 @@ def train(
     their positional scheme: learned (GPT-2), rotary (GPT-NeoX, sequential), none (GPT-2, no
     positions). Deterministic from --seed; each folder is a standard Hugging Face model."""
     from homoglens.results import prepare_folder
-    from homoglens.training import (
+    from homoglens.training.train import (
         POSITIONAL_VARIANTS,
         TrainingConfig,
         checkpoint_steps,
@@ -209,8 +209,8 @@ def compare(
     """Compare models that differ in their positional scheme (default: the shipped tiny models,
     three training seeds per scheme) on the same windows: loss, homogenization, edges, sinks,
     ablations, and claims C1-C3 as pre-declared, Holm-adjusted tests."""
-    from homoglens.assets import SHIPPED_MODELS, staged_output
-    from homoglens.comparison import REPLICATED_MODELS, compare_models
+    from homoglens.comparison.measure import REPLICATED_MODELS, compare_models
+    from homoglens.models.assets import SHIPPED_MODELS, staged_output
     from homoglens.report import write_comparison_report
 
     if models is None:
@@ -300,10 +300,10 @@ def sweep(
     """Measure the same windows at each training checkpoint of one model (sink rate,
     homogenization, loss against the training step); writes sweep.csv, sweep.png and the
     result (CheckpointSweep.load)."""
-    from homoglens.assets import SHIPPED_MODELS, checkpoint_folders, staged_output
-    from homoglens.data import corpus_windows
-    from homoglens.models import load_model
-    from homoglens.sweeps import SWEEP_MEASURES, over_checkpoints
+    from homoglens.models.assets import SHIPPED_MODELS, checkpoint_folders, staged_output
+    from homoglens.models.loading import load_model
+    from homoglens.run.data import corpus_windows
+    from homoglens.training.sweeps import SWEEP_MEASURES, over_checkpoints
 
     names = [m.strip() for m in measure.split(",") if m.strip()]
     items = [c.strip() for c in checkpoints.split(",") if c.strip()]

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from homoglens.errors import HomoglensError
+from homoglens.core.errors import HomoglensError
 
 _CAUSES: dict[int, tuple[str, str]] = {
     errno.ENOSPC: (
@@ -135,7 +135,7 @@ def probe_output(folder: Path) -> None:
     Raises:
         OSError: that folder refuses new entries (no permission, read-only, /proc, no space).
     """
-    from homoglens.distributed import is_main_process
+    from homoglens.core.distributed import is_main_process
 
     if not is_main_process():
         return
@@ -155,7 +155,7 @@ def model_inputs(name: str, option: str) -> list[tuple[str, Path]]:
     """The folders a ``--model``-like value reads: a local folder, a shipped model's folder in
     the package, the cache of converted embedded models, or the Hugging Face cache for a Hub
     name; each with the words that name it in an error."""
-    from homoglens.assets import (
+    from homoglens.models.assets import (
         EMBEDDED_MODELS,
         SHIPPED_MODELS,
         TRAINED_NAME,
@@ -185,7 +185,7 @@ def model_inputs(name: str, option: str) -> list[tuple[str, Path]]:
 def data_inputs(opts: dict[str, Any]) -> list[tuple[str, Path]]:
     """The files and folders the data options read: ``--model``, ``--text``, a ``--corpus``
     that is a path."""
-    from homoglens.data import CORPORA
+    from homoglens.run.data import CORPORA
 
     found = model_inputs(opts["model"], "--model") if opts.get("model") else []
     if opts.get("text_file") is not None:
@@ -203,7 +203,7 @@ def check_out_is_no_input(folder: Path, inputs: Iterable[tuple[str, Path]]) -> N
     Raises:
         InvalidInputError: ``folder`` and an input overlap; the message names both.
     """
-    from homoglens.errors import InvalidInputError
+    from homoglens.core.errors import InvalidInputError
 
     out = Path(folder).expanduser().resolve()
     for what, path in inputs:

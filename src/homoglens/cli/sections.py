@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from homoglens.cli.limits import edge_limit, fit
-from homoglens.types import PatchComponent, PatchDirection, PatchMetric, PositionAblation
+from homoglens.core.types import PatchComponent, PatchDirection, PatchMetric, PositionAblation
 
 
 def patching_job(
@@ -24,8 +24,8 @@ def patching_job(
 ) -> Any:
     """The report's patching sweep: every ``--patch-layer-step``-th block, on the first
     ``--patch-n-seq`` windows, at most 16 sequences (and logits) per forward pass."""
-    from homoglens.architectures import architecture_of
-    from homoglens.patching import positional_patching
+    from homoglens.models.architectures import architecture_of
+    from homoglens.patching.measure import positional_patching
 
     n_layers = int(model.cfg.n_layers)
     layers = sorted(set(range(0, n_layers, opts["patch_layer_step"])) | {n_layers - 1})
@@ -112,7 +112,7 @@ def similarity_job(
     of largest energy (uncentred, with pseudo-values: three passes);
     ``None`` with a warning when the windows are of unequal length or too short for the
     edges."""
-    from homoglens.similarity import positional_similarity
+    from homoglens.similarity.measure import positional_similarity
 
     lengths = windows.lengths
     counted = int(lengths.min()) - int(bool(windows.bos))
@@ -146,8 +146,8 @@ def readings_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
     model on the same windows with its positions removed, with the null's loss cost; left out,
     with a warning, for a model that has no positions to remove). A list of the readings, or
     ``None`` with a warning when the windows are unequal, padded or too short for the edges."""
-    from homoglens.calibration import calibrated_readings
-    from homoglens.errors import InvalidInputError, UnsupportedArchitectureError
+    from homoglens.core.errors import InvalidInputError, UnsupportedArchitectureError
+    from homoglens.similarity.calibration import calibrated_readings
 
     lengths = windows.lengths
     width = int(lengths.min()) - int(bool(windows.bos))
@@ -178,7 +178,7 @@ def readings_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
 def bias_job(model: Any, windows: Any, opts: dict[str, Any], **bias: Any) -> Any:
     """The attention-bias dose-response on the first ``--bias-n-seq`` windows (equal length);
     ``None`` with a warning when they are too few or too short for the edges (a section)."""
-    from homoglens.bias import attention_bias_study
+    from homoglens.bias.measure import attention_bias_study
 
     required = bias.pop("required", True)
     section = "the attention-bias study"
@@ -207,8 +207,8 @@ def massive_job(model: Any, windows: Any, opts: dict[str, Any]) -> Any:
     """The massive-activation section: sites found on (and means taken over) up to 8 reference
     windows, measured on up to ``--massive-n-seq`` others; ``None`` with a warning when there
     are too few windows or no massive activations by Sun et al.'s rule."""
-    from homoglens.errors import InvalidInputError
-    from homoglens.studies import massive_ablation_study
+    from homoglens.ablation.measure import massive_ablation_study
+    from homoglens.core.errors import InvalidInputError
 
     n_ref = min(8, len(windows) // 3)
     n = len(windows) - n_ref

@@ -7,12 +7,12 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from homoglens.errors import InvalidInputError
+from homoglens.core.errors import InvalidInputError
 from homoglens.report.html import figure_tag, table_html
 
 if TYPE_CHECKING:
-    from homoglens.results.bias import AttentionBiasStudy
-    from homoglens.results.lengths import LengthStudy
+    from homoglens.bias.result import AttentionBiasStudy
+    from homoglens.lengths.result import LengthStudy
 
 
 def bias_section(study: AttentionBiasStudy, out: Path) -> str:

@@ -14,12 +14,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from homoglens.errors import InvalidInputError
+from homoglens.core.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from homoglens.types import PlotBackend
+    from homoglens.core.types import PlotBackend
 
 _INTERACTIVE: ContextVar[bool] = ContextVar("homoglens_interactive_report", default=False)
 
@@ -93,7 +93,7 @@ def interactive_figures(interactive: bool = True) -> Iterator[None]:
         MissingDependencyError: ``interactive`` without plotly installed.
     """
     if interactive:
-        from homoglens.plotting_plotly import require_plotly
+        from homoglens.results.plotting_plotly import require_plotly
 
         require_plotly()
     token = _INTERACTIVE.set(interactive)

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from homoglens.core.validate import at_most
 from homoglens.report.bias_sections import bias_section, length_section
 from homoglens.report.html import (
     figure_tag,
@@ -35,16 +36,16 @@ from homoglens.report.summary import (
     summary_rows,
     with_contents,
 )
-from homoglens.validate import at_most
 
 if TYPE_CHECKING:
-    from homoglens.calibration import CalibratedReadings
-    from homoglens.results import HomogenizationProfile, PositionAblationStudy
-    from homoglens.results.bias import AttentionBiasStudy
-    from homoglens.results.comparison import ModelComparison
-    from homoglens.results.lengths import LengthStudy
-    from homoglens.results.patching import PositionalPatchingResult
-    from homoglens.results.similarity import PositionalSimilarity
+    from homoglens.ablation.result import PositionAblationStudy
+    from homoglens.bias.result import AttentionBiasStudy
+    from homoglens.comparison.result import ModelComparison
+    from homoglens.lengths.result import LengthStudy
+    from homoglens.patching.result import PositionalPatchingResult
+    from homoglens.profile.result import HomogenizationProfile
+    from homoglens.similarity.calibration import CalibratedReadings
+    from homoglens.similarity.result import PositionalSimilarity
     from homoglens.sinks import SinkAnalysis
 
 __all__ = [
@@ -358,7 +359,7 @@ mean vector norm. Full definitions: docs/metrics.md.</dd></dl></details>
 def _profile_files(profile: HomogenizationProfile, out: Path) -> tuple[str, str, str]:
     """Save ``profile`` (``profile/``, ``profile.csv``) into ``out`` and draw its three figures
     into ``figures/``: the curves, the adjusted curves and the heatmap, as the page's tags."""
-    from homoglens.results.figures import profile_adjusted, profile_curves, profile_heatmap
+    from homoglens.profile.figure import profile_adjusted, profile_curves, profile_heatmap
 
     profile.save(out / "profile")
     profile.to_pandas().to_csv(out / "profile.csv", index=False)

@@ -13,17 +13,18 @@ import torch
 from homoglens.report.html import figure_tag, table_html
 
 if TYPE_CHECKING:
-    from homoglens.calibration import CalibratedReadings
-    from homoglens.results import HomogenizationProfile, PositionAblationStudy
-    from homoglens.results.comparison import ModelComparison
-    from homoglens.results.patching import PositionalPatchingResult
-    from homoglens.results.similarity import PositionalSimilarity
+    from homoglens.ablation.result import PositionAblationStudy
+    from homoglens.comparison.result import ModelComparison
+    from homoglens.patching.result import PositionalPatchingResult
+    from homoglens.profile.result import HomogenizationProfile
+    from homoglens.similarity.calibration import CalibratedReadings
+    from homoglens.similarity.result import PositionalSimilarity
     from homoglens.sinks import SinkAnalysis
 
 
 def study_section(study: PositionAblationStudy, out: Path) -> str:
     """Save the study and return its HTML section (figure, loss table, per-layer table)."""
-    from homoglens.results.figures import study_figure
+    from homoglens.ablation.figure import study_figure
 
     study.save(out / "study")
     figure = figure_tag(
@@ -112,7 +113,7 @@ def _adjusted_table(study: PositionAblationStudy, layers: Any) -> Any:
 def massive_section(study: PositionAblationStudy, out: Path) -> str:
     """Save a :func:`~homoglens.massive_ablation_study` and return its HTML section: loss and
     homogenization with the massive activations set to their mean or to zero."""
-    from homoglens.results.figures import study_figure
+    from homoglens.ablation.figure import study_figure
 
     study.save(out / "massive_ablation")
     figure = figure_tag(
@@ -155,7 +156,7 @@ with PositionAblationStudy.load).</p>
 def similarity_section(result: PositionalSimilarity, out: Path) -> str:
     """Save the positional similarity and return its HTML section: M / W heatmaps of a late
     layer, the naive and the matched edge excess by layer (with intervals), SP by position."""
-    from homoglens.results.figures import edge_excess_figure
+    from homoglens.similarity.figure import edge_excess_figure
 
     result.save(out / "similarity")
     figures = out / "figures"
@@ -480,7 +481,7 @@ def readings_section(readings: CalibratedReadings, out: Path, name: str = "readi
     """Save calibrated readings and return their HTML section: the three readings of "edge
     tokens homogenize" in the model and in its reference, their paired differences with
     intervals and verdicts at the last layer (every layer in ``{name}.csv``), named for what
-    the design answers (:data:`homoglens.calibration.DESIGNS`: the offset design is a
+    the design answers (:data:`homoglens.similarity.calibration.DESIGNS`: the offset design is a
     start-of-sequence contrast, not a causal null); a ``"no_positions"`` null's loss cost stands
     above the table. Files: ``{name}/`` and ``{name}.csv`` in ``out``."""
     import pandas as pd

@@ -21,11 +21,12 @@ import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from homoglens.calibration import CalibratedReadings
-    from homoglens.results import HomogenizationProfile, PositionAblationStudy
-    from homoglens.results.bias import AttentionBiasStudy
-    from homoglens.results.similarity import PositionalSimilarity
-    from homoglens.results.sinks import SinkAnalysis
+    from homoglens.ablation.result import PositionAblationStudy
+    from homoglens.bias.result import AttentionBiasStudy
+    from homoglens.profile.result import HomogenizationProfile
+    from homoglens.similarity.calibration import CalibratedReadings
+    from homoglens.similarity.result import PositionalSimilarity
+    from homoglens.sinks.result import SinkAnalysis
 
 __all__ = [
     "check_results",
@@ -81,16 +82,17 @@ def same_run(profile: HomogenizationProfile, study: PositionAblationStudy | None
 
 def check_results(profile: Any, **results: Any) -> None:
     """Refuse a report input of the wrong kind before anything is written: ``profile`` must be
-    a :class:`~homoglens.results.HomogenizationProfile`, each of ``results`` (by the
+    a :class:`~homoglens.HomogenizationProfile`, each of ``results`` (by the
     :func:`~homoglens.report.write_profile_report` argument it was given as) None or its
     result type."""
-    from homoglens.calibration import CalibratedReadings
-    from homoglens.errors import InvalidInputError
-    from homoglens.results import HomogenizationProfile, PositionAblationStudy
-    from homoglens.results.bias import AttentionBiasStudy
-    from homoglens.results.patching import PositionalPatchingResult
-    from homoglens.results.similarity import PositionalSimilarity
-    from homoglens.results.sinks import SinkAnalysis
+    from homoglens.ablation.result import PositionAblationStudy
+    from homoglens.bias.result import AttentionBiasStudy
+    from homoglens.core.errors import InvalidInputError
+    from homoglens.patching.result import PositionalPatchingResult
+    from homoglens.profile.result import HomogenizationProfile
+    from homoglens.similarity.calibration import CalibratedReadings
+    from homoglens.similarity.result import PositionalSimilarity
+    from homoglens.sinks.result import SinkAnalysis
 
     expected: dict[str, tuple[type, ...]] = {
         "study": (PositionAblationStudy,),
@@ -134,7 +136,7 @@ def check_studies(
     study: PositionAblationStudy | None, massive: PositionAblationStudy | None
 ) -> None:
     """Refuse a massive-activation study given as the positional one, or the reverse."""
-    from homoglens.errors import InvalidInputError
+    from homoglens.core.errors import InvalidInputError
 
     if study is not None and study.is_massive:
         raise InvalidInputError(
@@ -168,9 +170,9 @@ def summary_rows(
 
     Every position-resolved row is at the last layer, as the position-resolved section. The
     C2 rows are the three readings against their reference (``readings``: one
-    :class:`~homoglens.calibration.CalibratedReadings` or a list, one per design), when given,
-    each named for its design, with a ``"no_positions"`` null's loss cost in a row of its own;
-    without them the uncalibrated matched excess is shown, flagged as such. The C3 row is the
+    :class:`~homoglens.similarity.calibration.CalibratedReadings` or a list, one per design), when
+    given, each named for its design, with a ``"no_positions"`` null's loss cost in a row of its
+    own; without them the uncalibrated matched excess is shown, flagged as such. The C3 row is the
     change of the *adjusted* homogenization (raw minus the anisotropy baseline of each run).
     Beside the C1 headline stand the standard corrections: the anisotropy-adjusted change
     (Ethayarajh 2019), the change after standardising every dimension (``standardized``: a
@@ -207,7 +209,7 @@ def _profile_rows(
     profile: HomogenizationProfile, study: PositionAblationStudy | None
 ) -> list[dict[str, Any]]:
     """The raw and anisotropy-adjusted mean pairwise cosine at the last layer."""
-    from homoglens.results.studies import paired_bootstrap
+    from homoglens.ablation.result import paired_bootstrap
 
     rows: list[dict[str, Any]] = []
     last = profile.layers[-1]
@@ -234,7 +236,7 @@ def _profile_rows(
 
 def _c1_rows(similarity: PositionalSimilarity | None) -> list[dict[str, Any]]:
     """C1: contextual homogenization gained with depth (last minus first measured layer)."""
-    from homoglens.stats import estimate
+    from homoglens.core.stats import estimate
 
     rows: list[dict[str, Any]] = []
     if similarity is not None and len(similarity.layers) > 1 and similarity.n_sequences > 1:
@@ -301,7 +303,7 @@ def _c2_rows(
 
 def _c3_rows(study: PositionAblationStudy | None) -> list[dict[str, Any]]:
     """C3: adjusted homogenization and loss with the positions zeroed, minus intact."""
-    from homoglens.results.studies import paired_bootstrap
+    from homoglens.ablation.result import paired_bootstrap
 
     rows: list[dict[str, Any]] = []
     if study is not None and "zero" in study.modes and study.loss.shape[1] >= 2:
@@ -351,7 +353,7 @@ def _sink_rows(sinks: SinkAnalysis | None) -> list[dict[str, Any]]:
     """The sink rate (Gu et al. 2024)."""
     rows: list[dict[str, Any]] = []
     if sinks is not None:
-        from homoglens.results.figures import sink_rate_label
+        from homoglens.results.figure_parts import sink_rate_label
 
         scores = sinks.scores
         rows.append(_row(
@@ -365,7 +367,7 @@ def _sink_rows(sinks: SinkAnalysis | None) -> list[dict[str, Any]]:
 
 def _massive_rows(massive: PositionAblationStudy | None) -> list[dict[str, Any]]:
     """The loss with the massive activations set to zero, minus intact (Sun et al. 2024)."""
-    from homoglens.results.studies import paired_bootstrap
+    from homoglens.ablation.result import paired_bootstrap
 
     rows: list[dict[str, Any]] = []
     if massive is not None and massive.loss.shape[1] >= 2:
@@ -396,8 +398,8 @@ def _corrections(
     dims_dropped: PositionalSimilarity | None = None,
 ) -> list[dict[str, Any]]:
     """The standard corrections beside the C1 headline (see :func:`summary_rows`)."""
-    from homoglens.results.studies import paired_bootstrap
-    from homoglens.stats import estimate
+    from homoglens.ablation.result import paired_bootstrap
+    from homoglens.core.stats import estimate
 
     rows = []
     first, last = profile.layers[0], profile.layers[-1]
@@ -509,7 +511,7 @@ def edge_intervals(
     ``first_minus_middle`` and ``last_minus_middle`` (columns ``*_ci_low`` / ``*_ci_high``),
     from the per-sequence ``to_others`` of the study's intact run; NaN without a study (a
     profile keeps sums only) or when its layers differ from the profile's."""
-    from homoglens.results.studies import paired_bootstrap
+    from homoglens.ablation.result import paired_bootstrap
 
     edge = edge.copy()
     names = ("first_minus_middle", "last_minus_middle")

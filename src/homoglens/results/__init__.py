@@ -10,19 +10,14 @@ merge by addition (:meth:`HomogenizationProfile.merge`) into exactly the one-pas
 """
 
 from homoglens.results.base import SavedResult, load_result, save_result
-from homoglens.results.profile import HomogenizationProfile
 from homoglens.results.provenance import Provenance
 from homoglens.results.storage import prepare_folder, read_saved
-from homoglens.results.studies import PositionAblationStudy, paired_bootstrap
 from homoglens.results.validation import validate_result
 
 __all__ = [
-    "HomogenizationProfile",
-    "PositionAblationStudy",
     "Provenance",
     "SavedResult",
     "load_result",
-    "paired_bootstrap",
     "prepare_folder",
     "read_saved",
     "save_result",

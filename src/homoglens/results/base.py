@@ -2,13 +2,13 @@
 format tag (:class:`SavedResult`, :func:`save_result`, :func:`load_result`), its values checked
 on load (:mod:`homoglens.results.validation`); the files and their sha256 are
 :mod:`homoglens.results.storage`'s, the provenance :mod:`homoglens.results.provenance`'s. And the
-one ``plot()`` of every result (:class:`Plotted`), drawn by its function in
-:mod:`homoglens.results.figures` (which, with its shared parts in
-:mod:`homoglens.results.figure_parts`, is the only code here that imports the drawing modules).
+one ``plot()`` of every result (:class:`Plotted`), drawn by the figure function its class names
+(in the measurement's package, composed from :mod:`homoglens.results.figure_parts`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, fields
 from importlib import import_module
 from pathlib import Path
@@ -16,17 +16,63 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
 
-from homoglens.errors import IncompatibleResultsError, InvalidInputError
-from homoglens.results import figures
+from homoglens.core.errors import IncompatibleResultsError, InvalidInputError
 from homoglens.results.provenance import Provenance
 from homoglens.results.storage import folder_path, read_saved, save_folder, write_pair
 from homoglens.results.validation import check_provenance, check_scalars, validate_result
 
-if TYPE_CHECKING:  # matplotlib and plotly are imported when a figure is made
+if TYPE_CHECKING:
+    from pathlib import Path
+
     from matplotlib.figure import Figure
     from plotly.graph_objects import Figure as PlotlyFigure
 
-    from homoglens.types import PlotBackend
+    from homoglens.core.types import PlotBackend
+
+
+# The one-line ``repr`` of the results that name their settings: ``Name(key=value, ...)``.
+
+
+def keyword_repr(name: str, **values: Any) -> str:
+    """``name(key=value, ...)``: each value as an f-string writes it (pass ``repr(v)`` for a
+    quoted one), in the order given.
+
+    Args:
+        name: The class name.
+        **values: The keys and values shown.
+
+    Returns:
+        The one-line text.
+    """
+    return f"{name}({', '.join(f'{key}={value}' for key, value in values.items())})"
+
+
+# The one atomic ``save`` of the composite results (a study, a comparison) saved as a folder of
+# their own files and their parts' folders: :class:`FolderSaved`.
+
+
+class FolderSaved:
+    """Mixin of the composite results: :meth:`_save_folder` writes the result's files with
+    :meth:`_write_into` into the folder it is given, atomically (:func:`save_folder`), owning the
+    entry names :attr:`_own` and writing :attr:`_manifest` (the result's JSON) last."""
+
+    _own: ClassVar[tuple[str, ...]]
+    """Glob patterns of the entry names a saved result of this kind holds."""
+    _manifest: ClassVar[str]
+    """The entry written last: the JSON, which records the sha256 of the others."""
+
+    def _write_into(self, folder: Path) -> None:
+        """Write this result's files into ``folder`` (each composite result writes its own)."""
+        raise NotImplementedError
+
+    def _save_folder(self, path: str | Path) -> Path:
+        """Save into the folder ``path`` atomically: a save that fails or is interrupted
+        leaves an older result there loadable and unchanged, or refused on load, never a mix.
+
+        Raises:
+            InvalidInputError: ``path`` is a file or cannot be created.
+        """
+        return save_folder(path, self._write_into, own=self._own, manifest=self._manifest)
 
 
 def selected_layers(layers: Any, have: tuple[int, ...], what: str) -> list[int]:
@@ -37,7 +83,7 @@ def selected_layers(layers: Any, have: tuple[int, ...], what: str) -> list[int]:
         InvalidInputError: not integers (a bool is not a layer), empty, or repeated.
         IncompatibleResultsError: a layer ``what`` does not hold.
     """
-    from homoglens.validate import as_int
+    from homoglens.core.validate import as_int
 
     one = getattr(layers, "ndim", None) == 0 or (
         isinstance(layers, int) and not isinstance(layers, bool)
@@ -54,6 +100,28 @@ def selected_layers(layers: Any, have: tuple[int, ...], what: str) -> list[int]:
     if missing:
         raise IncompatibleResultsError(f"layers {missing} are not in {what} (it has {list(have)})")
     return sorted(chosen)
+
+
+def entry_index(layer: Any, have: Sequence[int], what: str) -> int:
+    """The index in ``have`` of one residual entry ``layer`` of a result: an entry ``have``
+    holds (a Python, numpy or torch integer), or a negative index counted from the end (-1: the
+    last entry held). The one lookup of "which entry of this result" behind every method and
+    figure that reads one entry.
+
+    Raises:
+        InvalidInputError: not an integer (a bool is not a layer), or an entry ``what`` does not
+            hold (the message lists those it holds).
+    """
+    from homoglens.core.validate import as_int
+
+    if isinstance(layer, (bool, str, bytes)) or not hasattr(layer, "__index__"):
+        raise InvalidInputError(f"layer={layer!r} must be an integer entry of {what}")
+    layer = as_int("layer", layer)
+    if -len(have) <= layer < 0:
+        return len(have) + layer
+    if layer in have:
+        return list(have).index(layer)
+    raise InvalidInputError(f"layer={layer} is not an entry of {what}: it holds {list(have)}")
 
 
 def _deep_tuple(value: Any) -> Any:
@@ -179,15 +247,14 @@ class SavedResult:
 
 
 class Plotted:
-    """Mixin of the results that draw a figure: ``plot(backend=...)`` draws the function of
-    :mod:`homoglens.results.figures` that ``_figure`` names (what it shows: the class
+    """Mixin of the results that draw a figure: ``plot(backend=...)`` draws the figure function
+    that ``_figure`` names (what it shows: the class
     docstring). A result whose figure takes options of its own (a metric, a layer, a title)
     overrides ``plot`` with them, documents only them, and draws through :meth:`_draw`."""
 
     _figure: ClassVar[str]
-    """The name of this result's figure function in :mod:`homoglens.results.figures`, or
-    ``"module.function"`` for one in another module of :mod:`homoglens.results` (a result with
-    figures of its own, such as a reproduction's); called as
+    """The figure function, ``"module.function"`` under ``homoglens`` (the measurement's own
+    package, e.g. ``"bias.figure.bias_figure"``), imported when a figure is made; called as
     ``figure(result, *options, backend=backend, **keyword_options)``."""
 
     @overload
@@ -221,8 +288,7 @@ class Plotted:
             InvalidInputError: an unknown ``backend``. MissingDependencyError: plotly missing.
         """
         module, _, name = self._figure.rpartition(".")
-        source = import_module(f"homoglens.results.{module}") if module else figures
-        figure = getattr(source, name)
+        figure = getattr(import_module(f"homoglens.{module}"), name)
         return figure(self, *options, backend=backend, **keyword_options)
 
 

@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.architectures import family_of, resid_hook_name
-from homoglens.assets import package_version
-from homoglens.errors import InvalidInputError
+from homoglens.core.errors import InvalidInputError
+from homoglens.core.validate import check_attention_mask, check_layers
+from homoglens.models.architectures import family_of, resid_hook_name
+from homoglens.models.assets import package_version
 from homoglens.results.provenance import Provenance
-from homoglens.validate import check_attention_mask, check_layers
 
 __all__ = ["CachedResiduals", "cached_residuals"]
 

@@ -1,6 +1,6 @@
 """The parts every result figure shares: the backend's drawing kit (:func:`figure_kit`), the
 title with provenance (:func:`headline`), the layer-axis label and Gu et al.'s sink-rate label.
-:mod:`homoglens.results.figures` composes each result's figure from them.
+Each measurement's ``figure`` module composes its result's figure from them.
 """
 
 from __future__ import annotations
@@ -8,10 +8,14 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from homoglens.errors import InvalidInputError
-from homoglens.types import PLOT_BACKENDS
+from homoglens.core.errors import InvalidInputError
+from homoglens.core.types import PLOT_BACKENDS
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import pandas as pd
+
     from homoglens.results.provenance import Provenance
 
 LAYER_AXIS = "layer (0 = embeddings, l = output of block l-1)"
@@ -28,19 +32,19 @@ AnyFigure: TypeAlias = Any
 
 
 def figure_kit(backend: str) -> ModuleType:
-    """The primitives that draw with ``backend``: :mod:`homoglens.plotting` or
-    :mod:`homoglens.plotting_plotly` (same functions, same arguments).
+    """The primitives that draw with ``backend``: :mod:`homoglens.results.plotting` or
+    :mod:`homoglens.results.plotting_plotly` (same functions, same arguments).
 
     Raises:
         InvalidInputError: ``backend`` is neither ``"matplotlib"`` nor ``"plotly"``.
         MissingDependencyError: ``"plotly"`` without plotly installed.
     """
     if backend == "matplotlib":
-        import homoglens.plotting as plotting
+        import homoglens.results.plotting as plotting
 
         return plotting
     if backend == "plotly":
-        import homoglens.plotting_plotly as plotting_plotly
+        import homoglens.results.plotting_plotly as plotting_plotly
 
         plotting_plotly.require_plotly()
         return plotting_plotly
@@ -70,10 +74,25 @@ def headline(
     plotly figure always gets a title, with the ``provenance`` (model, backend, weights) before
     the default where it is given.
     """
-    if kit.__name__ == "homoglens.plotting":
+    if kit.__name__ == "homoglens.results.plotting":
         if title or matplotlib:
             kit.suptitle(fig, title or default)
         return
     if not title and provenance is not None:
         default = provenance_title(provenance, default)
     kit.suptitle(fig, title or default)
+
+
+def layer_curves(
+    kit: ModuleType, ax: Any, table: pd.DataFrame, by: str, groups: Sequence[str],
+    columns: tuple[str, str, str], **options: Any,
+) -> None:  # fmt: skip
+    """One ``o-`` curve by layer per group (``table[by] == group``) of the ``(value, low, high)``
+    columns of a tidy ``table``, its interval a band; ``options`` go to ``kit.curves``."""
+    value, low, high = columns
+    rows = {group: table[table[by] == group] for group in groups}
+    kit.curves(
+        ax, {k: r["layer"] for k, r in rows.items()}, {k: r[value] for k, r in rows.items()},
+        bands={k: (r[low], r[high]) for k, r in rows.items()}, styles=dict.fromkeys(rows, "o-"),
+        ms=3, xlabel=LAYER_AXIS, **options,
+    )  # fmt: skip

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from homoglens.errors import IncompatibleResultsError
+from homoglens.core.errors import IncompatibleResultsError
 
 
 @dataclass(frozen=True)

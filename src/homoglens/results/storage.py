@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from homoglens.assets import apply_umask, sync_folder
-from homoglens.errors import (
+from homoglens.core.errors import (
     IncompatibleResultsError,
     InvalidInputError,
     ResultsNotFoundError,
     ResultWriteError,
 )
+from homoglens.models.assets import apply_umask, sync_folder
 
 HASHES = "sha256"
 """Key of the JSON of a saved result (written last) that records the sha256 of its files:

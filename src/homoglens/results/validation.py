@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from homoglens.architectures import resid_hook_name
+from homoglens.models.architectures import resid_hook_name
 from homoglens.results.provenance import ROW_DIGITS, Provenance
 
 _TENSOR_ANNOTATION = re.compile(r"(Float|Int|Bool)\[torch\.Tensor, ['\"]([^'\"]*)['\"]\]")

@@ -16,19 +16,19 @@ References:
     Sun et al. 2024, "Massive Activations in Large Language Models", arXiv 2402.17762.
 """
 
-from homoglens.results.attribution import SinkAttribution
-from homoglens.results.massive import MassiveActivations
-from homoglens.results.sinks import AttentionReceived, SinkAnalysis, SinkScores
+from homoglens.core.types import ATTRIBUTION_METRICS
 from homoglens.sinks.analysis import attention_view, sink_analysis
 from homoglens.sinks.attribution import sink_attribution
+from homoglens.sinks.attribution_result import SinkAttribution
 from homoglens.sinks.massive import (
     find_massive_sites,
     massive_activation_means,
     massive_activations,
 )
+from homoglens.sinks.massive_result import MassiveActivations
 from homoglens.sinks.received import attention_received
+from homoglens.sinks.result import AttentionReceived, SinkAnalysis, SinkScores
 from homoglens.sinks.scores import sink_pass, sink_scores, sink_sums
-from homoglens.types import ATTRIBUTION_METRICS
 
 __all__ = [
     "ATTRIBUTION_METRICS",

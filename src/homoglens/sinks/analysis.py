@@ -11,17 +11,23 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from jaxtyping import Int
 
-from homoglens.architectures import pattern_hook_name
-from homoglens.data import DataInput, to_token_batch
-from homoglens.engine import Pass, PassPlan, stream
-from homoglens.errors import InvalidInputError
-from homoglens.model_objects import as_hooked
-from homoglens.results.sinks import SinkAnalysis
+from homoglens.core.errors import InvalidInputError
+from homoglens.core.types import BosPolicy, ModelInput
+from homoglens.core.validate import (
+    as_int,
+    at_most,
+    check_heads,
+    check_key_eps,
+    positive_int,
+)
+from homoglens.models.architectures import pattern_hook_name
+from homoglens.run.data import DataInput
+from homoglens.run.engine import Pass, PassPlan, stream
+from homoglens.run.entrance import entrance
 from homoglens.sinks.attribution import sink_attribution
 from homoglens.sinks.massive import massive_reducer
+from homoglens.sinks.result import SinkAnalysis
 from homoglens.sinks.scores import check_edge, check_key_in, sink_reducer
-from homoglens.types import BosPolicy, ModelInput
-from homoglens.validate import as_bool, as_int, at_most, check_heads, check_key_eps, positive_int
 
 if TYPE_CHECKING:
     pass
@@ -52,13 +58,14 @@ def attention_view(
     References:
         Cooney & Nanda, CircuitsVis (github.com/TransformerLensOrg/CircuitsVis).
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
+    call = entrance(model)
+    model = call.model
     import circuitsvis.attention as cv_attention
 
     chosen = check_heads(heads, int(model.cfg.n_layers), int(model.cfg.n_heads))
     if not isinstance(text, str):
         raise InvalidInputError(f"text must be one string, got {type(text).__name__}")
-    batch = to_token_batch(model, [text], bos=bos)
+    batch = call.batch([text], bos=bos)
     names = {pattern_hook_name(lay) for lay, _ in chosen}
     cache: dict[str, torch.Tensor] = {}
 
@@ -121,18 +128,18 @@ def sink_analysis(
         Gu et al. 2024, arXiv 2410.10781; Sun et al. 2024, arXiv 2402.17762;
         Barbero et al. 2025, arXiv 2504.02732; Syed, Rager, Conmy 2023, arXiv 2310.10348.
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
-    progress = as_bool("progress", progress)
+    call = entrance(model, batch_size=batch_size, progress=progress)
+    model = call.model
     key, eps = check_key_eps(key, eps, int(model.cfg.n_ctx))
     top_k = as_int("top_k", top_k, low=1)
     edge_k = as_int("edge_k", edge_k, low=1)
-    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    batch = call.batch(data, attention_mask=attention_mask, bos=bos)
     n_attr = len(batch)
     if attribution_n_seq is not None:
         n_attr = as_int("attribution_n_seq", attribution_n_seq, low=1)
     check_edge(batch[: min(n_attr, len(batch))], key, edge_k)  # fail before any pass
     check_key_in(batch, key)
-    common = {"batch_size": positive_int("batch_size", batch_size), "progress": progress}
+    common = {"batch_size": positive_int("batch_size", call.batch_size), "progress": call.progress}
     # The scores read the attention patterns and massive activations the residual stream of
     # every block: one pass over the windows feeds both.
     score_red, finish_scores = sink_reducer(model, batch, key, eps)

@@ -11,21 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from jaxtyping import Int
 
-from homoglens.architectures import (
-    component_hook_name,
-    pattern_hook_name,
-    z_hook_name,
-)
-from homoglens.data import DataInput, TokenBatch, to_token_batch
-from homoglens.engine import Pass, PassPlan, Sums, model_device, provenance_of, stream
-from homoglens.errors import InvalidInputError, NonFiniteActivationError
-from homoglens.homogenization import nan_div
-from homoglens.model_objects import as_hooked
-from homoglens.models import model_info
-from homoglens.results.attribution import SinkAttribution
-from homoglens.sink_math import edge_totals, scalar_metric_weights, token_to_others
-from homoglens.sinks.scores import check_edge, sink_scores
-from homoglens.types import (
+from homoglens.core.errors import InvalidInputError, NonFiniteActivationError
+from homoglens.core.types import (
     ATTRIBUTION_METRICS,
     AttributionMethod,
     AttributionMetric,
@@ -35,7 +22,20 @@ from homoglens.types import (
     HookFn,
     ModelInput,
 )
-from homoglens.validate import check_heads, check_key_eps
+from homoglens.core.validate import check_heads, check_key_eps
+from homoglens.models.architectures import (
+    component_hook_name,
+    pattern_hook_name,
+    z_hook_name,
+)
+from homoglens.models.loading import model_info
+from homoglens.profile.homogenization import nan_div
+from homoglens.run.data import DataInput, TokenBatch
+from homoglens.run.engine import Pass, PassPlan, Sums, model_device, provenance_of, stream
+from homoglens.run.entrance import entrance
+from homoglens.sinks.attribution_result import SinkAttribution
+from homoglens.sinks.maths import edge_totals, scalar_metric_weights, token_to_others
+from homoglens.sinks.scores import check_edge, sink_scores
 
 if TYPE_CHECKING:
     pass
@@ -85,7 +85,7 @@ def _choose_heads(
     batch_size: int,
 ) -> list[tuple[int, int]]:
     """``heads`` checked (blocks before ``target`` only), or the ``top_k`` by sink mass."""
-    from homoglens.validate import as_int
+    from homoglens.core.validate import as_int
 
     n_heads = int(model.cfg.n_heads)
     if heads is not None:
@@ -128,7 +128,7 @@ def _mean_z(
 def _ablation_hooks(
     pairs: list[tuple[int, int]], ablation: str, key: int, mean_z: dict[int, torch.Tensor]
 ) -> list[tuple[str, Any]]:
-    from homoglens.hooks import mean_head_hook, remove_sink_hook
+    from homoglens.run.hooks import mean_head_hook, remove_sink_hook
 
     by_layer: dict[int, list[int]] = {}
     for lay, head in pairs:
@@ -230,34 +230,32 @@ def sink_attribution(
         >>> tuple(result.delta.shape)
         (1, 3)
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
-    from homoglens.validate import as_bool, as_int
+    call = entrance(model, batch_size=batch_size, progress=progress)
+    model = call.model
+    from homoglens.core.validate import as_bool, as_int
 
-    progress = as_bool("progress", progress)
-
-    info = model_info(model)
+    info = call.info
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     _check_method(method, ablation)
     key, _ = check_key_eps(key, 0.3, int(model.cfg.n_ctx))
     target = n_layers if layer is None else as_int("layer", layer, low=1, high=n_layers)
     edge_k = as_int("edge_k", edge_k, low=1)
-    batch_size = as_int("batch_size", batch_size, low=1)
     joint = as_bool("joint", joint)
     metric_names = _checked_metrics(metrics)
     _check_ablation_point(model, ablation)
-    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    batch = call.batch(data, attention_mask=attention_mask, bos=bos)
     check_edge(batch, key, edge_k)
     if method == "fast":
         chosen = [(lay, h) for lay in range(target) for h in range(n_heads)]
     else:
-        chosen = _choose_heads(model, batch, heads, top_k, target, key, batch_size)
+        chosen = _choose_heads(model, batch, heads, top_k, target, key, call.batch_size)
     totals = edge_totals(batch.lengths, key, edge_k)
     layers = sorted({lay for lay, _ in chosen})
-    mean_z = _mean_z(model, batch, layers, batch_size) if ablation == "mean" else {}
+    mean_z = _mean_z(model, batch, layers, call.batch_size) if ablation == "mean" else {}
     run = _fast_attribution if method == "fast" else _exact_attribution
     job = _Job(
-        batch, chosen, target, key, edge_k, ablation, mean_z, totals, batch_size, progress, joint,
-        metric_names,
+        batch, chosen, target, key, edge_k, ablation, mean_z, totals, call.batch_size,
+        call.progress, joint, metric_names,
     )  # fmt: skip
     fields_ = run(model, job)
     return SinkAttribution(
@@ -306,8 +304,9 @@ def _checked_metrics(metrics: Any) -> tuple[str, ...]:
 
 def _check_ablation_point(model: HookedModel, ablation: str) -> None:
     """Refuse a model that only reads the hook point ``ablation`` writes (``hook_pattern``
-    for ``"sink"``, ``hook_z`` for ``"mean"``): see :func:`homoglens.models.check_writable`."""
-    from homoglens.models import check_writable
+    for ``"sink"``, ``hook_z`` for ``"mean"``): see
+    :func:`homoglens.models.loading.check_writable`."""
+    from homoglens.models.loading import check_writable
 
     point = "pattern" if ablation == "sink" else "z"
     check_writable(model, point, f"sink attribution (ablation={ablation!r})")
@@ -335,8 +334,8 @@ class _Job:
 def _exact_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
     batch, chosen, target, key, edge_k = job.batch, job.chosen, job.target, job.key, job.edge_k
     ablation, mean_z, totals, joint = job.ablation, job.mean_z, job.totals, job.joint
-    from homoglens.architectures import resid_hook_name
-    from homoglens.homogenization import homogenization_sums, positions_from_mask
+    from homoglens.models.architectures import resid_hook_name
+    from homoglens.profile.homogenization import homogenization_sums, positions_from_mask
 
     variants = [[pair] for pair in chosen] + ([chosen] if joint and len(chosen) > 1 else [])
     starts = [min(lay for lay, _ in pairs) for pairs in variants]
@@ -425,8 +424,8 @@ def _exact_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
 def _fast_attribution(model: HookedModel, job: _Job) -> dict[str, Any]:
     batch, target, key, edge_k, metrics = job.batch, job.target, job.key, job.edge_k, job.metrics
     ablation, mean_z, totals = job.ablation, job.mean_z, job.totals
-    from homoglens.architectures import resid_hook_name
-    from homoglens.hooks import sink_removal_delta
+    from homoglens.models.architectures import resid_hook_name
+    from homoglens.run.hooks import sink_removal_delta
 
     n_layers, n_heads = target, int(model.cfg.n_heads)
     device = model_device(model, needs_grad=True)

@@ -22,16 +22,8 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.architectures import resid_hook_name
-from homoglens.data import DataInput, TokenBatch, to_token_batch
-from homoglens.engine import Sums, model_device, provenance_of, stream
-from homoglens.errors import InvalidInputError
-from homoglens.interventions import massive_activation_sites
-from homoglens.model_objects import as_hooked
-from homoglens.models import model_info
-from homoglens.results.massive import MassiveActivations
-from homoglens.sink_math import massive_sums
-from homoglens.types import (
+from homoglens.core.errors import InvalidInputError
+from homoglens.core.types import (
     MASSIVE_MEDIANS,
     BosPolicy,
     HookedModel,
@@ -39,7 +31,15 @@ from homoglens.types import (
     MassiveMedian,
     ModelInput,
 )
-from homoglens.validate import as_bool, as_float, positive_int, require_finite
+from homoglens.core.validate import as_float, require_finite
+from homoglens.models.architectures import resid_hook_name
+from homoglens.models.loading import model_info
+from homoglens.run.data import DataInput, TokenBatch
+from homoglens.run.engine import Sums, model_device, provenance_of
+from homoglens.run.entrance import Entrance, entrance
+from homoglens.run.interventions import massive_activation_sites
+from homoglens.sinks.massive_result import MassiveActivations
+from homoglens.sinks.maths import massive_sums
 
 SUN_THRESHOLD = 1000.0
 """Sun et al.'s ratio rule: about 1000 x the median magnitude of the hidden state."""
@@ -113,8 +113,8 @@ def massive_activations(
         >>> acts.median, tuple(acts.ratio_mean.shape), tuple(acts.layer_top.shape)
         ('layer', (3, 3), (3, 3))
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
-    progress = as_bool("progress", progress)
+    call = entrance(model, batch_size=batch_size, progress=progress)
+    model = call.model
     if not isinstance(median, str) or median not in MASSIVE_MEDIANS:
         raise InvalidInputError(f"median={median!r} must be one of {list(MASSIVE_MEDIANS)}")
     sun = median == "layer"
@@ -126,15 +126,14 @@ def massive_activations(
     min_magnitude = as_float("min_magnitude", min_magnitude, low=-float("inf"), high=float("inf"))
     if min_magnitude < 0:
         raise InvalidInputError(f"min_magnitude={min_magnitude} must be >= 0 (0: no rule)")
-    batch_size = positive_int("batch_size", batch_size)
-    batch = to_token_batch(
-        model, data, attention_mask=attention_mask, bos=bos, text_column=text_column
-    )
+    batch = call.batch(data, attention_mask=attention_mask, bos=bos, text_column=text_column)
     red, finish = massive_reducer(
         model, batch, threshold, median=median, min_magnitude=min_magnitude
     )
-    stream(
-        model, batch, [red], batch_size=batch_size, desc="massive activations", progress=progress
+    call.stream(
+        batch,
+        [red],
+        desc="massive activations",
     )
     return finish()
 
@@ -270,13 +269,12 @@ def massive_activation_means(
         >>> tuple(means.shape)
         (1, 2)
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
-    progress = as_bool("progress", progress)
+    call = entrance(model, batch_size=batch_size, progress=progress)
+    model = call.model
     layer, chosen_dims, chosen_pos = massive_activation_sites(
         model, layer=layer, dims=dims, positions=positions
     )
-    batch_size = positive_int("batch_size", batch_size)
-    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    batch = call.batch(data, attention_mask=attention_mask, bos=bos)
     device = model_device(model)
     f64 = {"dtype": torch.float64, "device": device}
     red = Sums(
@@ -298,7 +296,11 @@ def massive_activation_means(
         red.sums["count"][inside] += real.sum(0)
 
     red.add_hooks([(resid_hook_name(layer), hook)])
-    stream(model, batch, [red], batch_size=batch_size, desc="massive means", progress=progress)
+    call.stream(
+        batch,
+        [red],
+        desc="massive means",
+    )
     count = red.sums["count"]
     empty = [p for p, c in zip(chosen_pos, count.tolist(), strict=True) if c == 0]
     if empty:
@@ -358,14 +360,21 @@ def find_massive_sites(
         >>> find_massive_sites(model, ["Hello world", "Hi there"], progress=False) is None
         True
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
-    progress = as_bool("progress", progress)
+    call = entrance(model, batch_size=batch_size, progress=progress)
     threshold = as_float("threshold", threshold, low=1.0, high=math.inf)
     min_magnitude = as_float("min_magnitude", min_magnitude, low=-math.inf, high=math.inf)
     if min_magnitude < 0:
         raise InvalidInputError(f"min_magnitude={min_magnitude} must be >= 0 (0: no rule)")
-    batch_size = positive_int("batch_size", batch_size)
-    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    batch = call.batch(data, attention_mask=attention_mask, bos=bos)
+    return massive_sites_on(call, batch, threshold, min_magnitude)
+
+
+def massive_sites_on(
+    call: Entrance, batch: TokenBatch, threshold: float, min_magnitude: float
+) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+    """:func:`find_massive_sites` on ``batch`` with its arguments checked: the search itself,
+    for a measurement that already holds its :class:`~homoglens.run.entrance.Entrance`."""
+    model = call.model
     device = model_device(model)
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
     n_pos = int(batch.lengths.max())
@@ -391,7 +400,11 @@ def find_massive_sites(
         return hook
 
     red.add_hooks([(resid_hook_name(layer), make(layer)) for layer in range(1, n_layers + 1)])
-    stream(model, batch, [red], batch_size=batch_size, desc="massive sites", progress=progress)
+    call.stream(
+        batch,
+        [red],
+        desc="massive sites",
+    )
     count = red.sums["count"].cpu()
     everywhere = (red.sums["passing"].cpu() == count[None, :, None]) & (count[None, :, None] > 0)
     for layer in range(1, n_layers + 1):
@@ -404,20 +417,19 @@ def find_massive_sites(
 
 
 def given_or_found_sites(
-    model: HookedModel,
+    call: Entrance,
     found_on: TokenBatch,
     *,
     layer: int | None,
     dims: Sequence[int] | int | None,
     positions: Sequence[int] | int | None,
-    batch_size: int,
-    progress: bool,
     fix: str,
 ) -> tuple[int, tuple[int, ...], tuple[int, ...], bool]:
     """The massive-activation sites an intervention acts on: ``layer``, ``dims`` and
-    ``positions`` (default 0) checked (:func:`~homoglens.interventions.massive_activation_sites`)
-    when ``layer`` is given, else found on ``found_on`` by Sun et al.'s rule
-    (:func:`find_massive_sites`; ``positions`` default: the found ones).
+    ``positions`` (default 0) checked
+    (:func:`~homoglens.run.interventions.massive_activation_sites`) when ``layer`` is given, else
+    found on ``found_on`` by Sun et al.'s rule (:func:`find_massive_sites`; ``positions`` default:
+    the found ones).
 
     Returns:
         ``(layer, dims, positions, found)``: the sorted sites and whether they were found.
@@ -427,7 +439,7 @@ def given_or_found_sites(
     """
     found = layer is None
     if layer is None:
-        sites = find_massive_sites(model, found_on, batch_size=batch_size, progress=progress)
+        sites = massive_sites_on(call, found_on, SUN_THRESHOLD, SUN_MIN_MAGNITUDE)
         if sites is None:
             raise InvalidInputError(
                 "no massive activations found by Sun et al.'s rule (|x| > 1000 x the layer "
@@ -436,6 +448,6 @@ def given_or_found_sites(
         layer, dims, found_positions = sites
         positions = found_positions if positions is None else positions
     checked = massive_activation_sites(
-        model, layer=layer, dims=dims, positions=0 if positions is None else positions
+        call.model, layer=layer, dims=dims, positions=0 if positions is None else positions
     )
     return (*checked, found)

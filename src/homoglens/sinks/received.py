@@ -10,16 +10,15 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.architectures import resid_hook_name
-from homoglens.blocked_attention import AttentionJob, PatternRows
-from homoglens.data import DataInput, TokenBatch, to_token_batch
-from homoglens.engine import Sums, model_device, provenance_of, stream
-from homoglens.homogenization import nan_div
-from homoglens.model_objects import as_hooked
-from homoglens.models import model_info
-from homoglens.results.sinks import AttentionReceived
-from homoglens.types import BosPolicy, HookFn, ModelInput
-from homoglens.validate import as_bool, check_layers, positive_int
+from homoglens.core.types import BosPolicy, HookFn, ModelInput
+from homoglens.core.validate import check_layers
+from homoglens.models.architectures import resid_hook_name
+from homoglens.profile.homogenization import nan_div
+from homoglens.run.blocked_attention import AttentionJob, PatternRows
+from homoglens.run.data import DataInput, TokenBatch
+from homoglens.run.engine import Sums, model_device, provenance_of
+from homoglens.run.entrance import entrance
+from homoglens.sinks.result import AttentionReceived
 
 
 def _units(x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +59,7 @@ def attention_received(
         progress: Show a progress bar.
 
     Returns:
-        An :class:`~homoglens.results.sinks.AttentionReceived`.
+        An :class:`~homoglens.sinks.result.AttentionReceived`.
 
     Raises:
         InvalidInputError: bad ``layers`` (block indices), bad data.
@@ -78,13 +77,12 @@ def attention_received(
         >>> tuple(got.received.shape), tuple(got.slope.shape)
         ((2, 10), (2,))
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
-    info = model_info(model)
+    call = entrance(model, batch_size=batch_size, progress=progress)
+    model = call.model
+    info = call.info
     n_layers = int(model.cfg.n_layers)
     blocks = check_layers(layers, n_layers, blocks=True)
-    batch_size = positive_int("batch_size", batch_size)
-    progress = as_bool("progress", progress)
-    batch = to_token_batch(model, data, attention_mask=attention_mask, bos=bos)
+    batch = call.batch(data, attention_mask=attention_mask, bos=bos)
     device = model_device(model)
     n_pos = int(batch.lengths.max())
     f64 = {"dtype": torch.float64, "device": device}
@@ -102,13 +100,10 @@ def attention_received(
         {block: AttentionJob(read=_pattern(bi, state)) for bi, block in enumerate(blocks)}
     )
     try:
-        stream(
-            model,
+        call.stream(
             batch,
             [reader],
-            batch_size=batch_size,
             desc="attention received",
-            progress=progress,
         )
     finally:
         state.clear()
@@ -182,7 +177,7 @@ def _received(
     info: Any,
     batch: TokenBatch,
 ) -> AttentionReceived:
-    """The :class:`~homoglens.results.sinks.AttentionReceived` of the merged per-key ``sums``
+    """The :class:`~homoglens.sinks.result.AttentionReceived` of the merged per-key ``sums``
     and per-block ``moments`` of ``batch`` (``info``: the model's, for the provenance)."""
     n, sa, ss, saa, sss, sas = moments.cpu().unbind(-1)
     cov = sas / n - (sa / n) * (ss / n)

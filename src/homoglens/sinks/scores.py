@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from jaxtyping import Float, Int
 
-from homoglens.architectures import pattern_hook_name
-from homoglens.blocked_attention import AttentionJob, PatternRows
-from homoglens.data import DataInput, TokenBatch, to_token_batch
-from homoglens.engine import Sums, model_device, provenance_of, stream
-from homoglens.errors import InvalidInputError, NonFiniteActivationError
-from homoglens.homogenization import nan_div
-from homoglens.model_objects import as_hooked
-from homoglens.models import model_info
-from homoglens.results.sinks import SinkScores
-from homoglens.types import BosPolicy, HookedModel, ModelInput
-from homoglens.validate import as_bool, check_key_eps, positive_int
+from homoglens.core.errors import InvalidInputError, NonFiniteActivationError
+from homoglens.core.types import BosPolicy, HookedModel, ModelInput
+from homoglens.core.validate import check_key_eps, positive_int
+from homoglens.models.architectures import pattern_hook_name
+from homoglens.models.loading import model_info
+from homoglens.profile.homogenization import nan_div
+from homoglens.run.blocked_attention import AttentionJob, PatternRows
+from homoglens.run.data import DataInput, TokenBatch, to_token_batch
+from homoglens.run.engine import Sums, model_device, provenance_of, stream
+from homoglens.run.entrance import entrance
+from homoglens.sinks.result import SinkScores
 
 if TYPE_CHECKING:
     pass
@@ -175,9 +175,9 @@ def sink_scores(
         >>> tuple(scores.mass.shape)
         (2, 4)
     """
-    model = as_hooked(model)  # a transformers / nnsight model object is wrapped, not copied
-    progress = as_bool("progress", progress)
-    return sink_pass(model, data, key, eps, batch_size, attention_mask, bos, progress)[0]
+    call = entrance(model, batch_size=batch_size, progress=progress)
+    model = call.model
+    return sink_pass(model, data, key, eps, call.batch_size, attention_mask, bos, call.progress)[0]
 
 
 def sink_pass(

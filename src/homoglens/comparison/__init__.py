@@ -1,0 +1,3 @@
+"""Models compared on one corpus (``compare_models``): the options, the ``ModelComparison``
+result, its tables, storage and figure.
+"""
