@@ -52,6 +52,7 @@ DEFAULT_LINE_ONLY: dict[str, str] = {
     "hooked-backend cases run on both lines)",
     "tests/contracts/test_determinism.py": "seeded maths, the same on both lines",
     "tests/contracts/test_devices.py": "device-less tensor factories in homoglens' own code",
+    "tests/contracts/test_entrance.py": "a static read of the source and the entrance on one model",
     "tests/contracts/test_hook_names.py": "a static read of the source",
     "tests/contracts/test_layer_axis.py": "the layer axis of results (hooked cases on both)",
     "tests/contracts/test_layers.py": "a static read of the imports",
