@@ -93,7 +93,7 @@ def test_bad_inputs_raise_clear_errors(model, tokens) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = calibrated_readings(model, tokens, edge_k=4, progress=False)
-    with pytest.raises(InvalidInputError, match="layer 9"):
+    with pytest.raises(InvalidInputError, match="layer=9"):
         result.table(layer=9)
 
 

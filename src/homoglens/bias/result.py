@@ -627,7 +627,7 @@ class AttentionBiasStudy(SavedResult, LayerPlotted):
             if metric in ATTENTION_CHECKS:
                 return -1  # mean over the biased blocks
             raise InvalidInputError(f"{metric} needs a layer (a {what} of {list(axis)})")
-        return entry_index(layer, axis, f"this study ({what}s)")
+        return entry_index(layer, axis, f"this study ({what} axis)")
 
     def _values(self, metric: str, li: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([strength] corpus values, [strength batch] per-window values or None)``."""

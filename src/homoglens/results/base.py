@@ -121,7 +121,7 @@ def entry_index(layer: Any, have: Sequence[int], what: str) -> int:
         return len(have) + layer
     if layer in have:
         return list(have).index(layer)
-    raise InvalidInputError(f"layer {layer} is not an entry of {what}; it holds {list(have)}")
+    raise InvalidInputError(f"layer={layer} is not an entry of {what}; it holds {list(have)}")
 
 
 def _deep_tuple(value: Any) -> Any:
